@@ -1,0 +1,32 @@
+"""Backend lookup by name; imports each backend lazily so a worker loads only what it uses."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from inference.base import Backend
+
+_BACKENDS: dict[str, str] = {
+    "scripted": "inference.scripted:ScriptedBackend",
+    "pocket": "inference.pocket:PocketBackend",
+    "minicpmo": "inference.minicpmo:MiniCPMOBackend",
+    "llama_omni": "inference.llama_omni:LlamaOmniBackend",
+}
+
+
+def available_backends() -> list[str]:
+    """Names accepted by ``create_backend``."""
+    return sorted(_BACKENDS)
+
+
+def create_backend(name: str, **options: Any) -> Backend:
+    """Import and construct the backend called ``name`` with keyword ``options``."""
+    try:
+        target = _BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}") from None
+    module_name, _, class_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    cls = getattr(module, class_name)
+    return cls(**options)
