@@ -1,0 +1,38 @@
+"""Cutting a stream of text deltas into sentences, so speech can start before the reply ends."""
+
+from __future__ import annotations
+
+import re
+
+_END = re.compile(r"(?<=[.!?;:])[\"')\]]*\s+|\n+")
+
+
+class SentenceSplitter:
+    """Feed text deltas; get back each sentence as soon as it is complete."""
+
+    def __init__(self, max_chars: int = 160) -> None:
+        self._buffer = ""
+        self._max_chars = max_chars
+
+    def feed(self, delta: str) -> list[str]:
+        """Add a delta; return the sentences it completed."""
+        self._buffer += delta
+        out: list[str] = []
+        while True:
+            match = _END.search(self._buffer)
+            if match is None:
+                break
+            sentence, self._buffer = self._buffer[: match.end()].strip(), self._buffer[match.end() :]
+            if sentence:
+                out.append(sentence)
+        if len(self._buffer) > self._max_chars:  # a run-on: cut at the last comma or space
+            cut = max(self._buffer.rfind(", ", 0, self._max_chars), self._buffer.rfind(" ", 0, self._max_chars))
+            if cut > 0:
+                out.append(self._buffer[: cut + 1].strip())
+                self._buffer = self._buffer[cut + 1 :]
+        return out
+
+    def flush(self) -> list[str]:
+        """The unfinished rest, as a last sentence."""
+        rest, self._buffer = self._buffer.strip(), ""
+        return [rest] if rest else []

@@ -1,0 +1,56 @@
+"""Text to speech: a Piper voice (ONNX), resampled to 24 kHz float32."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from inference.base import OUTPUT_SAMPLE_RATE
+from inference.pocket.assets import require
+
+# Markdown and symbols a small LLM likes to emit that should not be read aloud.
+_UNSPOKEN = re.compile(r"[*_#`~>|\[\]{}<>]+")
+
+
+class Speaker:
+    """Speaks English text with a Piper voice; output is mono float32 at 24 kHz."""
+
+    def __init__(self, voice_path: str | Path, threads: int = 2, length_scale: float | None = None) -> None:
+        piper = require("piper", "piper-tts")
+        ort = require("onnxruntime", "onnxruntime")
+        self._soxr = require("soxr", "soxr")
+        voice_path = Path(voice_path)
+        config_path = Path(f"{voice_path}.json")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(voice_path), sess_options=options, providers=["CPUExecutionProvider"])
+        config = piper.config.PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
+        self._voice = piper.PiperVoice(session=session, config=config, download_dir=voice_path.parent)
+        self._syn = piper.SynthesisConfig(length_scale=length_scale) if length_scale else None
+        self.native_rate = int(config.sample_rate)
+        self._lock = threading.Lock()
+
+    def synthesize(self, text: str) -> np.ndarray:
+        """Speech for ``text`` at 24 kHz (an empty array when there is nothing to say)."""
+        clean = _UNSPOKEN.sub(" ", text).strip()
+        if not any(ch.isalnum() for ch in clean):
+            return np.zeros(0, dtype=np.float32)
+        with self._lock:
+            parts = [c.audio_float_array for c in self._voice.synthesize(clean, syn_config=self._syn)]
+        if not parts:
+            return np.zeros(0, dtype=np.float32)
+        audio = np.concatenate(parts).astype(np.float32)
+        return resample(audio, self.native_rate, OUTPUT_SAMPLE_RATE, self._soxr)
+
+
+def resample(audio: np.ndarray, src_rate: int, dst_rate: int, soxr_module=None) -> np.ndarray:
+    """Resample mono float32 audio (soxr, high quality)."""
+    if src_rate == dst_rate:
+        return np.asarray(audio, dtype=np.float32)
+    soxr = soxr_module or require("soxr", "soxr")
+    return np.asarray(soxr.resample(np.asarray(audio, dtype=np.float32), src_rate, dst_rate), dtype=np.float32)

@@ -1,0 +1,83 @@
+"""One typed settings object for every process (environment variables prefixed ``OMNISERVE_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Configuration of the gateway, the workers and the CLI.
+
+    Every field reads ``OMNISERVE_<FIELD>`` (for example ``OMNISERVE_GATEWAY_PORT``); the Redis URL
+    also reads the conventional ``REDIS_URL``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OMNISERVE_", extra="ignore")
+
+    # --- shared state
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("OMNISERVE_REDIS_URL", "REDIS_URL"),
+    )
+    key_prefix: str = "omni"  # every Redis key and channel starts with this
+
+    # --- gateway
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8006
+    api_keys: list[str] = Field(default_factory=list)  # empty: no authentication
+    max_queue: int = 1000  # waiting tickets before queue_full
+    queue_update_interval_s: float = 3.0  # positions are pushed at least this often
+    chat_duration_s: float = 600.0
+    video_duration_s: float = 300.0
+    audio_duration_s: float = 600.0
+    legacy_chat_timeout_s: float = 300.0
+    init_timeout_s: float = 30.0  # worker must answer session.init within this
+    task_start_timeout_s: float = 15.0  # worker must pick up a session task within this
+    max_frame_bytes: int = 16 * 1024 * 1024
+    max_video_frames: int = 8
+    recordings_dir: str | None = None  # when set, chat turns are recorded here as JSON
+
+    # --- leases (seconds)
+    lease_ttl_s: float = 6.0
+    heartbeat_interval_s: float = 1.5
+
+    # --- worker
+    backend: str = "scripted"
+    model_path: str | None = None
+    backend_url: str | None = None
+    device: str = "cuda"
+    backend_options: dict[str, Any] = Field(default_factory=dict)  # JSON, passed to the backend
+    worker_slots: int = 1  # concurrent sessions of one worker (threads pool when > 1)
+    worker_name: str | None = None
+    input_max_pending: int = 2  # audio chunks kept per session; older ones are dropped
+    output_log_maxlen: int = 512  # per-session replay log length
+    session_ttl_s: float = 900.0  # all per-session keys expire after this
+
+    # --- scripted backend (deterministic, model-free)
+    scripted_step_delay_s: float = 0.0
+    scripted_token_delay_s: float = 0.01
+    scripted_tokens_per_step: int = 16
+    scripted_reply: str = "Hello from the scripted backend."
+
+    # --- omniserve up
+    flower: bool = False
+    flower_port: int = 5555
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def duration_limit(self, public_mode: str) -> float:
+        """Total session duration allowed for a public mode (chat, video, audio)."""
+        return {
+            "chat": self.chat_duration_s,
+            "video": self.video_duration_s,
+            "audio": self.audio_duration_s,
+        }[public_mode]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,143 @@
+"""The global admission queue, as seen from a gateway (redis-py asyncio)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from streaming import lua
+from streaming.keys import Keys, slot_worker
+
+
+class QueueFull(Exception):
+    """The queue is at capacity."""
+
+
+@dataclass(slots=True)
+class QueueSnapshot:
+    """The queue as one read saw it."""
+
+    order: dict[str, int]  # ticket_id -> 1-based position
+    length: int
+    live_slots: int
+    mean_hold_s: float
+
+    def estimated_wait_s(self, position: int) -> int:
+        """Wait estimate for a position: whole rounds of the slot pool times the mean hold."""
+        rounds = math.ceil(position / max(1, self.live_slots))
+        return int(round(rounds * self.mean_hold_s))
+
+
+class Admission:
+    """Enqueue, leave, dispatch and release, each one atomic Lua step over shared state."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, assignment_ttl_s: int = 60) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.assignment_ttl_s = assignment_ttl_s
+        self._enqueue = redis.register_script(lua.ENQUEUE)
+        self._leave = redis.register_script(lua.LEAVE)
+        self._dispatch = redis.register_script(lua.DISPATCH)
+        self._release = redis.register_script(lua.RELEASE)
+
+    async def enqueue(self, ticket_id: str, max_queue: int) -> int:
+        """Add a ticket at the tail; return its position. Raises QueueFull at capacity."""
+        k = self.keys
+        pos = await self._enqueue(
+            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events], args=[ticket_id, max_queue]
+        )
+        if int(pos) < 0:
+            raise QueueFull()
+        return int(pos)
+
+    async def leave(self, ticket_id: str) -> str | None:
+        """Withdraw a ticket. Returns a slot id if one had already been assigned (and frees it)."""
+        k = self.keys
+        slot = await self._leave(
+            keys=[k.queue, k.assignment(ticket_id), k.queue_events], args=[ticket_id]
+        )
+        if slot:
+            slot_id = slot.decode() if isinstance(slot, bytes) else str(slot)
+            await self.release(slot_id)
+            return slot_id
+        return None
+
+    async def dispatch(self) -> list[tuple[str, str]]:
+        """Pair waiting tickets with idle slots, oldest first. Returns (ticket, slot) pairs."""
+        k = self.keys
+        flat = await self._dispatch(
+            keys=[k.queue, k.free_slots, k.busy_slots, k.queue_events],
+            args=[k.prefix, self.assignment_ttl_s],
+        )
+        items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
+        return list(zip(items[0::2], items[1::2]))
+
+    async def take_assignment(self, ticket_id: str) -> str | None:
+        """Claim the slot dispatched to a ticket (once)."""
+        slot = await self.redis.getdel(self.keys.assignment(ticket_id))
+        if slot is None:
+            return None
+        return slot.decode() if isinstance(slot, bytes) else str(slot)
+
+    async def release(self, slot_id: str) -> bool:
+        """Give a slot back to the pool (idempotent)."""
+        k = self.keys
+        done = await self._release(
+            keys=[k.busy_slots, k.free_slots, k.worker_alive(slot_worker(slot_id)), k.queue_events],
+            args=[slot_id, k.prefix],
+        )
+        return bool(done)
+
+    async def snapshot(self) -> QueueSnapshot:
+        """Positions of every waiting ticket, the live slot count and the mean slot hold time."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(k.queue, 0, -1)
+            pipe.hgetall(k.workers)
+            pipe.hget(k.duration_stats, "ema_s")
+            members, workers, ema = await pipe.execute()
+        order = {
+            (m.decode() if isinstance(m, bytes) else m): i + 1 for i, m in enumerate(members)
+        }
+        live = await self.live_slot_count(workers)
+        return QueueSnapshot(
+            order=order,
+            length=len(order),
+            live_slots=live,
+            mean_hold_s=float(ema) if ema else 30.0,
+        )
+
+    async def live_slot_count(self, workers: dict | None = None) -> int:
+        """Total slots of the workers whose alive key exists."""
+        from streaming.codec import loads
+
+        k = self.keys
+        if workers is None:
+            workers = await self.redis.hgetall(k.workers)
+        if not workers:
+            return 0
+        ids = [w.decode() if isinstance(w, bytes) else w for w in workers]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for wid in ids:
+                pipe.exists(k.worker_alive(wid))
+            alive = await pipe.execute()
+        total = 0
+        for wid, raw, ok in zip(ids, workers.values(), alive):
+            if ok:
+                total += int(loads(raw).get("slots", 1))
+        return total
+
+    async def reap_busy(self) -> int:
+        """Drop busy slots of workers that are gone (their sessions already failed)."""
+        k = self.keys
+        busy = await self.redis.smembers(k.busy_slots)
+        dead = []
+        for raw in busy:
+            slot = raw.decode() if isinstance(raw, bytes) else raw
+            if not await self.redis.exists(k.worker_alive(slot_worker(slot))):
+                dead.append(slot)
+        if dead:
+            await self.redis.srem(k.busy_slots, *dead)
+        return len(dead)

@@ -1,0 +1,138 @@
+"""Per-session input: a capped audio stream (oldest chunks dropped) and a control stream.
+
+Audio chunks go to a Redis Stream trimmed to ``max_pending`` entries, so a client that sends
+faster than its worker consumes loses its oldest pending chunks and the newest is processed
+next (the protocol's "silent drop"). Control events (init, close, force_listen) go to a separate
+stream that is never trimmed by that policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from streaming.codec import dumps, loads
+from streaming.keys import Keys
+
+CONTROL_MAXLEN = 100_000  # a memory bound only; a 10-minute session sends far fewer controls
+
+
+@dataclass(slots=True)
+class AudioChunk:
+    """One input.append as the worker receives it."""
+
+    seq: int
+    input_id: str
+    audio: bytes  # little-endian float32 PCM, 16 kHz
+    frames: list[bytes] = field(default_factory=list)
+    force_listen: bool = False
+    max_slice_nums: int = 1
+
+
+class InputWriter:
+    """Gateway side (asyncio client)."""
+
+    def __init__(self, redis_client: aioredis.Redis, keys: Keys, max_pending: int, ttl_s: float):
+        self.redis = redis_client
+        self.keys = keys
+        self.max_pending = max_pending
+        self.ttl_s = int(ttl_s)
+
+    async def append(self, session_id: str, chunk: AudioChunk) -> None:
+        """Queue one chunk for the worker (dropping the oldest beyond ``max_pending``)."""
+        fields: dict[str, Any] = {
+            "seq": chunk.seq,
+            "input_id": chunk.input_id,
+            "audio": chunk.audio,
+            "force_listen": int(chunk.force_listen),
+            "max_slice_nums": chunk.max_slice_nums,
+            "frames": len(chunk.frames),
+        }
+        for i, frame in enumerate(chunk.frames):
+            fields[f"f{i}"] = frame
+        key = self.keys.input_audio(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if chunk.force_listen:
+                pipe.xadd(
+                    self.keys.input_control(session_id),
+                    {"e": dumps({"type": "force_listen", "input_id": chunk.input_id})},
+                    maxlen=CONTROL_MAXLEN,
+                    approximate=True,
+                )
+            pipe.xadd(key, fields, maxlen=self.max_pending, approximate=False)
+            if chunk.seq == 1:
+                pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+    async def control(self, session_id: str, event: dict[str, Any]) -> None:
+        """Send a control event (never dropped)."""
+        key = self.keys.input_control(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(key, {"e": dumps(event)}, maxlen=CONTROL_MAXLEN, approximate=True)
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+
+@dataclass(slots=True)
+class InputBatch:
+    """What one read returned: control events first, then audio chunks in order."""
+
+    controls: list[dict[str, Any]]
+    chunks: list[AudioChunk]
+    dropped: int  # chunks that were trimmed before the worker could read them
+
+
+class InputReader:
+    """Worker side (synchronous client)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, session_id: str) -> None:
+        self.client = client
+        self.audio_key = keys.input_audio(session_id)
+        self.control_key = keys.input_control(session_id)
+        self.last_audio = "0-0"
+        self.last_control = "0-0"
+        self.last_seq = 0
+
+    def read(self, block_ms: int) -> InputBatch:
+        """Wait up to ``block_ms`` for input; return everything pending."""
+        got = self.client.xread(
+            {self.control_key: self.last_control, self.audio_key: self.last_audio},
+            block=block_ms,
+        )
+        controls: list[dict[str, Any]] = []
+        chunks: list[AudioChunk] = []
+        dropped = 0
+        for stream, entries in got or []:
+            name = stream.decode() if isinstance(stream, bytes) else stream
+            for entry_id, fields in entries:
+                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                if name == self.control_key:
+                    self.last_control = eid
+                    controls.append(loads(fields[b"e"]))
+                else:
+                    self.last_audio = eid
+                    chunk = _chunk(fields)
+                    if chunk.seq > self.last_seq + 1:
+                        dropped += chunk.seq - self.last_seq - 1
+                    self.last_seq = max(self.last_seq, chunk.seq)
+                    chunks.append(chunk)
+        return InputBatch(controls=controls, chunks=chunks, dropped=dropped)
+
+    def discard(self) -> None:
+        """Delete the input streams (the session is over)."""
+        self.client.delete(self.audio_key, self.control_key)
+
+
+def _chunk(fields: dict[bytes, bytes]) -> AudioChunk:
+    nframes = int(fields.get(b"frames", b"0"))
+    return AudioChunk(
+        seq=int(fields[b"seq"]),
+        input_id=fields[b"input_id"].decode(),
+        audio=fields[b"audio"],
+        frames=[fields[f"f{i}".encode()] for i in range(nframes)],
+        force_listen=fields.get(b"force_listen", b"0") == b"1",
+        max_slice_nums=int(fields.get(b"max_slice_nums", b"1")),
+    )

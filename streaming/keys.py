@@ -1,0 +1,105 @@
+"""Redis key and channel names, all under one prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Builds every Redis key omniserve uses. ``prefix`` separates deployments sharing a Redis."""
+
+    prefix: str = "omni"
+
+    # --- admission
+    @property
+    def queue(self) -> str:
+        """ZSET ticket_id -> arrival sequence: the global FIFO."""
+        return f"{self.prefix}:queue"
+
+    @property
+    def queue_seq(self) -> str:
+        return f"{self.prefix}:queue:seq"
+
+    @property
+    def queue_events(self) -> str:
+        """Pub/sub channel: something changed in the queue or the slot pool."""
+        return f"{self.prefix}:queue:events"
+
+    @property
+    def free_slots(self) -> str:
+        """LIST of idle slot ids (``<worker_id>|<n>``)."""
+        return f"{self.prefix}:slots:free"
+
+    @property
+    def busy_slots(self) -> str:
+        """SET of slot ids handed to a ticket and not yet released."""
+        return f"{self.prefix}:slots:busy"
+
+    def slot_hold(self, slot_id: str) -> str:
+        """Set while a slot is handed out: by dispatch (short TTL), then renewed by its session."""
+        return f"{self.prefix}:hold:{slot_id}"
+
+    def assignment(self, ticket_id: str) -> str:
+        return f"{self.prefix}:assign:{ticket_id}"
+
+    # --- liveness
+    def gateway_alive(self, gateway_id: str) -> str:
+        return f"{self.prefix}:gw:{gateway_id}:alive"
+
+    def worker_alive(self, worker_id: str) -> str:
+        return f"{self.prefix}:wk:{worker_id}:alive"
+
+    @property
+    def workers(self) -> str:
+        """HASH worker_id -> JSON description (host, pid, backend, queue, slots)."""
+        return f"{self.prefix}:workers"
+
+    # --- sessions
+    def session_lease(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}:lease"
+
+    def session_claim(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}:claim"
+
+    def output_channel(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}:out"
+
+    def output_log(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}:log"
+
+    def input_audio(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}:in:audio"
+
+    def input_control(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}:in:ctl"
+
+    def session_keys(self, session_id: str) -> list[str]:
+        """Every key a session owns (for cleanup)."""
+        return [
+            self.session_lease(session_id),
+            self.output_log(session_id),
+            self.input_audio(session_id),
+            self.input_control(session_id),
+        ]
+
+    # --- statistics
+    @property
+    def duration_stats(self) -> str:
+        """HASH: exponential moving average of slot hold times, for wait estimates."""
+        return f"{self.prefix}:stats:duration"
+
+
+def slot_worker(slot_id: str) -> str:
+    """The worker id a slot id belongs to."""
+    return slot_id.rsplit("|", 1)[0]
+
+
+def ticket_gateway(ticket_id: str) -> str:
+    """The gateway id a ticket id belongs to (``ticket_<gateway>_<n>``)."""
+    return ticket_id.split("_")[1]
+
+
+def worker_queue(worker_id: str) -> str:
+    """The Celery queue of the worker node a worker id (``<node>#<pid>``) belongs to."""
+    return "omni.w." + worker_id.rsplit("#", 1)[0]

@@ -1,0 +1,115 @@
+"""Lua scripts for the admission queue and the slot pool. Each runs as one atomic Redis step.
+
+Keys are built inside the scripts from a prefix, so the scripts assume one Redis (not a cluster).
+Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n>``.
+"""
+
+ENQUEUE = """
+-- KEYS: queue, queue_seq, free_slots, queue_events   ARGV: ticket_id, max_queue
+local waiting = redis.call('ZCARD', KEYS[1])
+local free = redis.call('LLEN', KEYS[3])
+if waiting - free >= tonumber(ARGV[2]) then
+  return -1
+end
+local seq = redis.call('INCR', KEYS[2])
+redis.call('ZADD', KEYS[1], seq, ARGV[1])
+redis.call('PUBLISH', KEYS[4], 'enqueue')
+return waiting + 1
+"""
+
+LEAVE = """
+-- KEYS: queue, assignment, queue_events   ARGV: ticket_id
+-- Returns the slot id when the ticket had already been given one (the caller must release it).
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('PUBLISH', KEYS[3], 'leave')
+  return false
+end
+local slot = redis.call('GET', KEYS[2])
+if slot then
+  redis.call('DEL', KEYS[2])
+  return slot
+end
+return false
+"""
+
+DISPATCH = """
+-- KEYS: queue, free_slots, busy_slots, queue_events   ARGV: prefix, assignment_ttl_s
+-- Pairs the oldest live tickets with live idle slots. Returns {ticket, slot, ticket, slot, ...}.
+local prefix = ARGV[1]
+local out = {}
+while true do
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if not head then break end
+  local gw = string.match(head, '^ticket_([^_]+)_')
+  if (not gw) or redis.call('EXISTS', prefix .. ':gw:' .. gw .. ':alive') == 0 then
+    redis.call('ZREM', KEYS[1], head)
+  else
+    local slot = false
+    while true do
+      local s = redis.call('RPOP', KEYS[2])
+      if not s then break end
+      local wid = string.match(s, '^(.*)|[^|]*$')
+      if wid and redis.call('EXISTS', prefix .. ':wk:' .. wid .. ':alive') == 1 then
+        slot = s
+        break
+      end
+    end
+    if not slot then break end
+    redis.call('ZREM', KEYS[1], head)
+    redis.call('SADD', KEYS[3], slot)
+    redis.call('SET', prefix .. ':assign:' .. head, slot, 'EX', tonumber(ARGV[2]))
+    redis.call('SET', prefix .. ':hold:' .. slot, head, 'EX', tonumber(ARGV[2]))
+    table.insert(out, head)
+    table.insert(out, slot)
+  end
+end
+if #out > 0 then
+  redis.call('PUBLISH', KEYS[4], 'dispatch ' .. table.concat(out, ' '))
+end
+return out
+"""
+
+RELEASE = """
+-- KEYS: busy_slots, free_slots, worker_alive, queue_events   ARGV: slot_id, prefix
+-- Gives a slot back once (a second release of the same hand-out is a no-op).
+if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('DEL', ARGV[2] .. ':hold:' .. ARGV[1])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('LREM', KEYS[2], 0, ARGV[1])
+    redis.call('LPUSH', KEYS[2], ARGV[1])
+  end
+  redis.call('PUBLISH', KEYS[4], 'release')
+  return 1
+end
+return 0
+"""
+
+OFFER = """
+-- KEYS: busy_slots, free_slots, queue_events   ARGV: prefix, then slot ids idle on their worker
+-- Puts idle slots into the pool unless they are already there or handed out. A slot handed out
+-- whose hold expired without a session starting on it (its gateway vanished) is taken back.
+local added = 0
+for i = 2, #ARGV do
+  local s = ARGV[i]
+  if redis.call('SISMEMBER', KEYS[1], s) == 1
+     and redis.call('EXISTS', ARGV[1] .. ':hold:' .. s) == 0 then
+    redis.call('SREM', KEYS[1], s)
+  end
+  if redis.call('SISMEMBER', KEYS[1], s) == 0 and not redis.call('LPOS', KEYS[2], s) then
+    redis.call('LPUSH', KEYS[2], s)
+    added = added + 1
+  end
+end
+if added > 0 then redis.call('PUBLISH', KEYS[3], 'offer') end
+return added
+"""
+
+WITHDRAW = """
+-- KEYS: busy_slots, free_slots, queue_events   ARGV: slot ids of a worker going away
+for i = 1, #ARGV do
+  redis.call('LREM', KEYS[2], 0, ARGV[i])
+  redis.call('SREM', KEYS[1], ARGV[i])
+end
+redis.call('PUBLISH', KEYS[3], 'withdraw')
+return #ARGV
+"""

@@ -1,0 +1,203 @@
+"""Per-session output: a pub/sub channel for live delivery plus a capped replay log.
+
+The worker publishes each internal event with a per-session sequence number (1, 2, ...) to the
+session's channel and appends it to a Redis Stream whose entry id is ``<seq>-1``. The gateway
+delivers events in sequence order; a gap (an event lost on the channel) is filled from the log,
+and a gap the log no longer covers is reported as a ``gap`` event, never skipped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Callable
+
+import redis
+import redis.asyncio as aioredis
+
+from streaming.codec import dumps, loads
+from streaming.keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+class OutputPublisher:
+    """Worker side: emits a session's events in order (synchronous client)."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, session_id: str, log_maxlen: int, ttl_s: float
+    ) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.channel = keys.output_channel(session_id)
+        self.log_key = keys.output_log(session_id)
+        self.log_maxlen = log_maxlen
+        self.ttl_s = int(ttl_s)
+        self.seq = 0
+
+    def emit(self, event: dict[str, Any]) -> int:
+        """Publish one event; returns its sequence number."""
+        self.seq += 1
+        event["seq"] = self.seq
+        data = dumps(event)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                self.log_key, {"e": data}, id=f"{self.seq}-1", maxlen=self.log_maxlen,
+                approximate=True,
+            )
+            if self.seq == 1:
+                pipe.expire(self.log_key, self.ttl_s)
+            pipe.publish(self.channel, data)
+            pipe.execute()
+        return self.seq
+
+    def finish(self, linger_s: float = 60.0) -> None:
+        """Keep the replay log only briefly after the session ends."""
+        self.client.expire(self.log_key, int(linger_s))
+
+
+async def read_log(
+    redis_client: aioredis.Redis, keys: Keys, session_id: str, first: int, last: int | None = None
+) -> list[dict[str, Any]]:
+    """Events ``first..last`` (inclusive; ``last=None``: to the end) still held by the log."""
+    end = "+" if last is None else f"{last}-1"
+    entries = await redis_client.xrange(keys.output_log(session_id), f"{first}-1", end)
+    return [loads(fields[b"e"] if b"e" in fields else fields["e"]) for _, fields in entries]
+
+
+class SessionOutput:
+    """Gateway side: the ordered event stream of one session."""
+
+    def __init__(self, bus: "OutputBus", session_id: str) -> None:
+        self.bus = bus
+        self.session_id = session_id
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.expected = 1
+        self.gaps = 0
+
+    def _push(self, event: dict[str, Any]) -> None:
+        self.queue.put_nowait(event)
+
+    async def get(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Wait for the next event; returns it with any gap filled from the log before it."""
+        event = await asyncio.wait_for(self.queue.get(), timeout)
+        return await self._order(event)
+
+    async def _order(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        seq = int(event.get("seq", 0))
+        if seq < self.expected:
+            return []  # already delivered (a replay overlapped the live channel)
+        out: list[dict[str, Any]] = []
+        if seq > self.expected:
+            out.extend(await self.catch_up(seq - 1))
+        if seq >= self.expected:
+            out.append(event)
+            self.expected = seq + 1
+        return out
+
+    async def catch_up(self, upto: int | None = None) -> list[dict[str, Any]]:
+        """Events from the next expected one up to ``upto`` (or the log's end), from the log."""
+        first = self.expected
+        found = await read_log(self.bus.redis, self.bus.keys, self.session_id, first, upto)
+        out: list[dict[str, Any]] = []
+        for ev in found:
+            s = int(ev["seq"])
+            if s < self.expected:
+                continue
+            if s > self.expected:
+                out.append(self._gap(self.expected, s - 1))
+            out.append(ev)
+            self.expected = s + 1
+        if upto is not None and self.expected <= upto:
+            out.append(self._gap(self.expected, upto))
+            self.expected = upto + 1
+        return out
+
+    def _gap(self, first: int, last: int) -> dict[str, Any]:
+        self.gaps += last - first + 1
+        log.warning("session %s lost output events %d..%d", self.session_id, first, last)
+        return {"type": "gap", "first": first, "last": last}
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Iterate over the events in order, forever (the caller stops at a closing event)."""
+        while True:
+            for ev in await self.get():
+                yield ev
+
+
+class OutputBus:
+    """One pub/sub connection per gateway process, shared by every session it relays.
+
+    Also carries the queue-event channel, handed to ``on_queue_event``.
+    """
+
+    def __init__(
+        self,
+        redis_client: aioredis.Redis,
+        keys: Keys,
+        on_queue_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        self.on_queue_event = on_queue_event
+        self.pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+        self.sessions: dict[str, SessionOutput] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.messages = 0
+
+    async def start(self) -> None:
+        """Subscribe to the queue channel and start the reader."""
+        await self.pubsub.subscribe(self.keys.queue_events)
+        self._task = asyncio.create_task(self._reader(), name="output-bus")
+
+    async def stop(self) -> None:
+        """Stop the reader and close the connection."""
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self.pubsub.aclose()
+
+    async def open(self, session_id: str) -> SessionOutput:
+        """Subscribe to a session's channel (before its worker can emit anything)."""
+        out = SessionOutput(self, session_id)
+        self.sessions[self.keys.output_channel(session_id)] = out
+        await self.pubsub.subscribe(self.keys.output_channel(session_id))
+        return out
+
+    async def close(self, session_id: str) -> None:
+        """Stop relaying a session."""
+        channel = self.keys.output_channel(session_id)
+        self.sessions.pop(channel, None)
+        try:
+            await self.pubsub.unsubscribe(channel)
+        except Exception:  # noqa: BLE001 - connection trouble; the reader reconnects
+            log.debug("unsubscribe %s failed", channel, exc_info=True)
+
+    async def _reader(self) -> None:
+        queue_channel = self.keys.queue_events
+        while True:
+            try:
+                msg = await self.pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - lost connection: retry, gaps are detected by seq
+                log.warning("output bus read failed; reconnecting", exc_info=True)
+                await asyncio.sleep(0.2)
+                continue
+            if msg is None or msg.get("type") != "message":
+                continue
+            self.messages += 1
+            channel = msg["channel"]
+            channel = channel.decode() if isinstance(channel, bytes) else channel
+            data = msg["data"]
+            if channel == queue_channel:
+                if self.on_queue_event:
+                    self.on_queue_event(data.decode() if isinstance(data, bytes) else data)
+                continue
+            out = self.sessions.get(channel)
+            if out is not None:
+                out._push(loads(data))

@@ -1,0 +1,1 @@
+"""Celery app, worker bootstrap (one backend per worker process) and the session tasks."""

@@ -1,0 +1,100 @@
+"""Worker bootstrap through Celery's own signals: one backend per worker process.
+
+- prefork pool (the default for GPU backends, concurrency 1): the backend loads in the child
+  (``worker_process_init``), never in the parent that forks;
+- threads/solo pool (``--slots N`` for the scripted backend): it loads in the worker process once
+  the consumer is ready (``worker_ready``).
+On a warm shutdown (``worker_shutting_down``) a drain flag tells running sessions to end with
+``server_shutdown``; the slots leave the registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import redis
+from celery import signals
+
+from omniserve.settings import get_settings
+from streaming.keys import Keys
+from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
+
+log = logging.getLogger("omniserve.worker")
+
+_state: dict[str, object] = {"node": None, "pool": "prefork", "slots": 1}
+
+
+@signals.celeryd_init.connect
+def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: object) -> None:
+    node = sender or f"omni@{os.uname().nodename}"
+    _state["node"] = node
+    pool = getattr(instance, "pool_cls", None)
+    pool_name = pool if isinstance(pool, str) else getattr(pool, "__module__", "prefork")
+    _state["pool"] = "prefork" if "prefork" in str(pool_name) else str(pool_name)
+    _state["slots"] = int(getattr(instance, "concurrency", 1) or 1)
+    queue = "omni.w." + node
+    instance.app.amqp.queues.select_add(queue)
+    settings = get_settings()
+    try:  # a previous run of this node may have left its drain flag behind
+        redis.Redis.from_url(settings.redis_url).delete(f"{settings.key_prefix}:drain:{node}")
+    except redis.RedisError:
+        log.warning("could not clear drain flag", exc_info=True)
+    log.info("node %s consumes %s (pool=%s, slots=%s)", node, queue, _state["pool"], _state["slots"])
+
+
+def _boot(slots: int) -> None:
+    node = str(_state["node"] or f"omni@{os.uname().nodename}")
+    rt = WorkerRuntime(node, slots)
+    try:
+        rt.load_backend()
+    except Exception as exc:  # noqa: BLE001 - report and refuse to serve
+        log.critical("backend %r failed to load: %s", rt.settings.backend, exc)
+        print(f"omniserve worker: backend {rt.settings.backend!r} failed to load: {exc}",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+    rt.start()
+    set_runtime(rt)
+
+
+@signals.worker_process_init.connect
+def _on_process_init(**_: object) -> None:
+    _boot(1)
+
+
+@signals.worker_ready.connect
+def _on_ready(**_: object) -> None:
+    if _state["pool"] != "prefork":
+        _boot(int(_state["slots"]))
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_: object) -> None:
+    s = get_settings()
+    node = _state["node"]
+    try:
+        client = redis.Redis.from_url(s.redis_url)
+        client.set(f"{Keys(s.key_prefix).prefix}:drain:{node}", b"1", ex=60)
+    except redis.RedisError:
+        log.warning("could not set drain flag", exc_info=True)
+    try:
+        get_runtime().shutting_down.set()
+    except RuntimeError:
+        pass
+
+
+@signals.worker_process_shutdown.connect
+def _on_process_shutdown(**_: object) -> None:
+    try:
+        get_runtime().stop()
+    except RuntimeError:
+        pass
+
+
+@signals.worker_shutdown.connect
+def _on_shutdown(**_: object) -> None:
+    try:
+        get_runtime().stop()
+    except RuntimeError:
+        pass

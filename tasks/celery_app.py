@@ -1,0 +1,39 @@
+"""The Celery application shared by every worker."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from omniserve.settings import get_settings
+
+DUPLEX_TASK = "omniserve.duplex_session"
+CHAT_TASK = "omniserve.chat_turn"
+
+
+def make_app() -> Celery:
+    """A Celery app configured for long pinned sessions (see docs/ARCHITECTURE.md)."""
+    s = get_settings()
+    app = Celery("omniserve", broker=s.redis_url, include=["tasks.duplex", "tasks.chat"])
+    app.conf.update(
+        task_ignore_result=True,
+        result_backend=None,
+        # A session must never run twice: ack on receipt, never re-deliver.
+        task_acks_late=False,
+        task_reject_on_worker_lost=False,
+        # Admission puts at most one task per slot in a worker's queue; reserve nothing more.
+        worker_prefetch_multiplier=1,
+        # Longer than any session, so the broker never re-delivers an unacked session task.
+        broker_transport_options={"visibility_timeout": 4 * 3600},
+        broker_connection_retry_on_startup=True,
+        task_default_queue="omni.default",
+        task_serializer="json",
+        accept_content=["json"],
+        worker_send_task_events=True,  # Flower
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+    )
+    return app
+
+
+app = make_app()

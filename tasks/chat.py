@@ -1,0 +1,116 @@
+"""The chat-turn task: one short stateless turn on any free worker slot."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from inference import ChatDelta, ChatDone, ChatPrefilled, InferenceError, UnsupportedInput
+from tasks.audio_chunks import AudioChunker
+from tasks.celery_app import CHAT_TASK, app
+from tasks.chat_request import build_chat_request
+from tasks.session import SessionContext, audio_b64, running_session
+
+log = logging.getLogger("omniserve.worker")
+
+CANCEL_CHECK_S = 0.2
+
+
+def _cancelled(ctx: SessionContext) -> str | None:
+    """A close reason if the gateway asked to stop this turn, the deadline passed or we drain."""
+    if ctx.rt.shutting_down.is_set():
+        return "server_shutdown"
+    if time.time() >= ctx.deadline_ts:
+        return "timeout"
+    got = ctx.rt.redis.xread({ctx.inputs.control_key: ctx.inputs.last_control}, count=10)
+    for _, entries in got or []:
+        for entry_id, _fields in entries:
+            ctx.inputs.last_control = entry_id.decode()
+            return "client_closed"
+    return None
+
+
+def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
+    """Stream one turn's events: prefill, text/audio deltas (when streaming), done."""
+    backend = ctx.rt.backend
+    assert backend is not None
+    try:
+        req = build_chat_request(request)
+    except UnsupportedInput as exc:
+        ctx.error("invalid_payload", str(exc), field=exc.field_name)
+        return
+    except (ValueError, TypeError, KeyError) as exc:
+        ctx.error("invalid_payload", f"request rejected: {exc}")
+        return
+    chunker = AudioChunker()
+    t0 = time.perf_counter()
+    first_delta_s: float | None = None
+    next_check = time.monotonic() + CANCEL_CHECK_S
+    try:
+        for ev in backend.chat(req):
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + CANCEL_CHECK_S
+                reason = _cancelled(ctx)
+                if reason:
+                    ctx.closed(reason)
+                    return
+            if isinstance(ev, ChatPrefilled):
+                ctx.emit({"type": "prefill", "input_tokens": ev.input_tokens,
+                          "prefill_s": round(time.perf_counter() - t0, 4)})
+            elif isinstance(ev, ChatDelta):
+                if first_delta_s is None:
+                    first_delta_s = time.perf_counter() - t0
+                if not req.streaming:
+                    continue
+                if ev.text:
+                    ctx.emit({"type": "text", "text": ev.text})
+                for piece in chunker.push(ev.audio):
+                    ctx.emit({"type": "audio", "audio": audio_b64(piece)})
+            elif isinstance(ev, ChatDone):
+                rest = chunker.flush() if req.streaming else None
+                if rest is not None:
+                    ctx.emit({"type": "audio", "audio": audio_b64(rest)})
+                audio = ev.audio if isinstance(ev.audio, np.ndarray) else None
+                ctx.emit({
+                    "type": "done",
+                    "text": ev.text,
+                    "input_tokens": ev.input_tokens,
+                    "generated_tokens": ev.generated_tokens,
+                    "audio": audio_b64(audio) if not req.streaming else "",
+                    "last_audio": audio_b64(rest) if rest is not None else "",
+                    "metrics": {
+                        **ev.metrics,
+                        "backend": backend.name,
+                        "input_tokens": ev.input_tokens,
+                        "generated_tokens": ev.generated_tokens,
+                        "first_delta_s": round(first_delta_s or 0.0, 4),
+                        "total_s": round(time.perf_counter() - t0, 4),
+                    },
+                })
+                return
+    except UnsupportedInput as exc:
+        ctx.error("invalid_payload", str(exc), field=exc.field_name)
+        return
+    except InferenceError as exc:
+        ctx.error("inference_error", str(exc) or "inference failed")
+        return
+    except Exception as exc:  # noqa: BLE001 - a turn failure is reported, the worker lives on
+        log.exception("chat turn %s failed", ctx.session_id)
+        ctx.error("inference_error", f"inference failed: {exc}")
+        return
+    ctx.error("inference_error", "backend ended the turn without a result")
+
+
+@app.task(name=CHAT_TASK, ignore_result=True)
+def chat_turn(
+    turn_id: str, slot_id: str, gateway_id: str, request: dict[str, Any], deadline_ts: float
+) -> None:
+    """Run one chat turn and free the slot."""
+    with running_session(turn_id, slot_id, gateway_id, deadline_ts) as ctx:
+        if ctx is None:
+            return
+        run_turn(ctx, request)
+        ctx.emit({"type": "turn_end"})

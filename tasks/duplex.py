@@ -1,0 +1,239 @@
+"""The duplex-session task: one long task pinned to one worker slot for the whole session."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from inference import BackendError, DuplexConfig, DuplexInput, DuplexSession, InferenceError
+from omniserve.audio import pcm_or_wav_to_16k
+from streaming.codec import bytes_to_pcm
+from streaming.input import AudioChunk
+from tasks.audio_chunks import AudioChunker
+from tasks.celery_app import DUPLEX_TASK, app
+from tasks.session import SessionContext, audio_b64, new_id, running_session
+
+log = logging.getLogger("omniserve.worker")
+
+MAX_CONSECUTIVE_FAILURES = 3
+POLL_MS = 250
+GATEWAY_CHECK_S = 2.0
+
+
+def _voice(b64: str | None) -> np.ndarray | None:
+    if not b64:
+        return None
+    return pcm_or_wav_to_16k(base64.b64decode(b64))
+
+
+def duplex_config(init: dict[str, Any], public_mode: str) -> DuplexConfig:
+    """The backend configuration from a (validated) init control event."""
+    ref = _voice(init.get("ref_audio"))
+    tts_ref = _voice(init.get("tts_ref_audio"))
+    return DuplexConfig(
+        mode="video" if public_mode == "video" else "audio",
+        system_prompt=init.get("system_prompt") or "",
+        ref_audio=ref,
+        tts_ref_audio=tts_ref if tts_ref is not None else ref,
+        config=dict(init.get("config") or {}),
+    )
+
+
+class DuplexRunner:
+    """Drives one backend duplex session from the input streams to the output channel."""
+
+    def __init__(self, ctx: SessionContext, public_mode: str) -> None:
+        self.ctx = ctx
+        self.public_mode = public_mode
+        self.backend = ctx.rt.backend
+        self.session: DuplexSession | None = None
+        self.chunker = AudioChunker()
+        self.response_id: str | None = None
+        self.failures = 0
+        self.dropped = 0
+        self.steps = 0
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> None:
+        ctx = self.ctx
+        next_gw_check = time.monotonic() + GATEWAY_CHECK_S
+        try:
+            while True:
+                if ctx.rt.shutting_down.is_set():
+                    return self.close("server_shutdown")
+                if time.time() >= ctx.deadline_ts:
+                    return self.close("timeout")
+                if time.monotonic() >= next_gw_check:
+                    next_gw_check = time.monotonic() + GATEWAY_CHECK_S
+                    if not ctx.rt.gateway_alive(ctx.gateway_id):
+                        log.info("session %s: gateway gone", ctx.session_id)
+                        return self.close("client_closed")
+                batch = ctx.inputs.read(POLL_MS)
+                self.dropped += batch.dropped
+                for control in batch.controls:
+                    if self.control(control):
+                        return None
+                if self.session is None:
+                    continue  # chunks before init were refused by the gateway
+                for chunk in batch.chunks:
+                    if self.chunk(chunk):
+                        return None
+        finally:
+            if self.session is not None:
+                try:
+                    self.session.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("session %s: backend close failed", ctx.session_id)
+
+    def close(self, reason: str) -> None:
+        """End the session with a reason."""
+        self.end_response(interrupted=True)
+        self.ctx.closed(reason)
+
+    # ------------------------------------------------------------------ controls
+    def control(self, control: dict[str, Any]) -> bool:
+        """Apply one control event; True when the session is over."""
+        kind = control.get("type")
+        if kind == "close":
+            self.close(control.get("reason") or "user_stop")
+            return True
+        if kind == "force_listen":
+            if self.session is not None:
+                self.session.interrupt()
+            self.end_response(interrupted=True)
+            return False
+        if kind == "init":
+            return self.init(control)
+        log.warning("session %s: unknown control %r", self.ctx.session_id, kind)
+        return False
+
+    def init(self, control: dict[str, Any]) -> bool:
+        ctx = self.ctx
+        if self.session is not None:
+            ctx.error("invalid_payload", "session already initialised", field="type")
+            return False
+        assert self.backend is not None
+        t0 = time.perf_counter()
+        try:
+            config = duplex_config(control, self.public_mode)
+            session = self.backend.open_duplex()
+            prompt_length = session.prepare(config)
+        except (ValueError, TypeError) as exc:
+            ctx.error("invalid_payload", f"session init rejected: {exc}", field="payload")
+            return False
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot start ends the session
+            log.exception("session %s: prepare failed", ctx.session_id)
+            ctx.error("backend_error", f"backend failed to start the session: {exc}",
+                      recoverable=False)
+            ctx.closed("backend_error")
+            return True
+        self.session = session
+        ctx.emit({
+            "type": "created",
+            "prompt_length": int(prompt_length),
+            "metrics": {
+                "backend": self.backend.name,
+                "prepare_s": round(time.perf_counter() - t0, 4),
+                "kv_cache_length": int(prompt_length),
+            },
+        })
+        return False
+
+    # ------------------------------------------------------------------ steps
+    def chunk(self, chunk: AudioChunk) -> bool:
+        """Run one step; True when the session is over."""
+        ctx = self.ctx
+        assert self.session is not None and self.backend is not None
+        step_in = DuplexInput(
+            audio=bytes_to_pcm(chunk.audio),
+            frames=chunk.frames,
+            force_listen=chunk.force_listen,
+            max_slice_nums=chunk.max_slice_nums,
+        )
+        t0 = time.perf_counter()
+        try:
+            result = self.session.step(step_in)
+        except InferenceError as exc:
+            self.failures += 1
+            ctx.error("inference_error", str(exc) or "inference failed", input_id=chunk.input_id)
+            if self.failures >= MAX_CONSECUTIVE_FAILURES:
+                ctx.closed("backend_error")
+                return True
+            return False
+        except (BackendError, Exception) as exc:  # noqa: BLE001
+            log.exception("session %s: step failed", ctx.session_id)
+            ctx.error("backend_error", f"backend failed: {exc}", recoverable=False)
+            ctx.closed("backend_error")
+            return True
+        self.failures = 0
+        self.steps += 1
+        metrics = dict(result.metrics)
+        metrics.setdefault("kv_cache_length", result.kv_cache_length)
+        metrics["step_s"] = round(time.perf_counter() - t0, 4)
+        if self.dropped:
+            metrics["dropped_chunks"] = self.dropped
+        if result.listen:
+            self.end_response(interrupted=True)
+            ctx.emit({"type": "listen", "input_id": chunk.input_id,
+                      "kv_cache_length": result.kv_cache_length, "metrics": metrics})
+        else:
+            self.speak(chunk.input_id, result.text, result.audio, result.end_of_turn,
+                       result.kv_cache_length, metrics)
+        if result.kv_cache_length >= self.backend.max_context_tokens:
+            self.close("context_full")
+            return True
+        return False
+
+    def speak(self, input_id: str, text: str, audio: np.ndarray | None, end_of_turn: bool,
+              kv: int, metrics: dict[str, Any]) -> None:
+        """Emit one speaking step as protocol-sized pieces (text rides on the first)."""
+        if self.response_id is None:
+            self.response_id = new_id("resp")
+        pieces = self.chunker.push(audio)
+        if end_of_turn:
+            rest = self.chunker.flush()
+            if rest is not None:
+                pieces.append(rest)
+        if not pieces:
+            pieces = [None]
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            self.ctx.emit({
+                "type": "speak",
+                "response_id": self.response_id,
+                "input_id": input_id,
+                "text": text if i == 0 else "",
+                "audio": audio_b64(piece),
+                "end_of_turn": bool(end_of_turn and last),
+                "kv_cache_length": kv,
+                "metrics": metrics if i == 0 else {"kv_cache_length": kv},
+            })
+        if end_of_turn:
+            self.response_id = None
+
+    def end_response(self, interrupted: bool) -> None:
+        """Close an open response: flush its audio as the last delta."""
+        if self.response_id is None:
+            return
+        rest = self.chunker.flush()
+        self.ctx.emit({
+            "type": "speak", "response_id": self.response_id, "input_id": None, "text": "",
+            "audio": audio_b64(rest), "end_of_turn": True, "interrupted": interrupted,
+            "kv_cache_length": None, "metrics": {},
+        })
+        self.response_id = None
+
+
+@app.task(name=DUPLEX_TASK, ignore_result=True)
+def duplex_session(
+    session_id: str, slot_id: str, gateway_id: str, public_mode: str, deadline_ts: float
+) -> None:
+    """Run one full-duplex session until it closes; the slot is freed on every exit path."""
+    with running_session(session_id, slot_id, gateway_id, deadline_ts) as ctx:
+        if ctx is None:
+            return
+        DuplexRunner(ctx, public_mode).run()
