@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -26,6 +27,22 @@ class GenerationStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def _quiet_gguf_progress() -> Iterator[None]:
+    """Hide transformers' GGUF de-quantization progress bar (cosmetic; a worker log is no TTY)."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # layout changed: keep the bar
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 class LanguageModel:
     """Greedy, token-by-token chat generation with a chat template and a KV cache."""
 
@@ -42,9 +59,10 @@ class LanguageModel:
         gguf_path = Path(gguf_path)
         kwargs = {"gguf_file": gguf_path.name, "local_files_only": True}
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), dtype=self._torch.float32, **kwargs
-        )
+        with _quiet_gguf_progress():
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), dtype=self._torch.float32, **kwargs
+            )
         self.model.eval()
         self.repetition_penalty = repetition_penalty
         self.eos_ids = self._eos_ids()

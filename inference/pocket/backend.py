@@ -1,0 +1,160 @@
+"""PocketBackend: Whisper tiny.en -> SmolLM2-135M-Instruct -> Piper, all on CPU, all from PyPI."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from inference.base import (
+    AudioPart,
+    Backend,
+    ChatDelta,
+    ChatDone,
+    ChatEvent,
+    ChatPrefilled,
+    ChatRequest,
+    DuplexSession,
+    ImagePart,
+    TextPart,
+    UnsupportedInput,
+    VideoPart,
+)
+from inference.pocket import assets
+from inference.pocket.asr import SpeechRecognizer
+from inference.pocket.llm import ChatMessages, LanguageModel
+from inference.pocket.pipeline import TurnStats, respond
+from inference.pocket.tts import Speaker
+from inference.pocket.vad import EnergyVAD
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Your answers are spoken aloud, so keep them short: "
+    "one or two plain sentences."
+)
+
+
+class PocketBackend(Backend):
+    """A small, real, CPU-only speech-to-speech cascade (no vision)."""
+
+    name = "pocket"
+    max_concurrency = 1
+
+    def __init__(
+        self,
+        whisper_dir: str | Path | None = None,
+        llm_gguf: str | Path | None = None,
+        piper_voice: str | Path | None = None,
+        threads: int | None = None,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        max_history_tokens: int = 2048,
+        duplex_max_new_tokens: int = 64,
+        repetition_penalty: float = 1.1,
+        vad_threshold: float = 0.01,
+        vad_min_voiced_ratio: float = 0.1,
+        silence_chunks: int = 1,
+        max_utterance_s: float = 28.0,
+        first_audio_timeout_s: float = 60.0,
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        threads = threads or max(1, min(4, os.cpu_count() or 1))
+        self.paths = {
+            "whisper_dir": Path(whisper_dir) if whisper_dir else assets.default_whisper_dir(),
+            "llm_gguf": Path(llm_gguf) if llm_gguf else assets.default_llm_gguf(),
+            "piper_voice": Path(piper_voice) if piper_voice else assets.default_piper_voice(),
+        }
+        self.system_prompt = system_prompt
+        self.max_history_tokens = max_history_tokens
+        self.duplex_max_new_tokens = duplex_max_new_tokens
+        self.silence_chunks = max(1, silence_chunks)
+        self.max_utterance_s = max_utterance_s
+        self.first_audio_timeout_s = first_audio_timeout_s
+        self.vad = EnergyVAD(threshold=vad_threshold, min_voiced_ratio=vad_min_voiced_ratio)
+        started = time.perf_counter()
+        self.asr = SpeechRecognizer(self.paths["whisper_dir"], threads=threads)
+        self.llm = LanguageModel(self.paths["llm_gguf"], threads=threads, repetition_penalty=repetition_penalty)
+        self.speaker = Speaker(self.paths["piper_voice"], threads=threads)
+        self.load_s = time.perf_counter() - started
+        self.max_context_tokens = min(self.max_context_tokens, self.llm.context_tokens)
+
+    # ------------------------------------------------------------------ chat turns
+
+    def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
+        """One stateless turn: audio parts are transcribed, the reply streamed (and spoken)."""
+        started = time.perf_counter()
+        asr_s, messages = self._to_chat_messages(request)
+        stats = TurnStats()
+        speaker = self.speaker if request.tts.enabled else None
+        pieces = respond(self.llm, speaker, messages, request.generation.max_new_tokens, stats)
+        text_parts: list[str] = []
+        audio_parts: list[np.ndarray] = []
+        first = next(pieces, None)  # runs the prefill
+        yield ChatPrefilled(input_tokens=stats.llm.input_tokens)
+        piece = first
+        while piece is not None:
+            if piece.audio is not None:
+                audio_parts.append(piece.audio)
+                yield ChatDelta(audio=piece.audio)
+            elif piece.text:
+                text_parts.append(piece.text)
+                yield ChatDelta(text=piece.text)
+            piece = next(pieces, None)
+        audio = np.concatenate(audio_parts) if audio_parts else None
+        if request.tts.enabled and audio is None:
+            audio = np.zeros(0, dtype=np.float32)
+        metrics: dict[str, Any] = {"asr_s": round(asr_s, 4), **stats.as_metrics()}
+        metrics["total_s"] = round(time.perf_counter() - started, 4)
+        yield ChatDone(
+            text="".join(text_parts).strip(),
+            input_tokens=stats.llm.input_tokens,
+            generated_tokens=stats.llm.generated_tokens,
+            audio=audio,
+            metrics=metrics,
+        )
+
+    def _to_chat_messages(self, request: ChatRequest) -> tuple[float, ChatMessages]:
+        """Validate first (no vision), then transcribe audio; returns (asr seconds, messages)."""
+        for i, message in enumerate(request.messages):
+            for j, part in enumerate(message.content):
+                if isinstance(part, (ImagePart, VideoPart)):
+                    raise UnsupportedInput(
+                        f"this backend cannot see images/video: messages[{i}].content[{j}] is "
+                        f"{part.type!r}; the pocket backend takes text and audio only",
+                        field_name=f"messages[{i}].content[{j}]",
+                    )
+        asr_s = 0.0
+        messages: ChatMessages = []
+        for message in request.messages:
+            texts: list[str] = []
+            for part in message.content:
+                if isinstance(part, TextPart):
+                    texts.append(part.text)
+                elif isinstance(part, AudioPart):
+                    t0 = time.perf_counter()
+                    texts.append(self.asr.transcribe(part.samples))
+                    asr_s += time.perf_counter() - t0
+            text = " ".join(t.strip() for t in texts if t.strip())
+            messages.append({"role": message.role, "content": text})
+        if not messages or messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return asr_s, messages
+
+    # ------------------------------------------------------------------ duplex
+
+    def open_duplex(self) -> DuplexSession:
+        """A new voice conversation; turns are found by voice-activity detection."""
+        from inference.pocket.duplex import PocketDuplexSession
+
+        return PocketDuplexSession(self)
+
+    def info(self) -> dict[str, Any]:
+        """Backend name, model files and load time."""
+        return {
+            "backend": self.name,
+            "models": {k: str(v) for k, v in self.paths.items()},
+            "load_s": round(self.load_s, 2),
+            "vision": False,
+        }
