@@ -30,3 +30,19 @@ def create_backend(name: str, **options: Any) -> Backend:
     module = importlib.import_module(module_name)
     cls = getattr(module, class_name)
     return cls(**options)
+
+
+def preflight(name: str) -> None:
+    """Check, without loading any model, that backend ``name`` can start in this install.
+
+    Raises ValueError for an unknown name and the backend module's own error (naming the missing
+    package) when its dependencies are absent.
+    """
+    try:
+        target = _BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}") from None
+    module = importlib.import_module(target.partition(":")[0])
+    check = getattr(module, "preflight", None)
+    if callable(check):
+        check()

@@ -1,0 +1,6 @@
+"""The gateway: FastAPI app, WebSocket endpoints, public protocol (both dialects), validation,
+session state machine, queue events, recordings, health and metrics.
+
+It imports the Redis layer (streaming/) and submits work to workers by task name; it never
+imports worker code or an ML stack.
+"""

@@ -1,0 +1,131 @@
+"""The FastAPI application: WebSocket endpoints, health and metrics."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from api import errors as E
+from api.connection import authorised, choose_subprotocol
+from api.gateway import Gateway
+from api.legacy_chat import LegacyChat
+from api.realtime import ChatSession, DuplexSession, serve_realtime
+from omniserve import __version__
+from omniserve.settings import Settings, get_settings
+
+log = logging.getLogger("omniserve.gateway")
+
+MODES = {"chat", "video", "audio"}
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the gateway app (one Gateway per process, started in the lifespan)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gw = Gateway(settings)
+        await gw.start()
+        app.state.gateway = gw
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="omniserve gateway", version=__version__, lifespan=lifespan)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket, mode: str = "video") -> None:
+        gw: Gateway = ws.app.state.gateway
+        await ws.accept(subprotocol=choose_subprotocol(ws))
+        if not authorised(ws, settings.api_keys):
+            await ws.send_json({"type": "error", "error": {
+                "code": E.UNAUTHORIZED, "message": "missing or invalid API key",
+                "type": "client_error"}})
+            await ws.close(E.CLOSE_POLICY)
+            return
+        if mode not in MODES:
+            await ws.send_json({"type": "error", "error": {
+                "code": E.INVALID_PAYLOAD, "message": "mode must be chat, video or audio",
+                "type": "client_error", "field": "mode"}})
+            await ws.close(E.CLOSE_POLICY)
+            return
+        if gw.shutting_down:
+            await ws.send_json({"type": "error", "error": {
+                "code": E.SERVICE_UNAVAILABLE, "message": "server is shutting down",
+                "type": "server_error"}})
+            await ws.close(E.CLOSE_TRY_AGAIN)
+            return
+        session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
+        await serve_realtime(gw, ws, session)
+
+    @app.websocket("/ws/chat")
+    async def legacy_chat(ws: WebSocket) -> None:
+        gw: Gateway = ws.app.state.gateway
+        await ws.accept(subprotocol=choose_subprotocol(ws))
+        if not authorised(ws, settings.api_keys):
+            await ws.send_json({"type": "error", "error": "missing or invalid API key"})
+            await ws.close(E.CLOSE_POLICY)
+            return
+        handler = LegacyChat(gw, ws)
+        gw.counters["connections_total"] += 1
+        try:
+            await handler.run()
+        except Exception:  # noqa: BLE001
+            log.exception("legacy chat failed")
+            await handler.fail("internal error", E.CLOSE_INTERNAL)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        gw: Gateway = app.state.gateway
+        try:
+            await gw.redis.ping()
+            slots = await gw.worker_count()
+            snap = await gw.admission.snapshot()
+            redis_ok = True
+        except Exception:  # noqa: BLE001
+            slots, redis_ok, snap = 0, False, None
+        body = {
+            "status": "ok" if redis_ok and slots > 0 else "degraded",
+            "gateway_id": gw.gateway_id,
+            "redis": redis_ok,
+            "worker_slots": slots,
+            "queue_length": snap.length if snap else None,
+            "sessions": len(gw.sessions),
+            "version": __version__,
+        }
+        return JSONResponse(body, status_code=200 if redis_ok else 503)
+
+    @app.get("/v1/workers")
+    async def workers() -> JSONResponse:
+        import orjson
+
+        gw: Gateway = app.state.gateway
+        raw = await gw.redis.hgetall(gw.keys.workers)
+        out = []
+        for wid, info in raw.items():
+            wid_s = wid.decode()
+            alive = bool(await gw.redis.exists(gw.keys.worker_alive(wid_s)))
+            out.append({**orjson.loads(info), "alive": alive})
+        return JSONResponse({"workers": out})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        gw: Gateway = app.state.gateway
+        lines = []
+        for name, value in gw.counters.items():
+            lines.append(f"# TYPE omniserve_{name} counter")
+            lines.append(f"omniserve_{name} {value}")
+        lines.append("# TYPE omniserve_sessions_active gauge")
+        lines.append(f"omniserve_sessions_active {len(gw.sessions)}")
+        lines.append("# TYPE omniserve_queue_waiting gauge")
+        lines.append(f"omniserve_queue_waiting {len(gw.queue.waiters)}")
+        lines.append("# TYPE omniserve_queue_updates_total counter")
+        lines.append(f"omniserve_queue_updates_total {gw.queue.updates_sent}")
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    return app

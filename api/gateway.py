@@ -1,0 +1,134 @@
+"""The gateway process state: Redis clients, the shared output bus, the queue, task submission."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+from celery import Celery
+
+from api.queueing import QueueManager
+from omniserve.settings import Settings
+from streaming.admission import Admission
+from streaming.input import InputWriter
+from streaming.keys import Keys, slot_worker, worker_queue
+from streaming.output import OutputBus
+
+log = logging.getLogger("omniserve.gateway")
+
+DUPLEX_TASK = "omniserve.duplex_session"
+CHAT_TASK = "omniserve.chat_turn"
+
+
+class Gateway:
+    """Everything one gateway process shares between its connections."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.gateway_id = uuid.uuid4().hex[:10]
+        self.keys = Keys(settings.key_prefix)
+        self.redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        self.admission = Admission(self.redis, self.keys)
+        self.queue = QueueManager(
+            self.admission, self.gateway_id, settings.max_queue, settings.queue_update_interval_s
+        )
+        self.bus = OutputBus(self.redis, self.keys, on_queue_event=self.queue.on_event)
+        self.inputs = InputWriter(
+            self.redis, self.keys, settings.input_max_pending, settings.session_ttl_s
+        )
+        # Submits tasks by name: the gateway never imports worker code.
+        self.celery = Celery("omniserve-gateway", broker=settings.redis_url)
+        self.celery.conf.update(
+            broker_transport_options={"visibility_timeout": 4 * 3600},
+            task_serializer="json",
+            broker_connection_retry_on_startup=True,
+        )
+        self.sessions: dict[str, Any] = {}  # session_id -> live session handler
+        self.started_at = time.time()
+        self.shutting_down = False
+        self._lease_task: asyncio.Task[None] | None = None
+        self.counters: dict[str, int] = {
+            "connections_total": 0,
+            "sessions_total": 0,
+            "chat_turns_total": 0,
+            "client_errors_total": 0,
+            "queue_full_total": 0,
+            "frames_out_total": 0,
+        }
+
+    async def start(self) -> None:
+        """Take the gateway lease, start the output bus and the queue manager."""
+        await self._renew_lease()
+        await self.bus.start()
+        await self.queue.start()
+        self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
+        log.info("gateway %s up (redis %s)", self.gateway_id, self.settings.redis_url)
+
+    async def stop(self) -> None:
+        """Close every session with server_shutdown, then release everything."""
+        self.shutting_down = True
+        handlers = list(self.sessions.values())
+        if handlers:
+            await asyncio.gather(*(h.shutdown() for h in handlers), return_exceptions=True)
+        await self.queue.stop()
+        if self._lease_task:
+            self._lease_task.cancel()
+        await self.bus.stop()
+        try:
+            await self.redis.delete(self.keys.gateway_alive(self.gateway_id))
+        except Exception:  # noqa: BLE001
+            pass
+        await self.redis.aclose()
+
+    async def _renew_lease(self) -> None:
+        await self.redis.set(
+            self.keys.gateway_alive(self.gateway_id), b"1",
+            px=int(self.settings.lease_ttl_s * 1000),
+        )
+
+    async def _lease_loop(self) -> None:
+        reap_every = 10
+        n = 0
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            try:
+                await self._renew_lease()
+                n += 1
+                if n % reap_every == 0:
+                    await self.admission.reap_busy()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - Redis trouble; the next beat retries
+                log.warning("gateway lease renewal failed", exc_info=True)
+
+    async def submit(self, task_name: str, slot_id: str, kwargs: dict[str, Any]) -> None:
+        """Send a task to the queue of the worker that owns ``slot_id``."""
+        queue = worker_queue(slot_worker(slot_id))
+        await asyncio.to_thread(
+            self.celery.send_task, task_name, kwargs=kwargs, queue=queue, routing_key=queue
+        )
+
+    async def abandon(self, session_id: str, slot_id: str) -> bool:
+        """A task that has not started: make sure it never starts, and free its slot.
+
+        Returns False when the worker claimed the session first (it is running after all).
+        """
+        claimed = await self.redis.set(
+            self.keys.session_claim(session_id), b"abandoned", nx=True,
+            ex=int(self.settings.session_ttl_s),
+        )
+        if claimed:
+            await self.admission.release(slot_id)
+        return bool(claimed)
+
+    async def session_alive(self, session_id: str) -> bool:
+        """Whether the worker running a session still renews its lease."""
+        return bool(await self.redis.exists(self.keys.session_lease(session_id)))
+
+    async def worker_count(self) -> int:
+        """Live slots in the pool."""
+        return await self.admission.live_slot_count()

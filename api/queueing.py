@@ -1,0 +1,179 @@
+"""This gateway's waiting clients: tickets in the global queue, assignments and position updates."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streaming.admission import Admission, QueueFull, QueueSnapshot
+
+log = logging.getLogger("omniserve.gateway")
+
+Notify = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One waiting ticket of this gateway."""
+
+    ticket_id: str
+    notify: Notify
+    future: asyncio.Future[str]
+    enqueued_at: float = field(default_factory=time.monotonic)
+    last_position: int | None = None
+    last_sent: float = 0.0
+
+
+class QueueManager:
+    """Takes tickets, resolves them when dispatch assigns a slot, pushes position updates."""
+
+    def __init__(self, admission: Admission, gateway_id: str, max_queue: int,
+                 update_interval_s: float) -> None:
+        self.admission = admission
+        self.gateway_id = gateway_id
+        self.max_queue = max_queue
+        self.update_interval_s = update_interval_s
+        self.waiters: dict[str, Waiter] = {}
+        self._counter = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.updates_sent = 0
+
+    def new_ticket_id(self) -> str:
+        return f"ticket_{self.gateway_id}_{next(self._counter)}"
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="queue-manager")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def on_event(self, message: str) -> None:
+        """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...)."""
+        if message.startswith("dispatch "):
+            parts = message.split(" ")[1:]
+            for ticket in parts[0::2]:
+                if ticket in self.waiters:
+                    asyncio.ensure_future(self._claim(ticket))
+        self._wake.set()
+
+    async def acquire(self, notify: Notify, queued_event: str = "session.queued") -> tuple[str, str, bool]:
+        """Wait in the global FIFO for a worker slot; returns (ticket_id, slot_id, waited).
+
+        ``waited`` is True when the client was told it is queued.
+
+        Sends ``session.queued`` and then ``session.queue_update`` through ``notify`` while
+        waiting. Raises QueueFull at capacity. Cancelling the call leaves the queue at once (and
+        gives back a slot that was assigned in the meantime).
+        """
+        ticket = self.new_ticket_id()
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(ticket, notify, loop.create_future())
+        self.waiters[ticket] = waiter
+        try:
+            await self.admission.enqueue(ticket, self.max_queue)
+            await self._dispatch()
+            if not waiter.future.done():
+                snap = await self.admission.snapshot()
+                pos = snap.order.get(ticket)
+                if pos is not None and not waiter.future.done():
+                    await self._send(waiter, snap, pos, queued_event)
+                elif pos is None and not waiter.future.done():
+                    # dispatched by another gateway between our enqueue and snapshot
+                    await self._claim(ticket)
+            slot = await waiter.future
+            return ticket, slot, waiter.last_position is not None
+        except BaseException:
+            self.waiters.pop(ticket, None)
+            if waiter.future.done() and not waiter.future.cancelled() and not waiter.future.exception():
+                await self.admission.release(waiter.future.result())
+            else:
+                try:
+                    await asyncio.shield(self.admission.leave(ticket))
+                except Exception:  # noqa: BLE001
+                    log.warning("could not withdraw %s", ticket, exc_info=True)
+            raise
+        finally:
+            self.waiters.pop(ticket, None)
+
+    async def _claim(self, ticket: str) -> None:
+        waiter = self.waiters.get(ticket)
+        if waiter is None or waiter.future.done():
+            return
+        slot = await self.admission.take_assignment(ticket)
+        if slot is None:
+            return
+        if waiter.future.done() or ticket not in self.waiters:
+            await self.admission.release(slot)
+            return
+        waiter.future.set_result(slot)
+
+    async def _dispatch(self) -> None:
+        pairs = await self.admission.dispatch()
+        for ticket, _slot in pairs:
+            if ticket in self.waiters:
+                await self._claim(ticket)
+
+    async def _send(self, waiter: Waiter, snap: QueueSnapshot, position: int,
+                    event_type: str = "session.queue_update") -> None:
+        waiter.last_position = position
+        waiter.last_sent = time.monotonic()
+        self.updates_sent += 1
+        try:
+            await waiter.notify({
+                "type": event_type,
+                "position": position,
+                "estimated_wait_s": snap.estimated_wait_s(position),
+                "ticket_id": waiter.ticket_id,
+                "queue_length": snap.length,
+            })
+        except Exception:  # noqa: BLE001 - the client is gone; its acquire() is cancelled
+            log.debug("queue update to %s failed", waiter.ticket_id, exc_info=True)
+
+    async def refresh(self) -> None:
+        """Dispatch, then push positions that changed (and all of them every interval)."""
+        await self._dispatch()
+        pending = [w for w in self.waiters.values() if not w.future.done()]
+        if not pending:
+            return
+        snap = await self.admission.snapshot()
+        now = time.monotonic()
+        sends = []
+        for w in pending:
+            pos = snap.order.get(w.ticket_id)
+            if pos is None:
+                # gone from the queue: either assigned (claim it) or its lease lapsed
+                await self._claim(w.ticket_id)
+                continue
+            if pos != w.last_position or now - w.last_sent >= self.update_interval_s:
+                sends.append(self._send(w, snap, pos))
+        if sends:
+            await asyncio.gather(*sends)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - Redis trouble: try again on the next tick
+                log.warning("queue refresh failed", exc_info=True)
+            await asyncio.sleep(0.02)  # coalesce bursts of events
+
+
+__all__ = ["QueueFull", "QueueManager", "Waiter"]

@@ -1,0 +1,3 @@
+from omniserve.cli import main
+
+raise SystemExit(main())

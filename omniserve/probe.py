@@ -1,0 +1,117 @@
+"""``omniserve probe``: a small command-line client of the Realtime API."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import websockets
+
+from omniserve.audio import decode_wav, encode_wav, resample
+
+
+async def _recv(ws: websockets.ClientConnection, timeout: float = 120.0) -> dict:
+    return orjson.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def _wait_queue(ws: websockets.ClientConnection) -> None:
+    while True:
+        ev = await _recv(ws, 600)
+        kind = ev["type"]
+        if kind in ("session.queued", "session.queue_update"):
+            print(f"[queued: position {ev['position']}, ~{ev['estimated_wait_s']} s]",
+                  file=sys.stderr)
+        elif kind == "session.queue_done":
+            return
+        elif kind == "error":
+            raise RuntimeError(f"{ev['error']['code']}: {ev['error']['message']}")
+
+
+async def chat(url: str, text: str, tts_out: str | None = None) -> int:
+    """Send one chat turn and print the streamed answer."""
+    async with websockets.connect(f"{url}/v1/realtime?mode=chat", max_size=None) as ws:
+        await _wait_queue(ws)
+        await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
+        created = await _recv(ws)
+        if created["type"] != "session.created":
+            print(created, file=sys.stderr)
+            return 1
+        await ws.send(orjson.dumps({"type": "input.append", "input": {
+            "messages": [{"role": "user", "content": text}], "streaming": True,
+            "tts": {"enabled": bool(tts_out)}}}).decode())
+        audio: list[np.ndarray] = []
+        while True:
+            ev = await _recv(ws)
+            if ev["type"] == "response.output.delta" and ev["kind"] == "text":
+                print(ev["text"], end="", flush=True)
+            elif ev["type"] == "response.output.delta" and ev["kind"] == "audio":
+                audio.append(np.frombuffer(base64.b64decode(ev["audio"]), dtype="<f4"))
+            elif ev["type"] == "response.done":
+                print()
+                break
+            elif ev["type"] == "error":
+                print(f"\nerror: {ev['error']}", file=sys.stderr)
+                return 1
+        await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
+    if tts_out and audio:
+        Path(tts_out).write_bytes(encode_wav(np.concatenate(audio), 24_000))
+        print(f"speech written to {tts_out}", file=sys.stderr)
+    return 0
+
+
+async def audio(url: str, wav_in: str, wav_out: str, mode: str = "audio", realtime: bool = True,
+                tail_s: float = 8.0) -> int:
+    """Play a WAV file into a duplex session (1 s chunks), then silence; save the spoken reply."""
+    samples, rate = decode_wav(Path(wav_in).read_bytes())
+    pcm = resample(samples, rate, 16_000)
+    chunks = [pcm[i : i + 16_000] for i in range(0, pcm.size, 16_000)]
+    chunks = [np.pad(c, (0, 16_000 - c.size)) for c in chunks]
+    chunks += [np.zeros(16_000, dtype=np.float32)] * int(tail_s)
+    out: list[np.ndarray] = []
+    text: list[str] = []
+    async with websockets.connect(f"{url}/v1/realtime?mode={mode}", max_size=None) as ws:
+        await _wait_queue(ws)
+        await ws.send(orjson.dumps({"type": "session.init", "payload": {
+            "system_prompt": "You are a helpful assistant."}}).decode())
+        created = await _recv(ws)
+        if created["type"] != "session.created":
+            print(created, file=sys.stderr)
+            return 1
+
+        async def reader() -> None:
+            async for raw in ws:
+                ev = orjson.loads(raw)
+                if ev["type"] == "response.output.delta":
+                    if ev["kind"] == "text":
+                        text.append(ev["text"])
+                        print(ev["text"], end="", flush=True)
+                    elif ev["kind"] == "audio":
+                        out.append(np.frombuffer(base64.b64decode(ev["audio"]), dtype="<f4"))
+                elif ev["type"] == "error":
+                    print(f"\nerror: {ev['error']}", file=sys.stderr)
+                elif ev["type"] == "session.closed":
+                    return
+
+        task = asyncio.create_task(reader())
+        t0 = time.monotonic()
+        for i, chunk in enumerate(chunks):
+            if realtime:
+                await asyncio.sleep(max(0.0, t0 + i - time.monotonic()))
+            await ws.send(orjson.dumps({"type": "input.append", "input": {
+                "audio": base64.b64encode(chunk.astype("<f4").tobytes()).decode()}}).decode())
+        await asyncio.sleep(1.0)
+        await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
+        try:
+            await asyncio.wait_for(task, 30)
+        except asyncio.TimeoutError:
+            task.cancel()
+    print()
+    reply = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+    Path(wav_out).write_bytes(encode_wav(reply, 24_000))
+    print(f"{reply.size / 24_000:.1f} s of speech written to {wav_out}", file=sys.stderr)
+    return 0

