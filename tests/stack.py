@@ -1,0 +1,173 @@
+"""Real processes for end-to-end tests: a private Redis, uvicorn gateways, Celery workers.
+
+Every Stack uses its own key prefix, so stacks sharing the session's Redis never see each other.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from omniserve.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = Path(os.environ.get("OMNISERVE_TEST_LOGS", "/tmp/omniserve-test-logs"))
+
+
+@dataclass
+class Proc:
+    """A child process with its log file."""
+
+    popen: subprocess.Popen[bytes]
+    log: Path
+    name: str
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=5)
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Stack:
+    """One omniserve deployment on loopback."""
+
+    redis_url: str
+    prefix: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:8])
+    env: dict[str, str] = field(default_factory=dict)
+    gateways: list[tuple[Proc, int]] = field(default_factory=list)
+    workers: list[Proc] = field(default_factory=list)
+
+    def base_env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+        env.pop("REDIS_URL", None)
+        env.update({
+            "OMNISERVE_REDIS_URL": self.redis_url,
+            "OMNISERVE_KEY_PREFIX": self.prefix,
+            "OMNISERVE_LOG_LEVEL": "info",
+            "OMNISERVE_LEASE_TTL_S": "3",
+            "OMNISERVE_HEARTBEAT_INTERVAL_S": "0.5",
+            "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),
+        })
+        env.update(self.env)
+        env.update(overrides)
+        return env
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        log = LOG_DIR / f"{self.prefix}-{name}.log"
+        fh = open(log, "wb")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", *args], env=env, cwd=ROOT, stdout=fh,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        return Proc(popen, log, name)
+
+    # ------------------------------------------------------------------ parts
+    def start_gateway(self, **env: str) -> int:
+        """Start a gateway on a free port; returns the port once /health answers."""
+        port = free_port()
+        proc = self._spawn(f"gateway{len(self.gateways)}", ["gateway", "--port", str(port)],
+                           self.base_env(**env))
+        self.gateways.append((proc, port))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RuntimeError(f"gateway exited:\n{proc.tail()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return port
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway did not start:\n{proc.tail()}")
+
+    def start_worker(self, backend: str = "scripted", slots: int = 1, wait: bool = True,
+                     **env: str) -> Proc:
+        """Start a worker node; waits until its slots are registered."""
+        before = self.live_slots()
+        proc = self._spawn(f"worker{len(self.workers)}",
+                           ["worker", "--backend", backend, "--slots", str(slots)],
+                           self.base_env(**env))
+        self.workers.append(proc)
+        if wait:
+            self.wait_slots(before + slots, proc)
+        return proc
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    def live_slots(self) -> int:
+        r = self.redis()
+        total = 0
+        for wid, info in r.hgetall(f"{self.prefix}:workers").items():
+            if r.exists(f"{self.prefix}:wk:{wid.decode()}:alive"):
+                import orjson
+
+                total += int(orjson.loads(info).get("slots", 1))
+        return total
+
+    def free_slots(self) -> int:
+        return int(self.redis().llen(f"{self.prefix}:slots:free"))
+
+    def wait_slots(self, n: int, proc: Proc | None = None, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"worker exited:\n{proc.tail()}")
+            if self.live_slots() >= n and self.free_slots() >= n:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker slots not ready:\n{proc.tail() if proc else ''}")
+
+    def wait_free(self, n: int, timeout: float = 20) -> None:
+        """Wait until ``n`` slots are idle in the pool."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.free_slots() >= n:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"expected {n} free slots, have {self.free_slots()}")
+
+    def url(self, i: int = 0) -> str:
+        return f"ws://127.0.0.1:{self.gateways[i][1]}"
+
+    def stop(self) -> None:
+        for proc, _ in self.gateways:
+            proc.stop()
+        for proc in self.workers:
+            proc.stop()
+        try:
+            r = self.redis()
+            keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
+            if keys:
+                r.delete(*keys)
+        except redis.RedisError:
+            pass
