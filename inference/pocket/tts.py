@@ -28,6 +28,8 @@ class Speaker:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # no busy-waiting between runs: the LLM needs those cores right after each sentence
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(str(voice_path), sess_options=options, providers=["CPUExecutionProvider"])
         config = piper.config.PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
         self._voice = piper.PiperVoice(session=session, config=config, download_dir=voice_path.parent)
