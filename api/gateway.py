@@ -50,6 +50,8 @@ class Gateway:
         self.sessions: dict[str, Any] = {}  # session_id -> live session handler
         self.started_at = time.time()
         self.shutting_down = False
+        self._live_slots = 0
+        self._slots_checked_at = 0.0
         self._lease_task: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {
             "connections_total": 0,
@@ -141,3 +143,11 @@ class Gateway:
     async def worker_count(self) -> int:
         """Live slots in the pool."""
         return await self.admission.live_slot_count()
+
+    async def has_workers(self) -> bool:
+        """Whether any live worker slot exists (cached for a second)."""
+        now = time.monotonic()
+        if now - self._slots_checked_at > 1.0:
+            self._live_slots = await self.worker_count()
+            self._slots_checked_at = now
+        return self._live_slots > 0

@@ -81,6 +81,13 @@ class LegacyChat(Connection):
 
     async def answer(self, request: dict[str, Any]) -> None:
         gw = self.gw
+        try:
+            ready = await gw.has_workers()
+        except Exception:  # noqa: BLE001
+            ready = False
+        if not ready:
+            await self.send({"type": "error", "error": "service unavailable: no worker is up"})
+            return await self.close(E.CLOSE_TRY_AGAIN)
         acquire = asyncio.ensure_future(gw.queue.acquire(self.send))
         gone = asyncio.ensure_future(self.gone.wait())
         done, _ = await asyncio.wait({acquire, gone}, timeout=max(0.0, self.deadline - time.time()),

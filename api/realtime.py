@@ -60,6 +60,14 @@ class RealtimeSession(Connection):
 
     async def acquire_slot(self) -> tuple[str, str, bool] | None:
         """Wait for a worker slot (queue events go to the client); None when the wait ended."""
+        try:
+            ready = await self.gw.has_workers()
+        except Exception:  # noqa: BLE001 - Redis unreachable
+            ready = False
+        if not ready:
+            await self.send_error(E.SERVICE_UNAVAILABLE, "Service is not ready: no worker is up")
+            await self.close(E.CLOSE_TRY_AGAIN, "service unavailable")
+            return None
         acquire = asyncio.ensure_future(self.gw.queue.acquire(self.send))
         gone = asyncio.ensure_future(self.gone.wait())
         close = asyncio.ensure_future(self.close_wanted.wait())

@@ -8,7 +8,8 @@ It runs no model. It exists for protocol tests and load benchmarks, and labels i
 - duplex: an energy detector on each 1 s chunk; while the user speaks (or is silent) it listens;
   after speech followed by a silent chunk it speaks ``reply`` over several steps, 1 s of audio per
   step, ``end_of_turn`` on the last. ``trigger="always"`` speaks on every step (load tests).
-  force_listen, or speech over its own speech, stops it at once.
+  force_listen, or speech over its own speech, stops it at once. ``fail_every=N`` makes every
+  Nth step raise InferenceError (to exercise recoverable errors).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from inference.base import (
     DuplexSession,
     DuplexStep,
     ImagePart,
+    InferenceError,
     VideoPart,
 )
 
@@ -71,6 +73,7 @@ class ScriptedBackend(Backend):
         trigger: str = "vad",
         words_per_step: int = 3,
         prefill_delay_s: float = 0.0,
+        fail_every: int = 0,
     ) -> None:
         self.reply = reply
         self.token_delay_s = token_delay_s
@@ -80,6 +83,7 @@ class ScriptedBackend(Backend):
         self.trigger = trigger
         self.words_per_step = max(1, words_per_step)
         self.prefill_delay_s = prefill_delay_s
+        self.fail_every = fail_every  # > 0: every Nth duplex step raises InferenceError (tests)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -148,6 +152,7 @@ class ScriptedDuplex(DuplexSession):
         self.pending: list[str] = []  # words still to speak in the current turn
         self.speaking = False
         self.turns = 0
+        self.steps = 0
 
     def prepare(self, config: DuplexConfig) -> int:
         self.kv = 16 + len(config.system_prompt.split())
@@ -166,6 +171,9 @@ class ScriptedDuplex(DuplexSession):
         self.speaking = True
 
     def step(self, chunk: DuplexInput) -> DuplexStep:
+        self.steps += 1
+        if self.b.fail_every and self.steps % self.b.fail_every == 0:
+            raise InferenceError(f"scripted failure on step {self.steps}")
         if self.b.step_delay_s:
             time.sleep(self.b.step_delay_s)
         slices = len(chunk.frames) * max(1, chunk.max_slice_nums)

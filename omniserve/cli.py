@@ -208,6 +208,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
                                    realtime=not args.fast, tail_s=args.tail))
 
 
+def cmd_test(args: argparse.Namespace) -> int:
+    """Run the whole test suite (pytest); tests start their own Redis, gateways and workers."""
+    import pytest
+
+    code = int(pytest.main(["-q", "-rfEs", "-p", "no:cacheprovider", *args.rest]))
+    return 0 if code == pytest.ExitCode.NO_TESTS_COLLECTED and args.rest else code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmarks (see bench/)."""
     from bench.__main__ import main as bench_main
@@ -260,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--fast", action="store_true", help="do not pace chunks in real time")
     pa.add_argument("--tail", type=float, default=8.0, help="seconds of silence after the input")
     pr.set_defaults(func=cmd_probe)
+
+    te = sub.add_parser("test", help="run the full test suite (pytest arguments may follow)")
+    te.add_argument("rest", nargs=argparse.REMAINDER)
+    te.set_defaults(func=cmd_test)
 
     be = sub.add_parser("bench", help="run the benchmarks (python -m bench)")
     be.add_argument("rest", nargs=argparse.REMAINDER)

@@ -30,10 +30,10 @@ _state: dict[str, object] = {"node": None, "pool": "prefork", "slots": 1}
 def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: object) -> None:
     node = sender or f"omni@{os.uname().nodename}"
     _state["node"] = node
-    pool = getattr(instance, "pool_cls", None)
-    pool_name = pool if isinstance(pool, str) else getattr(pool, "__module__", "prefork")
-    _state["pool"] = "prefork" if "prefork" in str(pool_name) else str(pool_name)
-    _state["slots"] = int(getattr(instance, "concurrency", 1) or 1)
+    # `omniserve worker` runs prefork with one child for one slot, a threads pool for several.
+    slots = max(1, get_settings().worker_slots)
+    _state["pool"] = "threads" if slots > 1 else "prefork"
+    _state["slots"] = slots
     queue = "omni.w." + node
     instance.app.amqp.queues.select_add(queue)
     settings = get_settings()

@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from inference import BackendError, DuplexConfig, DuplexInput, DuplexSession, InferenceError
+from inference import (
+    BackendError,
+    DuplexConfig,
+    DuplexInput,
+    DuplexSession,
+    InferenceError,
+    UnsupportedInput,
+)
 from omniserve.audio import pcm_or_wav_to_16k
 from streaming.codec import bytes_to_pcm
 from streaming.input import AudioChunk
@@ -122,6 +129,10 @@ class DuplexRunner:
             config = duplex_config(control, self.public_mode)
             session = self.backend.open_duplex()
             prompt_length = session.prepare(config)
+        except UnsupportedInput as exc:
+            ctx.error("invalid_payload", f"session init rejected: {exc}",
+                      field=exc.field_name or "payload")
+            return False
         except (ValueError, TypeError) as exc:
             ctx.error("invalid_payload", f"session init rejected: {exc}", field="payload")
             return False
@@ -157,6 +168,10 @@ class DuplexRunner:
         t0 = time.perf_counter()
         try:
             result = self.session.step(step_in)
+        except UnsupportedInput as exc:
+            ctx.error("invalid_payload", str(exc), field=exc.field_name or "input",
+                      input_id=chunk.input_id)
+            return False
         except InferenceError as exc:
             self.failures += 1
             ctx.error("inference_error", str(exc) or "inference failed", input_id=chunk.input_id)

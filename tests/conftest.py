@@ -41,3 +41,15 @@ def service(stack: Stack) -> Stack:
     stack.start_worker()
     stack.start_gateway()
     return stack
+
+
+@pytest.fixture(scope="module")
+def shared_service(redis_server: str) -> Iterator[Stack]:
+    """One gateway and one scripted worker with four slots, shared by a test module."""
+    s = Stack(redis_server)
+    try:
+        s.start_worker(slots=4)
+        s.start_gateway()
+        yield s
+    finally:
+        s.stop()

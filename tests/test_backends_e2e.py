@@ -338,8 +338,6 @@ async def test_worker_reports_its_backend(backend_stack: Stack) -> None:
 # --------------------------------------------------------------------------- minicpmo
 
 
-@pytest.mark.xfail(reason="tasks/duplex.py DuplexRunner.init maps the backend's UnsupportedInput to "
-                          "backend_error and closes the session instead of invalid_payload", strict=False)
 async def test_minicpmo_init_without_any_voice_is_invalid_payload(minicpmo_stack: Stack) -> None:
     """No voice in session.init and no default voice on the worker: the init is refused, the
     session goes on (inference.base.UnsupportedInput: "reported as invalid_payload")."""
