@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import functools
 import json
 import os
 import signal
@@ -40,9 +40,14 @@ def _env_from_args(args: argparse.Namespace) -> None:
 
 
 def pocket_installed() -> bool:
-    """Whether the pocket backend's packages are importable."""
-    needed = ("faster_whisper", "transformers", "piper", "gguf", "torch")
-    return all(importlib.util.find_spec(m) is not None for m in needed)
+    """Whether the pocket backend's packages and model files are installed."""
+    from inference.registry import preflight
+
+    try:
+        preflight("pocket")
+    except Exception:  # noqa: BLE001 - any missing piece means "not installed"
+        return False
+    return True
 
 
 def resolve_backend(name: str) -> str:
@@ -70,7 +75,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     app = create_app(s)
     config = uvicorn.Config(app, host=s.gateway_host, port=s.gateway_port, log_level=s.log_level,
                             ws_max_size=s.max_frame_bytes, timeout_graceful_shutdown=10)
-    GatewayServer(config).run()
+    try:
+        GatewayServer(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises a captured Ctrl-C after its clean shutdown
+        pass
     return 0
 
 
@@ -143,15 +151,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     env.pop("REDIS_URL", None)
     exe = [sys.executable, "-m", "omniserve"]
     children: list[subprocess.Popen[bytes]] = []
+    # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
+    # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
+    spawn = functools.partial(subprocess.Popen, env=env, start_new_session=True)
     try:
-        children.append(subprocess.Popen(
-            [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)], env=env))
+        children.append(spawn(
+            [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)]))
         for _ in range(args.workers):
-            children.append(subprocess.Popen([*exe, "worker"], env=env))
+            children.append(spawn([*exe, "worker"]))
         if args.flower:
-            children.append(subprocess.Popen(
+            children.append(spawn(
                 [sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "flower",
-                 f"--port={args.flower_port}", "--address=127.0.0.1"], env=env))
+                 f"--port={args.flower_port}", "--address=127.0.0.1"]))
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not _wait_http(base + "/health", 60):
             print("gateway did not come up", file=sys.stderr)

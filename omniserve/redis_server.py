@@ -77,6 +77,7 @@ def start_embedded(port: int | None = None) -> EmbeddedRedis:
          "--appendonly", "no", "--dir", workdir, "--maxmemory-policy", "noeviction",
          "--protected-mode", "yes"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a terminal's Ctrl-C must not stop it before its clients
     )
     server = EmbeddedRedis(proc, port, workdir)
     deadline = time.monotonic() + 10

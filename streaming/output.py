@@ -184,8 +184,8 @@ class OutputBus:
                 msg = await self.pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - lost connection: retry, gaps are detected by seq
-                log.warning("output bus read failed; reconnecting", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - lost connection: retry; seq finds gaps
+                log.warning("output bus read failed (%s); reconnecting", exc)
                 await asyncio.sleep(0.2)
                 continue
             if msg is None or msg.get("type") != "message":

