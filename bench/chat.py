@@ -1,0 +1,61 @@
+"""Chat: time to the first text delta and to ``response.done``, short and long answers.
+
+The scripted backend answers "Reply with exactly: X" with X, one word per delta and
+``token_delay_s`` (0.01 s) per word, so the long answer's generation alone takes ~2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+import websockets
+
+from bench.report import percentiles
+
+SHORT = " ".join(f"w{i}" for i in range(5))
+LONG = " ".join(f"w{i}" for i in range(200))
+
+
+async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
+    ws = await websockets.connect(f"{url}/v1/realtime?mode=chat", max_size=None,
+                                  ping_interval=None)
+    first, done = [], []
+    try:
+        while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.queue_done":
+            pass
+        await ws.send('{"type":"session.init","payload":{}}')
+        while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.created":
+            pass
+        msg = orjson.dumps({"type": "input.append", "input": {
+            "messages": [{"role": "user", "content": f"Reply with exactly: {text}"}],
+            "streaming": True, "generation": {"max_new_tokens": 512}, "tts": {"enabled": False},
+        }}).decode()
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            await ws.send(msg)
+            t_first = None
+            while True:
+                ev = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+                if ev["type"] == "response.output.delta" and t_first is None:
+                    t_first = time.perf_counter()
+                elif ev["type"] == "response.done":
+                    done.append((time.perf_counter() - t0) * 1000)
+                    first.append(((t_first or time.perf_counter()) - t0) * 1000)
+                    break
+                elif ev["type"] == "error":
+                    raise RuntimeError(ev["error"])
+    finally:
+        await ws.close()
+    return {"rounds": rounds, "first_delta_ms": percentiles(first),
+            "done_ms": percentiles(done)}
+
+
+def measure(url: str, short_rounds: int, long_rounds: int) -> dict[str, Any]:
+    """Sequential turns in one session, short then long."""
+    return {
+        "short_5_words": asyncio.run(_turns(url, SHORT, short_rounds)),
+        "long_200_words": asyncio.run(_turns(url, LONG, long_rounds)),
+    }

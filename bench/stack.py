@@ -1,0 +1,228 @@
+"""Start and stop the real stack on loopback: a private Redis, gateways, workers, helper processes.
+
+Every process the benchmarks start is registered here and killed on exit, on error and on Ctrl-C
+(``atexit`` plus SIGINT/SIGTERM handlers), so a benchmark never leaves anything running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = Path(os.environ.get("OMNISERVE_BENCH_LOGS", "/tmp/omniserve-bench-logs"))
+_CHILDREN: list[subprocess.Popen[bytes]] = []
+_REDIS: list[EmbeddedRedis] = []
+
+
+def kill_all() -> None:
+    """Kill every process the benchmarks started (idempotent)."""
+    for p in reversed(_CHILDREN):
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + 8
+    for p in reversed(_CHILDREN):
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait(timeout=5)
+    _CHILDREN.clear()
+    for r in _REDIS:
+        r.stop()
+    _REDIS.clear()
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    kill_all()
+    raise SystemExit(128 + signum)
+
+
+def install_cleanup() -> None:
+    """Kill children at exit and on SIGINT/SIGTERM; raise the file-descriptor limit."""
+    atexit.register(kill_all)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def spawn(name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a child in its own process group, logging to LOG_DIR; it is killed at exit."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / f"{name}.log"
+    fh = open(log, "wb")
+    p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    _CHILDREN.append(p)
+    return p, log
+
+
+def stop(p: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Terminate one child (SIGTERM, then SIGKILL)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+    if p in _CHILDREN:
+        _CHILDREN.remove(p)
+
+
+def tail(log: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def shared_redis() -> str:
+    """One private redis-server for the whole run (127.0.0.1 only)."""
+    if not _REDIS:
+        _REDIS.append(start_embedded())
+    return _REDIS[0].url
+
+
+@dataclass
+class Stack:
+    """One omniserve deployment (own key prefix) on the shared private Redis."""
+
+    redis_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    prefix: str = field(default_factory=lambda: "b" + uuid.uuid4().hex[:6])
+    gateway: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    slots: int = 0
+    pool_fix: bool = False  # run bench/gateway_pool_fix.py instead of the stock gateway
+
+    def base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+        env.pop("REDIS_URL", None)
+        env.update({
+            "OMNISERVE_REDIS_URL": self.redis_url,
+            "OMNISERVE_KEY_PREFIX": self.prefix,
+            "OMNISERVE_LOG_LEVEL": "warning",
+            "OMNISERVE_GATEWAY_HOST": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),
+        })
+        env.update(self.env)
+        return env
+
+    def start_gateway(self) -> int:
+        """Start the gateway; returns its port once /health answers."""
+        self.port = free_port()
+        cmd = ["bench.gateway_pool_fix"] if self.pool_fix else ["omniserve", "gateway"]
+        self.gateway, log = spawn(f"{self.prefix}-gateway", [
+            sys.executable, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
+            self.base_env())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.gateway.poll() is not None:
+                raise RuntimeError(f"gateway exited:\n{tail(log)}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
+                    return self.port
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway did not start:\n{tail(log)}")
+
+    def start_worker(self, slots: int, options: str = '{"trigger": "always"}') -> None:
+        """Start a scripted worker with ``slots`` concurrent sessions; waits for its slots."""
+        p, log = spawn(f"{self.prefix}-worker{len(self.workers)}", [
+            sys.executable, "-m", "omniserve", "worker", "--backend", "scripted",
+            "--slots", str(slots), "--backend-options", options], self.base_env())
+        self.workers.append(p)
+        self.slots += slots
+        r = self.redis()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{tail(log)}")
+            if r.llen(f"{self.prefix}:slots:free") >= self.slots:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker slots not ready:\n{tail(log)}")
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    def free_slots(self) -> int:
+        return int(self.redis().llen(f"{self.prefix}:slots:free"))
+
+    def wait_free(self, n: int, timeout: float = 20.0) -> bool:
+        """Wait until ``n`` slots are idle again."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.free_slots() >= n:
+                return True
+            time.sleep(0.1)
+        return False
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop this deployment's processes and delete its keys."""
+        if self.gateway is not None:
+            stop(self.gateway)
+        for w in self.workers:
+            stop(w)
+        try:
+            r = self.redis()
+            keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
+            for i in range(0, len(keys), 1000):
+                r.delete(*keys[i:i + 1000])
+        except redis.RedisError:
+            pass
+
+
+def redis_pid() -> int:
+    """Pid of the private redis-server."""
+    return _REDIS[0].process.pid
+
+
+def start_baseline() -> tuple[subprocess.Popen[bytes], int]:
+    """Start the bare in-process baseline server (bench/baseline.py); returns it and its port."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    p, log = spawn(f"baseline-{port}", [sys.executable, "-m", "bench.baseline", str(port)], env)
+    import socket
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise RuntimeError(f"baseline exited:\n{tail(log)}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return p, port
+        time.sleep(0.05)
+    raise RuntimeError(f"baseline did not start:\n{tail(log)}")

@@ -1,0 +1,105 @@
+"""A Redis pub/sub tap: stamps the moment each worker event (and queue event) is published.
+
+Internal worker events carry a per-session ``seq`` but no timestamp, so the benchmarks take
+"worker emit" as "Redis publish seen by a separate subscriber process on the same machine" (same
+wall clock as the client). The tap runs in its own process so the client's event loop cannot
+delay its stamps. It writes one JSON line per message:
+
+    [t, session_id, type, input_id, seq]      a session event
+    [t, "queue", message]                     an admission event (release, dispatch, ...)
+
+    python -m bench.tap REDIS_URL PREFIX OUTFILE
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import redis
+
+
+def run(url: str, prefix: str, outfile: Path) -> None:
+    """Subscribe and record until SIGTERM."""
+    stop = {"now": False}
+
+    def _stop(*_: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    client = redis.Redis.from_url(url)
+    ps = client.pubsub(ignore_subscribe_messages=True)
+    ps.psubscribe(f"{prefix}:s:*:out")
+    ps.subscribe(f"{prefix}:queue:events")
+    out_prefix = f"{prefix}:s:".encode()
+    rows: list[bytes] = []
+    Path(str(outfile) + ".ready").write_text("1")
+    with open(outfile, "wb") as fh:
+        while not stop["now"]:
+            msg = ps.get_message(timeout=0.2)
+            if msg is None:
+                continue
+            t = time.time()
+            channel: bytes = msg["channel"]
+            data: bytes = msg["data"]
+            if channel.startswith(out_prefix):
+                sid = channel[len(out_prefix):-4].decode()
+                ev = orjson.loads(data)
+                rows.append(orjson.dumps([t, sid, ev.get("type"), ev.get("input_id"),
+                                          ev.get("seq")]))
+            else:
+                rows.append(orjson.dumps([t, "queue", data.decode()[:64]]))
+            if len(rows) >= 256:
+                fh.write(b"\n".join(rows) + b"\n")
+                rows.clear()
+        if rows:
+            fh.write(b"\n".join(rows) + b"\n")
+
+
+def load(outfile: Path) -> list[list]:
+    """The rows a finished tap wrote."""
+    if not outfile.exists():
+        return []
+    return [orjson.loads(line) for line in outfile.read_bytes().splitlines() if line.strip()]
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+
+
+class Tap:
+    """Runs the tap process for one deployment prefix (a context manager)."""
+
+    def __init__(self, url: str, prefix: str, outfile: Path) -> None:
+        self.url, self.prefix, self.outfile = url, prefix, outfile
+        self.proc = None
+
+    def __enter__(self) -> "Tap":
+        from bench.stack import ROOT, spawn
+
+        ready = Path(str(self.outfile) + ".ready")
+        ready.unlink(missing_ok=True)
+        self.outfile.unlink(missing_ok=True)
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+        self.proc, log = spawn(f"{self.prefix}-tap", [sys.executable, "-m", "bench.tap", self.url,
+                                                      self.prefix, str(self.outfile)], env)
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tap did not start: {log.read_text(errors='replace')}")
+            time.sleep(0.02)
+        ready.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from bench.stack import stop
+
+        if self.proc is not None:
+            stop(self.proc)
+
+    def rows(self) -> list[list]:
+        return load(self.outfile)
