@@ -1,0 +1,47 @@
+"""The benchmark suite's quickest path (``python -m bench --smoke``) runs and reports every figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_bench_smoke_reports_every_figure() -> None:
+    pytest.importorskip("psutil")
+    name = "pytest-smoke"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--output", name],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
+    for key in ("machine", "command", "relay", "capacity", "chat", "admission"):
+        assert key in data
+    relay = data["relay"]
+    assert {"levels", "baseline", "ratio"} <= relay.keys()
+    for level in relay["levels"]:
+        assert {"p50", "p99", "max"} <= level["latency_ms"].keys()
+        assert level["latency_ms"]["n"] > 0
+        assert level["dropped_chunks"] == 0
+        assert {"cpu_pct", "rss_mib"} <= level["procs"]["gateway"].keys()
+    assert relay["ratio"] and "p50_ratio" in relay["ratio"][0]
+    cap = data["capacity"]
+    assert cap["max_sessions"] >= 1
+    assert {"gateway_cpu_pct_per_session", "gateway_rss_mib_per_session"} <= cap["at_max"].keys()
+    for kind in ("short_5_words", "long_200_words"):
+        for side in ("stack", "baseline"):
+            assert data["chat"][side][kind]["first_delta_ms"]["p50"] is not None
+            assert data["chat"][side][kind]["done_ms"]["p50"] is not None
+    adm = data["admission"]
+    assert adm["handoff"]["slot_free_to_queue_done_ms"]["p50"] is not None
+    drivers = {(u["driver"], u["waiting"]) for u in adm["updates"]}
+    assert any(d == "ws" for d, _ in drivers) and any(d == "direct" for d, _ in drivers)
+    for u in adm["updates"]:
+        assert u["updates_per_s"] > 0
+        assert u["redis_commands_per_update"] is not None
+    assert "pytest-smoke" in proc.stdout or "Relay" in proc.stdout
