@@ -164,6 +164,7 @@ class LegacyChat(Connection):
                 elif kind == "audio":
                     await self.send({"type": "chunk", "text_delta": "", "audio_data": ev["audio"]})
                 elif kind == "done":
+                    # non-streaming: the whole speech; streaming: its final segment
                     audio = ev.get("audio") or ev.get("last_audio") or None
                     frame = {
                         "type": "done", "text": ev.get("text", text),

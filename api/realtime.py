@@ -100,7 +100,9 @@ class RealtimeSession(Connection):
         except (asyncio.CancelledError, Exception):
             pass
         if not self.gone.is_set():
-            if self.close_wanted.is_set():
+            if self.shutdown_reason:
+                await self.finish(self.shutdown_reason, E.CLOSE_GOING_AWAY)
+            elif self.close_wanted.is_set():
                 await self.finish(self.close_reason or "user_stop")
             else:
                 await self.finish("timeout")
@@ -111,6 +113,8 @@ class RealtimeSession(Connection):
         if not self.closed_sent:
             self.closed_sent = True
             self.state = CLOSED
+            if self.dialect == "older" and reason == (self.close_reason or "user_stop"):
+                reason = "stopped"  # spec/04: the confirmation of a client's session.close
             await self.send(self.closed_frame(reason))
         await self.close(code)
 
@@ -133,6 +137,7 @@ class DuplexSession(RealtimeSession):
         self.slot_id: str | None = None
         self.started = False
         self.default_slices = 1
+        self.init_since: float | None = None
 
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
@@ -158,6 +163,7 @@ class DuplexSession(RealtimeSession):
             init = duplex_init(event)
             self.default_slices = init.max_slice_nums or 1
             self.state = INITIALIZING
+            self.init_since = time.monotonic()
             await self.gw.inputs.control(self.session_id, init.control())
             return
         # input.append / input_audio_buffer.append
@@ -228,7 +234,7 @@ class DuplexSession(RealtimeSession):
                                                  {"type": "close", "reason": reason})
                 if self.shutdown_reason or not self.started:
                     await self._abandon_if_unstarted(slot)
-                    return await self.finish(reason, 1001 if self.shutdown_reason else 1000)
+                    return await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
             if closing_since is not None and time.monotonic() - closing_since > CLOSE_GRACE_S:
                 reason = self.shutdown_reason or self.close_reason or "timeout"
                 return await self.finish(reason)
@@ -250,6 +256,13 @@ class DuplexSession(RealtimeSession):
                     self.closed_sent = True
                     return await self.close(E.CLOSE_TRY_AGAIN)
                 start_by = now + self.gw.settings.task_start_timeout_s
+            if self.state == INITIALIZING and self.init_since is not None and \
+                    now - self.init_since > self.gw.settings.init_timeout_s:
+                await self.gw.inputs.control(self.session_id,
+                                             {"type": "close", "reason": "backend_error"})
+                await self.send_error(E.BACKEND_ERROR, "the backend did not prepare the session "
+                                      f"within {self.gw.settings.init_timeout_s:.0f} s")
+                return await self.finish("backend_error", E.CLOSE_INTERNAL)
             if self.started and now >= next_lease:
                 next_lease = now + LEASE_CHECK_S
                 if await self.gw.session_alive(self.session_id):
@@ -358,7 +371,7 @@ class ChatSession(RealtimeSession):
                     return
                 reason = self.shutdown_reason or (self.close_reason if self.close_wanted.is_set()
                                                   else "timeout")
-                return await self.finish(reason, 1001 if self.shutdown_reason else 1000)
+                return await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
             if not await self.turn(get.result()):
                 return
 
@@ -401,7 +414,7 @@ class ChatSession(RealtimeSession):
                     return False
                 reason = self.shutdown_reason or (self.close_reason if self.close_wanted.is_set()
                                                   else "timeout")
-                await self.finish(reason, 1001 if self.shutdown_reason else 1000)
+                await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
                 return False
             try:
                 events = await out.get(timeout=0.5)
@@ -430,7 +443,11 @@ class ChatSession(RealtimeSession):
                 if ev.get("type") == "turn_end":
                     return True
                 if ev.get("type") == "closed":
-                    return True
+                    # the worker ended the turn early (drain, deadline, cancel)
+                    if not (self.gone.is_set() or self.close_wanted.is_set()):
+                        await self.send_error(
+                            E.INFERENCE_ERROR, f"turn interrupted: {ev.get('reason')}")
+                    continue
                 await self._chat_event(ev, base, request)
 
     async def _chat_event(self, ev: dict[str, Any], base: dict[str, Any],
@@ -443,6 +460,9 @@ class ChatSession(RealtimeSession):
             await self.send({"type": "response.output.delta", "kind": "audio", **base,
                              "audio": ev["audio"], "metrics": {}})
         elif kind == "done":
+            if ev.get("last_audio"):  # the end of a streamed turn's speech
+                await self.send({"type": "response.output.delta", "kind": "audio", **base,
+                                 "audio": ev["last_audio"], "metrics": {}})
             frame = {"type": "response.done", **base, "text": ev.get("text", ""),
                      "reason": "turn_end", "metrics": ev.get("metrics") or {}}
             if ev.get("audio"):

@@ -74,6 +74,7 @@ class ScriptedBackend(Backend):
         words_per_step: int = 3,
         prefill_delay_s: float = 0.0,
         fail_every: int = 0,
+        prepare_delay_s: float = 0.0,
     ) -> None:
         self.reply = reply
         self.token_delay_s = token_delay_s
@@ -83,6 +84,7 @@ class ScriptedBackend(Backend):
         self.trigger = trigger
         self.words_per_step = max(1, words_per_step)
         self.prefill_delay_s = prefill_delay_s
+        self.prepare_delay_s = prepare_delay_s
         self.fail_every = fail_every  # > 0: every Nth duplex step raises InferenceError (tests)
 
     def info(self) -> dict[str, Any]:
@@ -155,6 +157,8 @@ class ScriptedDuplex(DuplexSession):
         self.steps = 0
 
     def prepare(self, config: DuplexConfig) -> int:
+        if self.b.prepare_delay_s:
+            time.sleep(self.b.prepare_delay_s)
         self.kv = 16 + len(config.system_prompt.split())
         if config.ref_audio is not None:
             self.kv += max(1, config.ref_audio.size // 1600)

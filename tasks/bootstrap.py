@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 
 import redis
 from celery import signals
@@ -54,6 +56,12 @@ def _boot(slots: int) -> None:
         print(f"omniserve worker: backend {rt.settings.backend!r} failed to load: {exc}",
               file=sys.stderr, flush=True)
         os._exit(3)
+    cap = rt.backend.max_concurrency if rt.backend else 1
+    if len(rt.slot_ids) > cap:
+        print(f"omniserve worker: backend {rt.settings.backend!r} serves at most {cap} session(s) "
+              f"per process; asked for {len(rt.slot_ids)} slots (use one worker per GPU)",
+              file=sys.stderr, flush=True)
+        os._exit(3)
     rt.start()
     set_runtime(rt)
 
@@ -61,6 +69,33 @@ def _boot(slots: int) -> None:
 @signals.worker_process_init.connect
 def _on_process_init(**_: object) -> None:
     _boot(1)
+
+
+def install_child_sigterm() -> None:
+    """In a prefork child (main thread): SIGTERM drains instead of killing the session.
+
+    A SIGTERM sent to the whole process group (a terminal, a process manager) reaches the child
+    too: the first one drains (sessions end with server_shutdown), a second one exits. billiard
+    resets signal handlers after ``worker_process_init``, so this is installed when a session
+    starts.
+    """
+    if _state["pool"] == "prefork" and threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is not _child_sigterm:
+            signal.signal(signal.SIGTERM, _child_sigterm)
+
+
+def _child_sigterm(signum: int, _frame: object) -> None:
+    try:
+        rt = get_runtime()
+    except RuntimeError:
+        os._exit(0)
+    if rt.shutting_down.is_set() and not rt.active:
+        os._exit(0)
+    if rt.shutting_down.is_set():
+        log.warning("second SIGTERM with sessions running: exiting")
+        os._exit(1)
+    log.info("SIGTERM: draining %d session(s)", len(rt.active))
+    rt.shutting_down.set()
 
 
 @signals.worker_ready.connect
@@ -79,8 +114,12 @@ def _on_shutting_down(**_: object) -> None:
     except redis.RedisError:
         log.warning("could not set drain flag", exc_info=True)
     try:
-        get_runtime().shutting_down.set()
-    except RuntimeError:
+        rt = get_runtime()
+        rt.shutting_down.set()
+        with rt.lock:
+            idle = [s for s in rt.slot_ids if s not in rt.active]
+        rt.registry.withdraw(idle)
+    except (RuntimeError, redis.RedisError):
         pass
 
 

@@ -25,6 +25,8 @@ def _cancelled(ctx: SessionContext) -> str | None:
         return "server_shutdown"
     if time.time() >= ctx.deadline_ts:
         return "timeout"
+    if not ctx.rt.gateway_alive(ctx.gateway_id):
+        return "client_closed"
     got = ctx.rt.redis.xread({ctx.inputs.control_key: ctx.inputs.last_control}, count=10)
     for _, entries in got or []:
         for entry_id, _fields in entries:
@@ -70,9 +72,8 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                 for piece in chunker.push(ev.audio):
                     ctx.emit({"type": "audio", "audio": audio_b64(piece)})
             elif isinstance(ev, ChatDone):
+                # a streamed turn's last (short) piece of speech rides on "done" as last_audio
                 rest = chunker.flush() if req.streaming else None
-                if rest is not None:
-                    ctx.emit({"type": "audio", "audio": audio_b64(rest)})
                 audio = ev.audio if isinstance(ev.audio, np.ndarray) else None
                 ctx.emit({
                     "type": "done",

@@ -57,6 +57,7 @@ class WorkerRuntime:
         self.shutting_down = threading.Event()
         self.backend: Backend | None = None
         self._beat: threading.Thread | None = None
+        self.stopped = False
         self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
@@ -95,6 +96,7 @@ class WorkerRuntime:
     def stop(self) -> None:
         """Leave the registry (the sessions end with server_shutdown)."""
         self.shutting_down.set()
+        self.stopped = True
         try:
             self.registry.unregister(self.slot_ids)
         except redis.RedisError:
@@ -103,18 +105,24 @@ class WorkerRuntime:
     def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval_s
         drain_key = f"{self.keys.prefix}:drain:{self.node_name}"
-        while not self.shutting_down.is_set():
+        while not self.stopped:
             try:
+                if not self.shutting_down.is_set() and self.redis.exists(drain_key):
+                    log.info("worker %s draining: ending sessions", self.worker_id)
+                    self.shutting_down.set()
                 with self.lock:
                     active = dict(self.active)
                 idle = [s for s in self.slot_ids if s not in active]
-                self.registry.heartbeat(idle, active)
-                if self.redis.exists(drain_key):
-                    log.info("worker %s draining: ending sessions", self.worker_id)
-                    self.shutting_down.set()
+                if self.shutting_down.is_set():
+                    self.registry.withdraw(idle)
+                    self.registry.heartbeat([], active)
+                else:
+                    self.registry.heartbeat(idle, active)
             except redis.RedisError:
                 log.warning("heartbeat failed", exc_info=True)
-            self.shutting_down.wait(interval)
+            time.sleep(interval)
+            if self.stopped:
+                return
 
     # ------------------------------------------------------------------ sessions
     def claim(self, session_id: str) -> bool:
@@ -141,7 +149,10 @@ class WorkerRuntime:
                 pipe.delete(self.keys.session_lease(session_id))
                 pipe.delete(self.keys.input_audio(session_id), self.keys.input_control(session_id))
                 pipe.execute()
-            self.registry.release(slot_id)
+            if self.shutting_down.is_set():
+                self.registry.withdraw([slot_id])  # draining: take no new work
+            else:
+                self.registry.release(slot_id)
             self.registry.record_hold(held_s)
         except redis.RedisError:
             log.error("could not release slot %s", slot_id, exc_info=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from streaming.codec import pcm_to_b64
 from streaming.input import InputReader
 from streaming.output import OutputPublisher
+from tasks.bootstrap import install_child_sigterm
 from tasks.runtime import WorkerRuntime, get_runtime
 
 log = logging.getLogger("omniserve.worker")
@@ -66,6 +67,7 @@ def running_session(
         log.warning("session %s already claimed; stale or re-delivered task exits", session_id)
         yield None
         return
+    install_child_sigterm()
     s = rt.settings
     out = OutputPublisher(rt.redis, rt.keys, session_id, s.output_log_maxlen, s.session_ttl_s)
     ctx = SessionContext(

@@ -507,6 +507,9 @@ async def test_legacy_streaming(shared_service: Stack) -> None:
                          "recording_session_id"}
     assert done["text"] == "legacy works" and done["generated_tokens"] == 2
     assert done["recording_session_id"].startswith("chat_")
+    # the final segment of speech is in done, not also in a chunk: 0.35 s + 0.3 s of tone
+    streamed = sum(decode_audio(f["audio_data"]).size for f in chunks if f["audio_data"])
+    assert streamed + decode_audio(done["audio_data"]).size == 8400 + 7200
 
 
 async def test_legacy_non_streaming(shared_service: Stack) -> None:
@@ -582,3 +585,17 @@ async def test_legacy_non_json_closes_1003(shared_service: Stack) -> None:
     c = await Client.connect(shared_service.url(), path="/ws/chat")
     await c.send("{{{")
     assert await c.closed() == 1003
+
+
+async def test_backend_that_never_prepares(stack: Stack) -> None:
+    stack.start_worker(OMNISERVE_BACKEND_OPTIONS='{"prepare_delay_s": 6}')
+    stack.start_gateway(OMNISERVE_INIT_TIMEOUT_S="1")
+    c = await Client.connect(stack.url(), query="?mode=audio")
+    await c.until("session.queue_done")
+    await c.send({"type": "session.init", "payload": {}})
+    err = await c.until("error", timeout=10)
+    assert err["error"]["code"] == "backend_error"
+    closed = await c.until("session.closed")
+    assert closed["reason"] == "backend_error"
+    assert await c.closed() == 1011
+    stack.wait_free(1, timeout=15)  # the worker let go once prepare returned

@@ -246,3 +246,15 @@ async def test_server_shutdown_closes_sessions(stack: Stack) -> None:
     closed = await c.until("session.closed", timeout=10)
     assert closed["reason"] == "server_shutdown"
     stack.wait_free(1, timeout=15)
+
+
+@pytest.mark.slow
+async def test_worker_shutdown_ends_sessions_and_takes_no_new_work(stack: Stack) -> None:
+    worker = stack.start_worker()
+    stack.start_gateway()
+    c = await Client.connect(stack.url(), query="?mode=audio")
+    await c.init()
+    await asyncio.to_thread(worker.stop, signal.SIGTERM)
+    closed = await c.until("session.closed", timeout=15)
+    assert closed["reason"] == "server_shutdown"
+    assert stack.free_slots() == 0 and stack.live_slots() == 0
