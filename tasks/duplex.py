@@ -251,4 +251,12 @@ def duplex_session(
     with running_session(session_id, slot_id, gateway_id, deadline_ts) as ctx:
         if ctx is None:
             return
-        DuplexRunner(ctx, public_mode).run()
+        try:
+            DuplexRunner(ctx, public_mode).run()
+        except Exception as exc:  # noqa: BLE001 - e.g. Redis trouble mid-session
+            log.exception("session %s failed", session_id)
+            try:
+                ctx.error("backend_error", f"session failed: {exc}", recoverable=False)
+                ctx.closed("error")
+            except Exception:  # noqa: BLE001 - nothing more can be told
+                pass
