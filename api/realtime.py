@@ -58,6 +58,22 @@ class RealtimeSession(Connection):
         if self.dialect is None:
             self.dialect = dialect_of(event_type)
 
+    def accept_event(self, event: dict[str, Any]) -> str | None:
+        """What every mode does first: fix the dialect, refuse unknown types, note a close.
+
+        Returns the event type, or None when the event was a ``session.close``.
+        """
+        kind = event["type"]
+        self._dialect_for(kind)
+        if kind not in KNOWN_EVENTS:
+            raise E.ProtocolError(E.UNKNOWN_EVENT, f"unknown event type {kind!r}", "type")
+        if kind == "session.close":
+            reason = event.get("reason")
+            self.close_reason = reason if isinstance(reason, str) and reason else "user_stop"
+            self.close_wanted.set()
+            return None
+        return kind
+
     async def acquire_slot(self) -> tuple[str, str, bool] | None:
         """Wait for a worker slot (queue events go to the client); None when the wait ended."""
         try:
@@ -142,14 +158,8 @@ class DuplexSession(RealtimeSession):
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
-        kind = event["type"]
-        self._dialect_for(kind)
-        if kind not in KNOWN_EVENTS:
-            raise E.ProtocolError(E.UNKNOWN_EVENT, f"unknown event type {kind!r}", "type")
-        if kind == "session.close":
-            reason = event.get("reason")
-            self.close_reason = reason if isinstance(reason, str) and reason else "user_stop"
-            self.close_wanted.set()
+        kind = self.accept_event(event)
+        if kind is None:
             if self.state in (CONNECTED, INITIALIZING, ACTIVE):
                 await self.gw.inputs.control(
                     self.session_id, {"type": "close", "reason": self.close_reason})
@@ -325,14 +335,9 @@ class ChatSession(RealtimeSession):
         self.turn_count = 0
 
     async def on_event(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        self._dialect_for(kind)
-        if kind not in KNOWN_EVENTS:
-            raise E.ProtocolError(E.UNKNOWN_EVENT, f"unknown event type {kind!r}", "type")
-        if kind == "session.close":
-            reason = event.get("reason")
-            self.close_reason = reason if isinstance(reason, str) and reason else "user_stop"
-            self.close_wanted.set()
+        """Handle one client event according to the current state."""
+        kind = self.accept_event(event)
+        if kind is None:
             return
         if kind in ("session.init", "session.update"):
             if self.state != CONNECTED:
