@@ -15,15 +15,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-_original = aioredis.Redis.from_url.__func__  # type: ignore[attr-defined]
-
-
 def _from_url(cls: type, url: str, **kwargs: Any) -> aioredis.Redis:
-    if "connection_pool" not in kwargs:
-        pool_kw = {k: kwargs.pop(k) for k in ("health_check_interval",) if k in kwargs}
-        kwargs["connection_pool"] = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=200, timeout=20, **pool_kw)
-    return _original(cls, url, **kwargs)
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=200, timeout=20,
+                                                    **kwargs)
+    client = cls(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 aioredis.Redis.from_url = classmethod(_from_url)  # type: ignore[method-assign]
