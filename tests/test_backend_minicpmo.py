@@ -181,6 +181,46 @@ def test_chat_multimodal_segments():
     assert prefills[-1]["is_last_chunk"] is True
 
 
+def test_chat_long_audio_is_prefilled_in_model_chunks():
+    # the real streaming path encodes one chunk per call (1035 ms first, then 1000 ms); a 2.5 s
+    # clip in one call fails inside the model (checked against the real remote code, tiny weights)
+    b = make_backend()
+    events = list(b.chat(ChatRequest(messages=[Message(role="user", content=[AudioPart(loud(2.5)), TextPart("what?")])])))
+    assert isinstance(events[-1], ChatDone)
+    prefills = [kw for n, kw in b.model.calls if n == "streaming_prefill"]
+    assert len(prefills) == 4  # 1.035 s + 1 s + 0.465 s of audio, then the text
+    # the flush flag goes with the last audio chunk, not with the text after it
+    assert [p["is_last_chunk"] for p in prefills] == [False, False, True, False]
+
+
+def test_chat_short_audio_tail_mid_stream_is_padded():
+    b = make_backend()
+    msgs = [
+        Message(role="user", content=[AudioPart(loud(1.5)), AudioPart(loud(0.4))]),
+        Message(role="assistant", content=[TextPart("ok")]),
+        user("and this", AudioPart(loud(0.7))),
+    ]
+    events = list(b.chat(ChatRequest(messages=msgs)))
+    assert isinstance(events[-1], ChatDone)
+    prefills = [kw for n, kw in b.model.calls if n == "streaming_prefill"]
+    assert sum(p["is_last_chunk"] for p in prefills) == 1
+
+
+def test_chat_text_only_generated_tokens_counts_text():
+    b = make_backend()
+    events = list(b.chat(ChatRequest(messages=[user("one two three four")])))
+    assert events[-1].text == "echo: one two three four"
+    assert events[-1].generated_tokens == 5  # the fake tokenizer counts words
+
+
+def test_chat_non_streaming_input_tokens_from_returned_prompt():
+    b = make_backend()
+    events = list(b.chat(ChatRequest(messages=[user("hello")], streaming=False)))
+    assert events[0].input_tokens > 0 and events[-1].input_tokens == events[0].input_tokens
+    chat_kw = [kw for n, kw in b.model.calls if n == "chat"][0]
+    assert chat_kw["n_msgs"] == 1
+
+
 def test_chat_video_interleaves_frames_and_audio():
     b = make_backend()
     video = VideoPart(frames=[jpeg(), jpeg()], audio_segments=[loud(), loud()])
@@ -442,3 +482,19 @@ def test_backend_close():
     b.close()
     with pytest.raises(BackendError):
         list(b.chat(ChatRequest(messages=[user("x")])))
+
+
+def test_duplex_without_as_duplex_fails_cleanly():
+    # the MiniCPM-o-Demo copy of modeling_minicpmo.py has no as_duplex()
+    b = make_backend()
+    original = type(b.model).as_duplex
+    try:
+        del type(b.model).as_duplex
+        session = b.open_duplex()
+        with pytest.raises(BackendError, match="as_duplex"):
+            session.prepare(DuplexConfig(system_prompt="hi", ref_audio=voice()))
+        assert b.info()["duplex_active"] is False
+    finally:
+        type(b.model).as_duplex = original
+    events = list(b.chat(ChatRequest(messages=[user("still here")])))
+    assert events[-1].text == "echo: still here"

@@ -522,6 +522,7 @@ class MiniCPMOBackend(Backend):
         self._reset_model_session()
         gen = request.generation
         t0 = time.monotonic()
+        want_prompt = _explicit(model.chat, "return_prompt")
         result = _call(
             model.chat,
             msgs=msgs,
@@ -537,11 +538,22 @@ class MiniCPMOBackend(Backend):
             use_tts_template=request.use_tts_template,
             generate_audio=False,
             omni_mode=request.omni_mode or has_video,
+            return_prompt=want_prompt,
         )
-        text = result[0] if isinstance(result, (tuple, list)) else result
+        prompt = None
+        if isinstance(result, (tuple, list)):
+            text = result[0]
+            prompt = result[1] if want_prompt and len(result) > 1 else None
+        else:
+            text = result
         text = text if isinstance(text, str) else str(text or "")
+        # chat() keeps no token statistics; the prompt it returns (return_prompt=True) gives the
+        # input length, approximately: image/audio placeholders count as their markup, not as the
+        # embeddings they expand to
         stats = getattr(model, "_last_chat_token_stats", None) or {}
         input_tokens = int(stats.get("input_tokens", 0) or 0)
+        if not input_tokens and isinstance(prompt, str):
+            input_tokens = self._count_tokens(prompt)
         generated = int(stats.get("generated_tokens", 0) or 0) or self._count_tokens(text)
         yield ChatPrefilled(input_tokens=input_tokens)
         yield ChatDone(
@@ -561,22 +573,69 @@ class MiniCPMOBackend(Backend):
                 pass
         return len(text.split()) if text else 0
 
+    def _audio_chunk_samples(self) -> tuple[int, int]:
+        """(first, later) chunk sizes in samples that one user ``streaming_prefill`` call may carry.
+
+        The model's streaming audio path encodes exactly one chunk per call (``FIRST_CHUNK_MS``,
+        1035 ms, for the first chunk of a session, then ``CHUNK_MS``, 1000 ms); a longer waveform
+        in one call fails inside ``get_omni_embedding`` (placeholder count != embedding count).
+        """
+        model = self.model
+        rate = int(getattr(model, "SAMPLE_RATE", INPUT_SAMPLE_RATE) or INPUT_SAMPLE_RATE)
+        first_ms = int(getattr(model, "FIRST_CHUNK_MS", 1035) or 1035)
+        chunk_ms = int(getattr(model, "CHUNK_MS", 1000) or 1000)
+        return max(1, first_ms * rate // 1000), max(1, chunk_ms * rate // 1000)
+
     def _segments(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Split user messages so that each streaming_prefill call carries at most one audio."""
+        """Split user messages so that each streaming_prefill call carries at most one audio chunk.
+
+        User audio is cut into the model's streaming chunks (the first chunk of the turn's session
+        ``FIRST_CHUNK_MS``, then ``CHUNK_MS``; a short chunk that is not the last one is padded with
+        silence); system/assistant messages go in whole (the model encodes their audio, e.g. a
+        voice-clone prompt, in one piece).
+        """
+        first, later = self._audio_chunk_samples()
         out: list[dict[str, Any]] = []
+        chunk_sizes: list[tuple[int, int, int]] = []  # (segment index, item index, full chunk size)
+        n_user_chunks = 0
         for msg in msgs:
             if msg["role"] != "user":
                 out.append(msg)
                 continue
             current: list[Any] = []
             for item in msg["content"]:
-                current.append(item)
-                if isinstance(item, np.ndarray):
+                if not isinstance(item, np.ndarray):
+                    current.append(item)
+                    continue
+                pos = 0
+                while pos < item.size:
+                    size = first if n_user_chunks == 0 else later
+                    current.append(item[pos : pos + size])
+                    chunk_sizes.append((len(out), len(current) - 1, size))
+                    pos += size
+                    n_user_chunks += 1
                     out.append({"role": "user", "content": current})
                     current = []
             if current:
                 out.append({"role": "user", "content": current})
+        # every chunk but the last must be a full chunk: a short chunk in the middle of the stream
+        # (the tail of one audio part followed by another) is padded with silence, else the
+        # streaming mel/CNN front end gets too few frames and fails
+        for seg_i, item_i, size in chunk_sizes[:-1]:
+            chunk = out[seg_i]["content"][item_i]
+            if chunk.size < size:
+                out[seg_i]["content"][item_i] = np.concatenate([chunk, np.zeros(size - chunk.size, dtype=chunk.dtype)])
         return out
+
+    @staticmethod
+    def _last_chunk_index(segments: list[dict[str, Any]]) -> int:
+        """The segment that gets ``is_last_chunk=True``: the one with the last user audio chunk
+        (it flushes the model's streaming mel buffer, as in the model card), else the last one."""
+        for i in range(len(segments) - 1, -1, -1):
+            seg = segments[i]
+            if seg["role"] == "user" and any(isinstance(c, np.ndarray) for c in seg["content"]):
+                return i
+        return len(segments) - 1
 
     def _chat_streaming(
         self,
@@ -601,6 +660,7 @@ class MiniCPMOBackend(Backend):
                 )
             model.init_token2wav_cache(prompt_speech_16k=voice)
         segments = self._segments(msgs)
+        last_chunk = self._last_chunk_index(segments)
         for i, segment in enumerate(segments):
             _call(
                 model.streaming_prefill,
@@ -610,7 +670,7 @@ class MiniCPMOBackend(Backend):
                 max_slice_nums=request.max_slice_nums,
                 use_tts_template=use_tts_template,
                 enable_thinking=request.enable_thinking,
-                is_last_chunk=i == len(segments) - 1,
+                is_last_chunk=i == last_chunk,
             )
         input_tokens = self._kv_length()
         prefill_s = time.monotonic() - t0
@@ -654,12 +714,10 @@ class MiniCPMOBackend(Backend):
             if request.streaming:
                 yield ChatDelta(text=text, audio=wave)
         full_text = "".join(texts)
-        generated_ids = getattr(model, "_streaming_generated_token_ids", None)
-        if generated_ids:
-            generated = len(generated_ids)
-        else:
-            after = self._kv_length()
-            generated = after - input_tokens if after > input_tokens else self._count_tokens(full_text)
+        # the model keeps the generated ids only when it generates audio; a text-only turn counts its
+        # text (the KV cache also holds the assistant prefix, so its growth overcounts)
+        generated_ids = getattr(model, "_streaming_generated_token_ids", None) if tts_on else None
+        generated = len(generated_ids) if generated_ids else self._count_tokens(full_text)
         yield ChatDone(
             text=full_text,
             input_tokens=input_tokens,
@@ -753,9 +811,19 @@ class MiniCPMODuplexSession(DuplexSession):
         init_kwargs["generate_audio"] = generate_audio
         for key in _DUPLEX_INIT_SETTINGS:
             init_kwargs[key] = settings[key]
+        as_duplex = getattr(self._model, "as_duplex", None)
+        if as_duplex is None:
+            # e.g. the MiniCPM-o-Demo copy of the remote code, whose duplex class
+            # (MiniCPMODuplex) loads a second copy of the weights instead
+            self._abort_prepare()
+            raise BackendError(
+                "this MiniCPM-o remote code has no as_duplex(); duplex sessions need the model "
+                "repository's modeling_minicpmo.py revision that provides it"
+            )
         try:
-            self._duplex = _call(self._model.as_duplex, **init_kwargs)
+            self._duplex = _call(as_duplex, **init_kwargs)
         except Exception as exc:
+            self._abort_prepare()
             raise BackendError(f"as_duplex failed: {exc}") from exc
         # a cached wrapper may come back: make every setting this session's own
         for key in _DUPLEX_ATTR_SETTINGS:

@@ -237,6 +237,12 @@ class FakeDuplex:
 class FakeMiniCPMO:
     """Mirrors ``MiniCPMO`` (the AutoModel object)."""
 
+    #: streaming audio chunking of the real class: one user streaming_prefill call carries at most
+    #: one chunk, FIRST_CHUNK_MS for the first of a session, then CHUNK_MS
+    SAMPLE_RATE = 16_000
+    CHUNK_MS = 1000
+    FIRST_CHUNK_MS = 1035
+
     def __init__(self, model_path: str | None = None, **options: Any) -> None:
         self.model_path = model_path
         self.options = dict(options)
@@ -310,15 +316,22 @@ class FakeMiniCPMO:
              stream: bool = False, stream_input: bool = False, max_slice_nums: int | None = None,
              use_image_id: bool | None = None, enable_thinking: bool = False, use_tts_template: bool = False,
              generate_audio: bool = False, output_audio_path: str | None = None, omni_mode: bool = False,
-             return_prompt: bool = False, **kwargs: Any) -> str:
+             return_prompt: bool = False, **kwargs: Any) -> str | tuple[str, str]:
         assert msgs, "msgs is empty"
         self._log("chat", n_msgs=len(msgs), max_new_tokens=max_new_tokens, do_sample=do_sample,
                   generate_audio=generate_audio, omni_mode=omni_mode, max_slice_nums=max_slice_nums, **kwargs)
         answer = self._answer(msgs)
         words = answer.split()[:max_new_tokens]
         answer = " ".join(words)
-        self._last_chat_token_stats = {"input_tokens": 7 * len(msgs), "generated_tokens": len(words)}
+        if return_prompt:  # the real chat() keeps no token statistics; it can return its prompt
+            prompt = "".join(f"<|im_start|>{m['role']}\n{FakeMiniCPMO._text(m)}<|im_end|>\n" for m in msgs)
+            return answer, prompt + "<|im_start|>assistant\n"
         return answer
+
+    @staticmethod
+    def _text(msg: dict[str, Any]) -> str:
+        content = msg["content"] if isinstance(msg["content"], list) else [msg["content"]]
+        return " ".join(c if isinstance(c, str) else "<media>" for c in content)
 
     def streaming_prefill(self, session_id: str, msgs: list[dict[str, Any]], omni_mode: bool = True,
                           max_slice_nums: int | None = None, use_tts_template: bool = True,
@@ -334,6 +347,21 @@ class FakeMiniCPMO:
             self.reset_session(reset_token2wav_cache=False)
             self.session_id = session_id
             self._prefilled: list[dict[str, Any]] = []
+            self.audio_chunk_idx = 0
+            self._short_chunk_open = False
+        if msg["role"] == "user" and audios:
+            # the real streaming path encodes exactly one chunk per call: a longer waveform fails in
+            # get_omni_embedding, a short chunk that is not flushed with is_last_chunk starves the
+            # next one (conv1d "kernel size can't be greater than actual input size")
+            limit_ms = self.FIRST_CHUNK_MS if self.audio_chunk_idx == 0 else self.CHUNK_MS
+            limit = limit_ms * self.SAMPLE_RATE // 1000
+            if len(audios[0]) > limit:
+                raise RuntimeError(f"The expanded size of the tensor must match: audio chunk of {len(audios[0])} samples > {limit}")
+            if self._short_chunk_open:
+                raise RuntimeError("Kernel size can't be greater than actual input size (short audio chunk mid-stream)")
+            full = self.CHUNK_MS * self.SAMPLE_RATE // 1000
+            self._short_chunk_open = len(audios[0]) < full and not is_last_chunk
+            self.audio_chunk_idx += 1
         self._prefilled.append(msg)
         self.llm_past_key_values = int(self.llm_past_key_values or 0) + 5 + 10 * len(audios) + sum(
             64 for c in msg["content"] if not isinstance(c, (str, np.ndarray))
@@ -351,17 +379,22 @@ class FakeMiniCPMO:
         if generate_audio:
             assert self.token2wav_cache is not None, "generate_audio without init_token2wav_cache"
         words = self._answer(self._prefilled).split()[:max_new_tokens]
-        self._streaming_generated_token_ids: list[int] = []
+        # like the real class: the id list is dropped at the start and kept only with audio output
+        if hasattr(self, "_streaming_generated_token_ids"):
+            del self._streaming_generated_token_ids
         for i, word in enumerate(words):
             delta = word if i == 0 else " " + word
-            self._streaming_generated_token_ids.append(i)
+            if generate_audio:
+                self._streaming_generated_token_ids = getattr(self, "_streaming_generated_token_ids", [])
+                self._streaming_generated_token_ids.append(i)
             self.llm_past_key_values = int(self.llm_past_key_values or 0) + 1
             if generate_audio:
                 yield _wave(1.0), delta
             else:
                 yield delta, i == len(words) - 1
 
-    # --- duplex
+    # --- duplex (as_duplex is in the model repository's remote code; the MiniCPM-o-Demo copy of
+    # modeling_minicpmo.py has none: there MiniCPMODuplex loads its own copy of the weights)
     def as_duplex(self, device: str | None = None, **kwargs: Any) -> FakeDuplex:
         self._log("as_duplex", **kwargs)
         assert not self.duplex_open, "as_duplex while another duplex wrapper is live"
