@@ -49,6 +49,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     p.add_argument("--output", help="results file name (bench/results/NAME.json)")
     p.add_argument("--plot", action="store_true", help="write docs/bench_relay_latency.png")
+    p.add_argument("--no-deflate", action="store_true",
+                   help="duplex clients do not offer permessage-deflate (browsers do)")
     p.add_argument("--pool-fix", action="store_true",
                    help="relay/capacity with bench/gateway_pool_fix.py (blocking Redis pool)")
     return p.parse_args(argv)
@@ -63,7 +65,7 @@ def run_relay_capacity(cfg: Config, parts: set[str], out: dict[str, Any],
     slots = max(cfg.levels + cfg.ramp)
     stack = Stack(shared_redis(), pool_fix=pool_fix)
     stack.start_gateway()
-    stack.start_worker(slots)
+    stack.start_workers(slots)
     base_proc, base_port = start_baseline()
     base_url = f"ws://127.0.0.1:{base_port}"
     try:
@@ -160,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.stack import install_cleanup, kill_all
 
     install_cleanup()
+    if args.no_deflate:
+        from bench import duplex_load
+
+        duplex_load.COMPRESSION[0] = None
     cfg = QUICK if args.quick else SMOKE if args.smoke else FULL
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
     unknown = parts - set(PARTS)
@@ -176,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": cfg.__dict__,
         "gateway": "bench/gateway_pool_fix.py (blocking Redis pool)" if args.pool_fix
                    else "omniserve gateway (stock)",
+        "client_permessage_deflate": not args.no_deflate,
     }
     t0 = time.perf_counter()
     try:

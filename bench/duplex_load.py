@@ -19,6 +19,7 @@ import orjson
 import websockets
 
 SILENCE_1S = base64.b64encode(np.zeros(16000, dtype="<f4").tobytes()).decode()
+COMPRESSION: list[str | None] = ["deflate"]  # what clients offer; None: no permessage-deflate
 APPEND = orjson.dumps({"type": "input.append", "input": {"audio": SILENCE_1S}}).decode()
 
 
@@ -38,7 +39,8 @@ async def _session(url: str, res: LoadResult, ready: asyncio.Barrier, go: asynci
                    stop_at: list[float], connect_sem: asyncio.Semaphore) -> None:
     async with connect_sem:
         ws = await websockets.connect(f"{url}/v1/realtime?mode=audio", max_size=None,
-                                      open_timeout=60, ping_interval=None)
+                                      open_timeout=60, ping_interval=None,
+                                      compression=COMPRESSION[0])
     dropped = 0
     try:
         while True:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack(shared_redis(), pool_fix=args.pool_fix)
     try:
         stack.start_gateway()
-        stack.start_worker(args.sessions)
+        stack.start_workers(args.sessions)
         assert stack.gateway is not None
         targets = {"gateway": stack.gateway.pid, "worker": stack.workers[0].pid}
         procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -53,8 +53,8 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
     """n real-time sessions through gateway + Redis + worker; latency, drops, gateway CPU/RSS."""
     TAP_DIR.mkdir(parents=True, exist_ok=True)
     assert stack.gateway is not None
-    pids = {"gateway": stack.gateway.pid, "worker": stack.workers[0].pid, "redis": redis_pid(),
-            "bench": os.getpid()}
+    pids = {"gateway": stack.gateway.pid, "redis": redis_pid(), "bench": os.getpid()}
+    pids.update({f"worker{i}": w.pid for i, w in enumerate(stack.workers)})
     stack.wait_free(stack.slots, timeout=30)
     with Sampler(pids) as sampler, Tap(stack.redis_url, stack.prefix,
                                        TAP_DIR / f"{stack.prefix}-{n}.jsonl") as tap:
@@ -71,7 +71,12 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
             lat.append((kind, (t_recv - t) * 1000))
     out = _summary(n, res, lat, unmatched)
     a, b = res.window
-    out["procs"] = {name: sampler.window(name, a, b) for name in pids}
+    procs = {name: sampler.window(name, a, b) for name in pids}
+    workers = [v for k, v in procs.items() if k.startswith("worker")]
+    out["procs"] = {k: v for k, v in procs.items() if not k.startswith("worker")}
+    out["procs"]["workers"] = {"count": len(workers),
+                               "cpu_pct": round(sum(w["cpu_pct"] for w in workers), 1),
+                               "rss_mib": round(sum(w["rss_mib"] for w in workers), 1)}
     gw_samples = idle.samples.get("gateway") or [(0, 0, 0)]
     out["gateway_idle_rss_mib"] = round(gw_samples[0][2] / 2**20, 1)
     gw = out["procs"]["gateway"]

@@ -53,8 +53,10 @@ def kill_all() -> None:
 
 
 def _on_signal(signum: int, _frame: object) -> None:
+    print(f"\nbench: signal {signum}, stopping every process it started", file=sys.stderr)
     kill_all()
-    raise SystemExit(128 + signum)
+    sys.stderr.flush()
+    os._exit(128 + signum)  # exit now, even from inside a running event loop
 
 
 def install_cleanup() -> None:
@@ -169,6 +171,13 @@ class Stack:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"worker slots not ready:\n{tail(log)}")
+
+    def start_workers(self, total: int, per_worker: int = 80) -> None:
+        """``total`` slots over several worker processes of at most ``per_worker`` slots each
+        (one worker's sync Redis pool fails beyond ~100 concurrent sessions; see BENCHMARKS)."""
+        while total > 0:
+            self.start_worker(min(per_worker, total))
+            total -= per_worker
 
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url)
