@@ -31,7 +31,13 @@ class Gateway:
         self.settings = settings
         self.gateway_id = uuid.uuid4().hex[:10]
         self.keys = Keys(settings.key_prefix)
-        self.redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        # A blocking pool: a burst of commands waits for a connection instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=20,
+            health_check_interval=30,
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
+        self.redis.auto_close_connection_pool = True
         self.admission = Admission(self.redis, self.keys)
         self.queue = QueueManager(
             self.admission, self.gateway_id, settings.max_queue, settings.queue_update_interval_s

@@ -150,6 +150,8 @@ class QueueManager:
         now = time.monotonic()
         sends = []
         for w in pending:
+            if w.last_position is None:
+                continue  # acquire() has not sent session.queued yet; it comes first
             pos = snap.order.get(w.ticket_id)
             if pos is None:
                 # gone from the queue: either assigned (claim it) or its lease lapsed

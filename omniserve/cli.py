@@ -74,7 +74,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     setup_logging(s.log_level)
     app = create_app(s)
     config = uvicorn.Config(app, host=s.gateway_host, port=s.gateway_port, log_level=s.log_level,
-                            ws_max_size=s.max_frame_bytes, timeout_graceful_shutdown=10)
+                            ws_max_size=s.max_frame_bytes, ws_per_message_deflate=s.ws_deflate,
+                            timeout_graceful_shutdown=10)
     try:
         GatewayServer(config).run()
     except KeyboardInterrupt:  # uvicorn re-raises a captured Ctrl-C after its clean shutdown

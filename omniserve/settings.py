@@ -24,6 +24,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("OMNISERVE_REDIS_URL", "REDIS_URL"),
     )
     key_prefix: str = "omni"  # every Redis key and channel starts with this
+    redis_max_connections: int = 256  # per gateway process; callers wait for a free connection
 
     # --- gateway
     gateway_host: str = "127.0.0.1"
@@ -38,6 +39,7 @@ class Settings(BaseSettings):
     init_timeout_s: float = 30.0  # worker must answer session.init within this
     task_start_timeout_s: float = 15.0  # worker must pick up a session task within this
     max_frame_bytes: int = 16 * 1024 * 1024
+    ws_deflate: bool = False  # permessage-deflate: costs ~half the gateway CPU on audio frames
     max_video_frames: int = 8
     recordings_dir: str | None = None  # when set, /ws/chat turns are recorded here as JSON
 
@@ -54,7 +56,7 @@ class Settings(BaseSettings):
     worker_slots: int = 1  # concurrent sessions of one worker (threads pool when > 1)
     worker_name: str | None = None
     input_max_pending: int = 2  # audio chunks kept per session; older ones are dropped
-    output_log_maxlen: int = 512  # per-session replay log length
+    output_log_maxlen: int = 64  # per-session replay log length (events; ~1 min of audio)
     session_ttl_s: float = 900.0  # all per-session keys expire after this
 
     # --- scripted backend (deterministic, model-free)

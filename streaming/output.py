@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Callable
 
@@ -23,7 +26,14 @@ log = logging.getLogger(__name__)
 
 
 class OutputPublisher:
-    """Worker side: emits a session's events in order (synchronous client)."""
+    """Worker side: emits a session's events in order (synchronous client).
+
+    ``emit`` only numbers and queues an event; one background thread per session writes them to
+    Redis in order, several per round trip when they come faster than Redis answers, so a model
+    generating tokens never waits on the network. ``finish`` flushes everything.
+    """
+
+    BATCH = 64
 
     def __init__(
         self, client: redis.Redis, keys: Keys, session_id: str, log_maxlen: int, ttl_s: float
@@ -35,26 +45,76 @@ class OutputPublisher:
         self.log_maxlen = log_maxlen
         self.ttl_s = int(ttl_s)
         self.seq = 0
+        self._queue: queue.SimpleQueue[tuple[int, bytes] | threading.Event | None] = (
+            queue.SimpleQueue())
+        self._thread = threading.Thread(target=self._run, name=f"out-{session_id}", daemon=True)
+        self._thread.start()
 
     def emit(self, event: dict[str, Any]) -> int:
-        """Publish one event; returns its sequence number."""
+        """Queue one event for publication; returns its sequence number."""
         self.seq += 1
         event["seq"] = self.seq
-        data = dumps(event)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.xadd(
-                self.log_key, {"e": data}, id=f"{self.seq}-1", maxlen=self.log_maxlen,
-                approximate=True,
-            )
-            if self.seq == 1:
-                pipe.expire(self.log_key, self.ttl_s)
-            pipe.publish(self.channel, data)
-            pipe.execute()
+        self._queue.put((self.seq, dumps(event)))
         return self.seq
 
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event emitted so far is in Redis."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
     def finish(self, linger_s: float = 60.0) -> None:
-        """Keep the replay log only briefly after the session ends."""
-        self.client.expire(self.log_key, int(linger_s))
+        """Flush, stop the writer, and keep the replay log only briefly."""
+        self.flush()
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        try:
+            self.client.expire(self.log_key, int(linger_s))
+        except redis.RedisError:
+            log.warning("could not set the expiry of %s", self.log_key)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch: list[tuple[int, bytes]] = []
+            markers: list[threading.Event] = []
+            stop = False
+            while True:
+                if item is None:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    markers.append(item)
+                else:
+                    batch.append(item)
+                if stop or len(batch) >= self.BATCH:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._write(batch)
+            for marker in markers:
+                marker.set()
+            if stop:
+                return
+
+    def _write(self, batch: list[tuple[int, bytes]]) -> None:
+        for attempt in range(3):
+            try:
+                with self.client.pipeline(transaction=False) as pipe:
+                    for seq, data in batch:
+                        pipe.xadd(self.log_key, {"e": data}, id=f"{seq}-1",
+                                  maxlen=self.log_maxlen, approximate=True)
+                        if seq == 1:
+                            pipe.expire(self.log_key, self.ttl_s)
+                        pipe.publish(self.channel, data)
+                    pipe.execute()
+                return
+            except redis.RedisError:
+                log.warning("publishing %d event(s) of %s failed (try %d)", len(batch),
+                            self.session_id, attempt + 1, exc_info=attempt == 2)
+                time.sleep(0.1 * (attempt + 1))
 
 
 async def read_log(

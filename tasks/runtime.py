@@ -47,9 +47,16 @@ class WorkerRuntime:
         self.worker_id = f"{node_name}#{os.getpid()}"
         self.queue = worker_queue(self.worker_id)
         self.keys = Keys(self.settings.key_prefix)
-        self.redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=30)
+        # Every session thread may hold a connection in XREAD BLOCK: size the pool for all of
+        # them, and give the heartbeat its own client so a busy pool can never starve it.
+        pool = redis.BlockingConnectionPool.from_url(
+            self.settings.redis_url, max_connections=slots + 8, timeout=20,
+            health_check_interval=30,
+        )
+        self.redis = redis.Redis(connection_pool=pool)
+        self.beat_redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=30)
         self.registry = WorkerRegistry(
-            self.redis, self.keys, self.worker_id, self.settings.lease_ttl_s
+            self.beat_redis, self.keys, self.worker_id, self.settings.lease_ttl_s
         )
         self.slot_ids = self.registry.slot_ids(slots)
         self.active: dict[str, str] = {}  # slot -> session id
@@ -107,7 +114,7 @@ class WorkerRuntime:
         drain_key = f"{self.keys.prefix}:drain:{self.node_name}"
         while not self.stopped:
             try:
-                if not self.shutting_down.is_set() and self.redis.exists(drain_key):
+                if not self.shutting_down.is_set() and self.beat_redis.exists(drain_key):
                     log.info("worker %s draining: ending sessions", self.worker_id)
                     self.shutting_down.set()
                 with self.lock:
