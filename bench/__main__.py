@@ -51,22 +51,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--plot", action="store_true", help="write docs/bench_relay_latency.png")
     p.add_argument("--no-deflate", action="store_true",
                    help="duplex clients do not offer permessage-deflate (browsers do)")
-    p.add_argument("--pool-fix", action="store_true",
-                   help="relay/capacity with bench/gateway_pool_fix.py (blocking Redis pool)")
+    p.add_argument("--deflate", action="store_true",
+                   help="gateway and baseline negotiate permessage-deflate "
+                        "(OMNISERVE_WS_DEFLATE=true; off by default)")
     return p.parse_args(argv)
 
 
 def run_relay_capacity(cfg: Config, parts: set[str], out: dict[str, Any],
-                       pool_fix: bool = False) -> None:
+                       deflate: bool = False) -> None:
     """Relay levels, capacity ramp, baseline comparison and chat, on one stack."""
     from bench import capacity, chat, relay
     from bench.stack import Stack, shared_redis, start_baseline, stop
 
     slots = max(cfg.levels + cfg.ramp)
-    stack = Stack(shared_redis(), pool_fix=pool_fix)
+    stack = Stack(shared_redis(), deflate=deflate)
     stack.start_gateway()
     stack.start_workers(slots)
-    base_proc, base_port = start_baseline()
+    base_proc, base_port = start_baseline(deflate)
     base_url = f"ws://127.0.0.1:{base_port}"
     try:
         if parts & {"relay", "capacity"}:
@@ -180,14 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         "backend": "scripted (deterministic, model-free): trigger=always, 1 s of 24 kHz audio "
                    "per step, token_delay_s=0.01",
         "config": cfg.__dict__,
-        "gateway": "bench/gateway_pool_fix.py (blocking Redis pool)" if args.pool_fix
-                   else "omniserve gateway (stock)",
+        "gateway": "omniserve gateway" + (" with permessage-deflate" if args.deflate else ""),
         "client_permessage_deflate": not args.no_deflate,
     }
     t0 = time.perf_counter()
     try:
         if parts & {"relay", "capacity", "chat"}:
-            run_relay_capacity(cfg, parts, out, args.pool_fix)
+            run_relay_capacity(cfg, parts, out, args.deflate)
         if "admission" in parts:
             run_admission(cfg, out)
     finally:

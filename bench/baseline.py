@@ -115,14 +115,15 @@ async def handler(ws: ServerConnection) -> None:
         pass
 
 
-async def main(port: int) -> None:
+async def main(port: int, deflate: bool = False) -> None:
     loop = asyncio.get_running_loop()
     from concurrent.futures import ThreadPoolExecutor
 
     loop.set_default_executor(ThreadPoolExecutor(max_workers=512))
-    async with serve(handler, "127.0.0.1", port, max_size=None, ping_interval=None):
+    async with serve(handler, "127.0.0.1", port, max_size=None, ping_interval=None,
+                     compression="deflate" if deflate else None):
         await asyncio.Future()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    asyncio.run(main(int(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "deflate"))

@@ -1,6 +1,6 @@
 """Profile the gateway (and worker) under duplex load with py-spy; print the hottest frames.
 
-    python -m bench.profile [--sessions 50] [--seconds 10] [--pool-fix]
+    python -m bench.profile [--sessions 50] [--seconds 10] [--deflate]
 
 Starts the stack, runs N real-time sessions, samples the gateway and worker with
 ``py-spy record --format raw`` (needs ``py-spy``; on Linux, ptrace permission) and prints the
@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=50)
     p.add_argument("--seconds", type=int, default=10)
-    p.add_argument("--pool-fix", action="store_true")
+    p.add_argument("--deflate", action="store_true", help="gateway with permessage-deflate")
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     install_cleanup()
     OUT.mkdir(parents=True, exist_ok=True)
-    stack = Stack(shared_redis(), pool_fix=args.pool_fix)
+    stack = Stack(shared_redis(), deflate=args.deflate)
     try:
         stack.start_gateway()
         stack.start_workers(args.sessions)

@@ -120,7 +120,7 @@ class Stack:
     port: int = 0
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     slots: int = 0
-    pool_fix: bool = False  # run bench/gateway_pool_fix.py instead of the stock gateway
+    deflate: bool = False  # the gateway negotiates permessage-deflate (OMNISERVE_WS_DEFLATE)
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
@@ -132,6 +132,7 @@ class Stack:
             "OMNISERVE_GATEWAY_HOST": "127.0.0.1",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": str(ROOT),
+            "OMNISERVE_WS_DEFLATE": "true" if self.deflate else "false",
         })
         env.update(self.env)
         return env
@@ -139,7 +140,7 @@ class Stack:
     def start_gateway(self) -> int:
         """Start the gateway; returns its port once /health answers."""
         self.port = free_port()
-        cmd = ["bench.gateway_pool_fix"] if self.pool_fix else ["omniserve", "gateway"]
+        cmd = ["omniserve", "gateway"]
         self.gateway, log = spawn(f"{self.prefix}-gateway", [
             sys.executable, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
             self.base_env())
@@ -218,12 +219,16 @@ def redis_pid() -> int:
     return _REDIS[0].process.pid
 
 
-def start_baseline() -> tuple[subprocess.Popen[bytes], int]:
-    """Start the bare in-process baseline server (bench/baseline.py); returns it and its port."""
+def start_baseline(deflate: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the bare in-process baseline server (bench/baseline.py); returns it and its port.
+
+    It negotiates permessage-deflate exactly when the gateway under test does.
+    """
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
     env["PYTHONPATH"] = str(ROOT)
-    p, log = spawn(f"baseline-{port}", [sys.executable, "-m", "bench.baseline", str(port)], env)
+    p, log = spawn(f"baseline-{port}", [sys.executable, "-m", "bench.baseline", str(port),
+                                         "deflate" if deflate else "plain"], env)
     import socket
 
     deadline = time.monotonic() + 20
