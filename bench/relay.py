@@ -78,7 +78,8 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
                                "cpu_pct": round(sum(w["cpu_pct"] for w in workers), 1),
                                "rss_mib": round(sum(w["rss_mib"] for w in workers), 1)}
     gw_samples = idle.samples.get("gateway") or [(0, 0, 0)]
-    out["gateway_idle_rss_mib"] = round(gw_samples[0][2] / 2**20, 1)
+    out["gateway_idle_rss_mib"] = round(
+        stack.gateway_idle_rss_mib or gw_samples[0][2] / 2**20, 1)
     gw = out["procs"]["gateway"]
     out["gateway_cpu_pct_per_session"] = round(gw["cpu_pct"] / n, 3)
     out["gateway_rss_mib_per_session"] = round(

@@ -121,6 +121,7 @@ class Stack:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     slots: int = 0
     deflate: bool = False  # the gateway negotiates permessage-deflate (OMNISERVE_WS_DEFLATE)
+    gateway_idle_rss_mib: float = 0.0  # measured when the gateway came up
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
@@ -150,6 +151,10 @@ class Stack:
                 raise RuntimeError(f"gateway exited:\n{tail(log)}")
             try:
                 if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
+                    import psutil
+
+                    # before any session: what "idle" means for per-session memory
+                    self.gateway_idle_rss_mib = psutil.Process(self.gateway.pid).memory_info().rss / 2**20
                     return self.port
             except httpx.HTTPError:
                 pass
