@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
+from contextlib import aclosing
 from typing import Any
 
 from starlette.websockets import WebSocket
@@ -18,8 +19,10 @@ from api import errors as E
 from api.connection import Connection, NotJSON
 from api.gateway import CHAT_TASK, Gateway
 from api.recordings import record_turn
+from api.turns import TurnLost, TurnNotStarted, turn_events
 from api.validation import LEGACY_CHAT_DEFAULTS, chat_request
 from streaming.admission import QueueFull
+from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -123,59 +126,49 @@ class LegacyChat(Connection):
         finally:
             await gw.bus.close(self.turn_id)
 
-    async def relay(self, out, slot: str, request: dict[str, Any]) -> None:  # noqa: ANN001
+    async def relay(self, out: SessionOutput, slot: str, request: dict[str, Any]) -> None:
+        """prefill_done -> chunk* -> done, or an error; then close."""
         gw = self.gw
-        start_by = time.monotonic() + gw.settings.task_start_timeout_s
-        started = False
         text = ""
-        while True:
-            if self.gone.is_set() or time.time() >= self.deadline:
-                await gw.inputs.control(self.turn_id, {"type": "close"})
-                if not started:
-                    await gw.abandon(self.turn_id, slot)
-                if not self.gone.is_set():
-                    await self.fail("generation timed out")
-                return
-            try:
-                events = await out.get(timeout=0.5)
-            except asyncio.TimeoutError:
-                if not started and time.monotonic() > start_by and \
-                        await gw.abandon(self.turn_id, slot):
-                    return await self.fail("worker connection failed", E.CLOSE_TRY_AGAIN)
-                if started and not await gw.session_alive(self.turn_id):
-                    await asyncio.sleep(gw.settings.heartbeat_interval_s)
-                    if not await gw.session_alive(self.turn_id):
-                        events = await out.catch_up()
-                        if not any(e.get("type") == "turn_end" for e in events):
-                            return await self.fail("the worker running this request was lost")
-                    else:
-                        continue
-                else:
-                    continue
-            for ev in events:
-                kind = ev.get("type")
-                if kind == "started":
-                    started = True
-                elif kind == "prefill":
-                    await self.send({"type": "prefill_done", "input_tokens": ev["input_tokens"]})
-                elif kind == "text":
-                    text += ev["text"]
-                    await self.send({"type": "chunk", "text_delta": ev["text"], "audio_data": None})
-                elif kind == "audio":
-                    await self.send({"type": "chunk", "text_delta": "", "audio_data": ev["audio"]})
-                elif kind == "done":
-                    # non-streaming: the whole speech; streaming: its final segment
-                    audio = ev.get("audio") or ev.get("last_audio") or None
-                    frame = {
-                        "type": "done", "text": ev.get("text", text),
-                        "generated_tokens": ev.get("generated_tokens", 0),
-                        "input_tokens": ev.get("input_tokens", 0),
-                        "audio_data": audio, "recording_session_id": self.turn_id,
-                    }
-                    await record_turn(gw.settings.recordings_dir, self.turn_id, request, frame)
-                    await self.send(frame)
-                    return await self.close()
-                elif kind == "error":
-                    return await self.fail(ev.get("message") or ev.get("code") or "error")
-                elif kind in ("closed", "turn_end"):
-                    return await self.fail("generation ended without a result")
+
+        def stopping() -> bool:
+            return self.gone.is_set() or time.time() >= self.deadline
+
+        try:
+            async with aclosing(turn_events(gw, out, self.turn_id, slot, stopping)) as events:
+                async for ev in events:
+                    kind = ev.get("type")
+                    if kind == "prefill":
+                        await self.send({"type": "prefill_done",
+                                         "input_tokens": ev["input_tokens"]})
+                    elif kind == "text":
+                        text += ev["text"]
+                        await self.send({"type": "chunk", "text_delta": ev["text"],
+                                         "audio_data": None})
+                    elif kind == "audio":
+                        await self.send({"type": "chunk", "text_delta": "",
+                                         "audio_data": ev["audio"]})
+                    elif kind == "done":
+                        # non-streaming: the whole speech; streaming: its final segment
+                        audio = ev.get("audio") or ev.get("last_audio") or None
+                        frame = {
+                            "type": "done", "text": ev.get("text", text),
+                            "generated_tokens": ev.get("generated_tokens", 0),
+                            "input_tokens": ev.get("input_tokens", 0),
+                            "audio_data": audio, "recording_session_id": self.turn_id,
+                        }
+                        await record_turn(gw.settings.recordings_dir, self.turn_id, request,
+                                          frame)
+                        await self.send(frame)
+                        return await self.close()
+                    elif kind == "error":
+                        return await self.fail(ev.get("message") or ev.get("code") or "error")
+                    elif kind == "closed":
+                        return await self.fail("generation ended without a result")
+        except TurnNotStarted:
+            return await self.fail("worker connection failed", E.CLOSE_TRY_AGAIN)
+        except TurnLost:
+            return await self.fail("the worker running this request was lost")
+        if not self.gone.is_set():
+            await self.fail("generation timed out" if time.time() >= self.deadline
+                            else "generation ended without a result")

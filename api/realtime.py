@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from contextlib import aclosing
 from typing import Any
 
 from starlette.websockets import WebSocket
@@ -19,6 +20,7 @@ from api import errors as E
 from api.connection import Connection, NotJSON, new_session_id
 from api.dialects import Dialect, DuplexMapper, dialect_of, gap_frame
 from api.gateway import CHAT_TASK, DUPLEX_TASK, Gateway
+from api.turns import TurnLost, TurnNotStarted, turn_events
 from api.validation import REALTIME_CHAT_DEFAULTS, chat_request, duplex_append, duplex_init
 from streaming.admission import QueueFull
 from streaming.input import AudioChunk
@@ -300,10 +302,7 @@ class DuplexSession(RealtimeSession):
         if self.mapper is None:
             self.mapper = DuplexMapper(self.dialect or "current", self.session_id)
         if kind == "closed":
-            reason = ev.get("reason") or "error"
-            if self.close_reason and reason == self.close_reason and self.dialect == "older":
-                reason = "stopped"
-            await self.finish(self.shutdown_reason or reason)
+            await self.finish(self.shutdown_reason or ev.get("reason") or "error")
             return True
         if kind == "created":
             self.state = ACTIVE
@@ -404,56 +403,38 @@ class ChatSession(RealtimeSession):
 
     async def relay_turn(self, out: SessionOutput, turn_id: str, slot: str, response_id: str,
                          request: dict[str, Any]) -> bool:
+        """Relay one turn; False when the session ended meanwhile."""
         base = {"session_id": self.session_id, "response_id": response_id}
-        start_by = time.monotonic() + self.gw.settings.task_start_timeout_s
-        started = False
-        stop_sent = False
-        while True:
-            if self.gone.is_set() or self.close_wanted.is_set() or self.time_left() <= 0:
-                if not stop_sent:
-                    stop_sent = True
-                    await self.gw.inputs.control(turn_id, {"type": "close"})
-                    if not started:
-                        await self.gw.abandon(turn_id, slot)
-                if self.gone.is_set():
-                    return False
-                reason = self.shutdown_reason or (self.close_reason if self.close_wanted.is_set()
-                                                  else "timeout")
-                await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
-                return False
-            try:
-                events = await out.get(timeout=0.5)
-            except asyncio.TimeoutError:
-                events = []
-                if not started and time.monotonic() > start_by:
-                    if await self.gw.abandon(turn_id, slot):
-                        await self.send_error(E.WORKER_CONNECT_FAILED,
-                                              "Worker connection failed: the turn did not start")
-                        await self.close(E.CLOSE_TRY_AGAIN)
-                        return False
-                elif started and not await self.gw.session_alive(turn_id):
-                    await asyncio.sleep(self.gw.settings.heartbeat_interval_s)
-                    if not await self.gw.session_alive(turn_id):
-                        events = await out.catch_up()
-                        if not any(e.get("type") == "turn_end" for e in events):
-                            for ev in events:
-                                await self._chat_event(ev, base, request)
-                            await self.send_error(E.INFERENCE_ERROR,
-                                                  "the worker running this turn was lost")
-                            return True
-            for ev in events:
-                if ev.get("type") == "started":
-                    started = True
-                    continue
-                if ev.get("type") == "turn_end":
-                    return True
-                if ev.get("type") == "closed":
-                    # the worker ended the turn early (drain, deadline, cancel)
-                    if not (self.gone.is_set() or self.close_wanted.is_set()):
-                        await self.send_error(
-                            E.INFERENCE_ERROR, f"turn interrupted: {ev.get('reason')}")
-                    continue
-                await self._chat_event(ev, base, request)
+
+        def stopping() -> bool:
+            return self.gone.is_set() or self.close_wanted.is_set() or self.time_left() <= 0
+
+        try:
+            async with aclosing(turn_events(self.gw, out, turn_id, slot, stopping)) as events:
+                async for ev in events:
+                    if ev.get("type") == "closed":
+                        # the worker ended the turn early (drain, deadline, cancel)
+                        if not stopping():
+                            await self.send_error(
+                                E.INFERENCE_ERROR, f"turn interrupted: {ev.get('reason')}")
+                        continue
+                    await self._chat_event(ev, base, request)
+        except TurnNotStarted:
+            await self.send_error(E.WORKER_CONNECT_FAILED,
+                                  "Worker connection failed: the turn did not start")
+            await self.close(E.CLOSE_TRY_AGAIN)
+            return False
+        except TurnLost:
+            await self.send_error(E.INFERENCE_ERROR, "the worker running this turn was lost")
+            return True
+        if not stopping():
+            return True
+        if self.gone.is_set():
+            return False
+        reason = self.shutdown_reason or (self.close_reason if self.close_wanted.is_set()
+                                          else "timeout")
+        await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
+        return False
 
     async def _chat_event(self, ev: dict[str, Any], base: dict[str, Any],
                           request: dict[str, Any]) -> None:
