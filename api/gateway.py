@@ -15,13 +15,13 @@ from api.queueing import QueueManager
 from omniserve.settings import Settings
 from streaming.admission import Admission
 from streaming.input import InputWriter
-from streaming.keys import Keys, slot_worker, worker_queue
+from streaming.keys import CHAT_TASK, DUPLEX_TASK, Keys, slot_worker, worker_queue
+
+__all__ = ["CHAT_TASK", "DUPLEX_TASK", "Gateway"]
 from streaming.output import OutputBus
 
 log = logging.getLogger("omniserve.gateway")
 
-DUPLEX_TASK = "omniserve.duplex_session"
-CHAT_TASK = "omniserve.chat_turn"
 
 
 class Gateway:

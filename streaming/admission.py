@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from streaming import lua
+from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
 
 
@@ -111,8 +112,6 @@ class Admission:
 
     async def live_slot_count(self, workers: dict | None = None) -> int:
         """Total slots of the workers whose alive key exists."""
-        from streaming.codec import loads
-
         k = self.keys
         if workers is None:
             workers = await self.redis.hgetall(k.workers)
@@ -130,19 +129,23 @@ class Admission:
         return total
 
     async def reap_busy(self) -> int:
-        """Drop busy slots of workers that are gone (their sessions already failed)."""
+        """Forget workers that are gone: their busy slots and their registry entries."""
         k = self.keys
-        busy = await self.redis.smembers(k.busy_slots)
-        dead = []
-        for raw in busy:
-            slot = raw.decode() if isinstance(raw, bytes) else raw
-            if not await self.redis.exists(k.worker_alive(slot_worker(slot))):
-                dead.append(slot)
+        busy = [_text(s) for s in await self.redis.smembers(k.busy_slots)]
+        workers = [_text(w) for w in await self.redis.hkeys(k.workers)]
+        owners = sorted({slot_worker(s) for s in busy} | set(workers))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for wid in owners:
+                pipe.exists(k.worker_alive(wid))
+            alive = dict(zip(owners, await pipe.execute()))
+        dead = [s for s in busy if not alive[slot_worker(s)]]
+        gone = [w for w in workers if not alive[w]]
         if dead:
             await self.redis.srem(k.busy_slots, *dead)
-        workers = await self.redis.hkeys(k.workers)
-        gone = [w for w in workers
-                if not await self.redis.exists(k.worker_alive(w.decode() if isinstance(w, bytes) else w))]
         if gone:
             await self.redis.hdel(k.workers, *gone)
         return len(dead)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import Celery
 
 from omniserve.settings import get_settings
+from streaming.keys import CHAT_TASK, DUPLEX_TASK
 
-DUPLEX_TASK = "omniserve.duplex_session"
-CHAT_TASK = "omniserve.chat_turn"
+__all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 
 
 def make_app() -> Celery:
