@@ -6,6 +6,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+import orjson
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -102,8 +103,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/workers")
     async def workers() -> JSONResponse:
-        import orjson
-
         gw: Gateway = app.state.gateway
         raw = await gw.redis.hgetall(gw.keys.workers)
         out = []

@@ -13,6 +13,7 @@ import uuid
 from contextlib import aclosing
 from typing import Any
 
+import orjson
 from starlette.websockets import WebSocket
 
 from api import errors as E
@@ -60,8 +61,6 @@ class LegacyChat(Connection):
 
     async def receive_any(self) -> dict[str, Any] | None:
         """The request object (no ``type`` field needed on this endpoint)."""
-        import orjson
-
         msg = await self.ws.receive()
         if msg["type"] == "websocket.disconnect":
             self.gone.set()

@@ -12,6 +12,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from api.errors import INVALID_PAYLOAD, MISSING_FIELD, ProtocolError
@@ -65,16 +66,20 @@ def decode_jpeg(value: str, where: str) -> bytes:
     raw = _b64(value, where)
     if not raw.startswith(b"\xff\xd8"):
         raise ProtocolError(INVALID_PAYLOAD, f"{where}: not a JPEG image", where)
-    try:
-        from PIL import Image
+    verify_image(raw, where, "JPEG")
+    return raw
 
+
+def verify_image(raw: bytes, where: str, required_format: str | None = None) -> None:
+    """Raise invalid_payload unless Pillow can read ``raw`` (in ``required_format``, if given)."""
+    what = f"{required_format} data" if required_format else "image"
+    try:
         with Image.open(io.BytesIO(raw)) as img:
-            if img.format != "JPEG":
+            if required_format and img.format != required_format:
                 raise ValueError(img.format)
             img.verify()
     except Exception:  # noqa: BLE001 - any decoder complaint means invalid
-        raise ProtocolError(INVALID_PAYLOAD, f"{where}: invalid JPEG data", where) from None
-    return raw
+        raise ProtocolError(INVALID_PAYLOAD, f"{where}: invalid {what}", where) from None
 
 
 def _raise_from(exc: ValidationError, prefix: str) -> None:
@@ -292,7 +297,7 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
                                     f"{where}.data")
             if item.type == "image":
                 raw = _b64(item.data, f"{where}.data")
-                _check_image(raw, f"{where}.data")
+                verify_image(raw, f"{where}.data")
             elif item.type == "audio":
                 raw = _b64(item.data, f"{where}.data")
                 if len(raw) % 4:
@@ -306,16 +311,6 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
                 if not _b64(item.data, f"{where}.data"):
                     raise ProtocolError(INVALID_PAYLOAD, f"{where}.data: empty video",
                                         f"{where}.data")
-
-
-def _check_image(raw: bytes, where: str) -> None:
-    try:
-        from PIL import Image
-
-        with Image.open(io.BytesIO(raw)) as img:
-            img.verify()
-    except Exception:  # noqa: BLE001
-        raise ProtocolError(INVALID_PAYLOAD, f"{where}: not a decodable image", where) from None
 
 
 def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> dict[str, Any]:

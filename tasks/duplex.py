@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from inference import (
-    BackendError,
     DuplexConfig,
     DuplexInput,
     DuplexSession,
@@ -179,7 +178,7 @@ class DuplexRunner:
                 ctx.closed("backend_error")
                 return True
             return False
-        except (BackendError, Exception) as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - BackendError or anything unexpected is fatal
             log.exception("session %s: step failed", ctx.session_id)
             ctx.error("backend_error", f"backend failed: {exc}", recoverable=False)
             ctx.closed("backend_error")
