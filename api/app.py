@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import orjson
 from fastapi import FastAPI, WebSocket
@@ -44,21 +44,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         if not authorised(ws, settings.api_keys):
-            await ws.send_json({"type": "error", "error": {
-                "code": E.UNAUTHORIZED, "message": "missing or invalid API key",
-                "type": "client_error"}})
+            await ws.send_json(
+                {
+                    "type": "error",
+                    "error": {
+                        "code": E.UNAUTHORIZED,
+                        "message": "missing or invalid API key",
+                        "type": "client_error",
+                    },
+                }
+            )
             await ws.close(E.CLOSE_POLICY)
             return
         if mode not in MODES:
-            await ws.send_json({"type": "error", "error": {
-                "code": E.INVALID_PAYLOAD, "message": "mode must be chat, video or audio",
-                "type": "client_error", "field": "mode"}})
+            await ws.send_json(
+                {
+                    "type": "error",
+                    "error": {
+                        "code": E.INVALID_PAYLOAD,
+                        "message": "mode must be chat, video or audio",
+                        "type": "client_error",
+                        "field": "mode",
+                    },
+                }
+            )
             await ws.close(E.CLOSE_POLICY)
             return
         if gw.shutting_down:
-            await ws.send_json({"type": "error", "error": {
-                "code": E.SERVICE_UNAVAILABLE, "message": "server is shutting down",
-                "type": "server_error"}})
+            await ws.send_json(
+                {
+                    "type": "error",
+                    "error": {
+                        "code": E.SERVICE_UNAVAILABLE,
+                        "message": "server is shutting down",
+                        "type": "server_error",
+                    },
+                }
+            )
             await ws.close(E.CLOSE_TRY_AGAIN)
             return
         session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
@@ -76,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw.counters["connections_total"] += 1
         try:
             await handler.run()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("legacy chat failed")
             await handler.fail("internal error", E.CLOSE_INTERNAL)
 

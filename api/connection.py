@@ -99,7 +99,9 @@ class Connection:
         except orjson.JSONDecodeError:
             raise NotJSON("frame is not valid JSON") from None
         if not isinstance(event, dict):
-            raise ProtocolError("invalid_payload", "an event must be a JSON object with a type field", "type")
+            raise ProtocolError(
+                "invalid_payload", "an event must be a JSON object with a type field", "type"
+            )
         if "type" not in event:
             raise ProtocolError("missing_field", "missing required field type", "type")
         if not isinstance(event["type"], str):

@@ -43,23 +43,37 @@ class DuplexMapper:
         self.kv_cache_length = int(ev.get("kv_cache_length") or self.kv_cache_length)
         if self.dialect == "older":
             return [{"type": "response.listen", "kv_cache_length": self.kv_cache_length}]
-        return [{
-            "type": "response.output.delta", "kind": "listen", "session_id": self.session_id,
-            "input_id": ev.get("input_id"), "text": "", "metrics": ev.get("metrics") or {},
-        }]
+        return [
+            {
+                "type": "response.output.delta",
+                "kind": "listen",
+                "session_id": self.session_id,
+                "input_id": ev.get("input_id"),
+                "text": "",
+                "metrics": ev.get("metrics") or {},
+            }
+        ]
 
     def speak(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
         if ev.get("kv_cache_length") is not None:
             self.kv_cache_length = int(ev["kv_cache_length"])
         text, audio = ev.get("text") or "", ev.get("audio") or ""
         if self.dialect == "older":
-            return [{
-                "type": "response.output_audio.delta", "text": text, "audio": audio,
-                "end_of_turn": bool(ev.get("end_of_turn")),
-                "kv_cache_length": self.kv_cache_length,
-            }]
-        base = {"type": "response.output.delta", "session_id": self.session_id,
-                "response_id": ev.get("response_id"), "input_id": ev.get("input_id")}
+            return [
+                {
+                    "type": "response.output_audio.delta",
+                    "text": text,
+                    "audio": audio,
+                    "end_of_turn": bool(ev.get("end_of_turn")),
+                    "kv_cache_length": self.kv_cache_length,
+                }
+            ]
+        base = {
+            "type": "response.output.delta",
+            "session_id": self.session_id,
+            "response_id": ev.get("response_id"),
+            "input_id": ev.get("input_id"),
+        }
         metrics = dict(ev.get("metrics") or {})
         metrics["end_of_turn"] = bool(ev.get("end_of_turn"))
         frames = []
@@ -79,8 +93,11 @@ class DuplexMapper:
         if kind == "speak":
             return self.speak(ev)
         if kind == "error":
-            return [error_frame(ev.get("code") or "inference_error", ev.get("message") or "",
-                                ev.get("field"))]
+            return [
+                error_frame(
+                    ev.get("code") or "inference_error", ev.get("message") or "", ev.get("field")
+                )
+            ]
         if kind == "gap":
             return [gap_frame(ev)]
         return []

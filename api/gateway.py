@@ -23,7 +23,6 @@ from streaming.output import OutputBus
 log = logging.getLogger("omniserve.gateway")
 
 
-
 class Gateway:
     """Everything one gateway process shares between its connections."""
 
@@ -33,7 +32,9 @@ class Gateway:
         self.keys = Keys(settings.key_prefix)
         # A blocking pool: a burst of commands waits for a connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=20,
+            settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=20,
             health_check_interval=30,
         )
         self.redis = aioredis.Redis(connection_pool=pool)
@@ -89,7 +90,7 @@ class Gateway:
         """Drain, then release everything."""
         try:
             await asyncio.wait_for(self.drain(), 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("%d sessions still open at shutdown", len(self.sessions))
         await self.queue.stop()
         if self._lease_task:
@@ -103,7 +104,8 @@ class Gateway:
 
     async def _renew_lease(self) -> None:
         await self.redis.set(
-            self.keys.gateway_alive(self.gateway_id), b"1",
+            self.keys.gateway_alive(self.gateway_id),
+            b"1",
             px=int(self.settings.lease_ttl_s * 1000),
         )
 
@@ -119,7 +121,7 @@ class Gateway:
                     await self.admission.reap_busy()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - Redis trouble; the next beat retries
+            except Exception:
                 log.warning("gateway lease renewal failed", exc_info=True)
 
     async def submit(self, task_name: str, slot_id: str, kwargs: dict[str, Any]) -> None:
@@ -135,7 +137,9 @@ class Gateway:
         Returns False when the worker claimed the session first (it is running after all).
         """
         claimed = await self.redis.set(
-            self.keys.session_claim(session_id), b"abandoned", nx=True,
+            self.keys.session_claim(session_id),
+            b"abandoned",
+            nx=True,
             ex=int(self.settings.session_ttl_s),
         )
         if claimed:

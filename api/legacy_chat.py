@@ -43,7 +43,7 @@ class LegacyChat(Connection):
     async def run(self) -> None:
         try:
             event = await asyncio.wait_for(self.receive_any(), timeout=60)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return await self.fail("no request received within 60 s")
         except NotJSON as exc:
             return await self.reject_frame(exc)
@@ -92,8 +92,11 @@ class LegacyChat(Connection):
             return await self.close(E.CLOSE_TRY_AGAIN)
         acquire = asyncio.ensure_future(gw.queue.acquire(self.send))
         gone = asyncio.ensure_future(self.gone.wait())
-        done, _ = await asyncio.wait({acquire, gone}, timeout=max(0.0, self.deadline - time.time()),
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {acquire, gone},
+            timeout=max(0.0, self.deadline - time.time()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         gone.cancel()
         if acquire not in done:
             acquire.cancel()
@@ -117,10 +120,17 @@ class LegacyChat(Connection):
         out = await gw.bus.open(self.turn_id)
         gw.counters["chat_turns_total"] += 1
         try:
-            await gw.submit(CHAT_TASK, slot, {
-                "turn_id": self.turn_id, "slot_id": slot, "gateway_id": gw.gateway_id,
-                "request": request, "deadline_ts": self.deadline,
-            })
+            await gw.submit(
+                CHAT_TASK,
+                slot,
+                {
+                    "turn_id": self.turn_id,
+                    "slot_id": slot,
+                    "gateway_id": gw.gateway_id,
+                    "request": request,
+                    "deadline_ts": self.deadline,
+                },
+            )
             await self.relay(out, slot, request)
         finally:
             await gw.bus.close(self.turn_id)
@@ -138,26 +148,30 @@ class LegacyChat(Connection):
                 async for ev in events:
                     kind = ev.get("type")
                     if kind == "prefill":
-                        await self.send({"type": "prefill_done",
-                                         "input_tokens": ev["input_tokens"]})
+                        await self.send(
+                            {"type": "prefill_done", "input_tokens": ev["input_tokens"]}
+                        )
                     elif kind == "text":
                         text += ev["text"]
-                        await self.send({"type": "chunk", "text_delta": ev["text"],
-                                         "audio_data": None})
+                        await self.send(
+                            {"type": "chunk", "text_delta": ev["text"], "audio_data": None}
+                        )
                     elif kind == "audio":
-                        await self.send({"type": "chunk", "text_delta": "",
-                                         "audio_data": ev["audio"]})
+                        await self.send(
+                            {"type": "chunk", "text_delta": "", "audio_data": ev["audio"]}
+                        )
                     elif kind == "done":
                         # non-streaming: the whole speech; streaming: its final segment
                         audio = ev.get("audio") or ev.get("last_audio") or None
                         frame = {
-                            "type": "done", "text": ev.get("text", text),
+                            "type": "done",
+                            "text": ev.get("text", text),
                             "generated_tokens": ev.get("generated_tokens", 0),
                             "input_tokens": ev.get("input_tokens", 0),
-                            "audio_data": audio, "recording_session_id": self.turn_id,
+                            "audio_data": audio,
+                            "recording_session_id": self.turn_id,
                         }
-                        await record_turn(gw.settings.recordings_dir, self.turn_id, request,
-                                          frame)
+                        await record_turn(gw.settings.recordings_dir, self.turn_id, request, frame)
                         await self.send(frame)
                         return await self.close()
                     elif kind == "error":
@@ -169,5 +183,8 @@ class LegacyChat(Connection):
         except TurnLost:
             return await self.fail("the worker running this request was lost")
         if not self.gone.is_set():
-            await self.fail("generation timed out" if time.time() >= self.deadline
-                            else "generation ended without a result")
+            await self.fail(
+                "generation timed out"
+                if time.time() >= self.deadline
+                else "generation ended without a result"
+            )

@@ -32,8 +32,9 @@ class Waiter:
 class QueueManager:
     """Takes tickets, resolves them when dispatch assigns a slot, pushes position updates."""
 
-    def __init__(self, admission: Admission, gateway_id: str, max_queue: int,
-                 update_interval_s: float) -> None:
+    def __init__(
+        self, admission: Admission, gateway_id: str, max_queue: int, update_interval_s: float
+    ) -> None:
         self.admission = admission
         self.gateway_id = gateway_id
         self.max_queue = max_queue
@@ -67,7 +68,9 @@ class QueueManager:
                     asyncio.ensure_future(self._claim(ticket))
         self._wake.set()
 
-    async def acquire(self, notify: Notify, queued_event: str = "session.queued") -> tuple[str, str, bool]:
+    async def acquire(
+        self, notify: Notify, queued_event: str = "session.queued"
+    ) -> tuple[str, str, bool]:
         """Wait in the global FIFO for a worker slot; returns (ticket_id, slot_id, waited).
 
         ``waited`` is True when the client was told it is queued.
@@ -95,12 +98,16 @@ class QueueManager:
             return ticket, slot, waiter.last_position is not None
         except BaseException:
             self.waiters.pop(ticket, None)
-            if waiter.future.done() and not waiter.future.cancelled() and not waiter.future.exception():
+            if (
+                waiter.future.done()
+                and not waiter.future.cancelled()
+                and not waiter.future.exception()
+            ):
                 await self.admission.release(waiter.future.result())
             else:
                 try:
                     await asyncio.shield(self.admission.leave(ticket))
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.warning("could not withdraw %s", ticket, exc_info=True)
             raise
         finally:
@@ -124,20 +131,27 @@ class QueueManager:
             if ticket in self.waiters:
                 await self._claim(ticket)
 
-    async def _send(self, waiter: Waiter, snap: QueueSnapshot, position: int,
-                    event_type: str = "session.queue_update") -> None:
+    async def _send(
+        self,
+        waiter: Waiter,
+        snap: QueueSnapshot,
+        position: int,
+        event_type: str = "session.queue_update",
+    ) -> None:
         waiter.last_position = position
         waiter.last_sent = time.monotonic()
         self.updates_sent += 1
         try:
-            await waiter.notify({
-                "type": event_type,
-                "position": position,
-                "estimated_wait_s": snap.estimated_wait_s(position),
-                "ticket_id": waiter.ticket_id,
-                "queue_length": snap.length,
-            })
-        except Exception:  # noqa: BLE001 - the client is gone; its acquire() is cancelled
+            await waiter.notify(
+                {
+                    "type": event_type,
+                    "position": position,
+                    "estimated_wait_s": snap.estimated_wait_s(position),
+                    "ticket_id": waiter.ticket_id,
+                    "queue_length": snap.length,
+                }
+            )
+        except Exception:
             log.debug("queue update to %s failed", waiter.ticket_id, exc_info=True)
 
     async def refresh(self) -> None:
@@ -166,14 +180,14 @@ class QueueManager:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
             try:
                 await self.refresh()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - Redis trouble: try again on the next tick
+            except Exception:
                 log.warning("queue refresh failed", exc_info=True)
             await asyncio.sleep(0.02)  # coalesce bursts of events
 

@@ -29,12 +29,21 @@ from streaming.output import SessionOutput
 log = logging.getLogger("omniserve.gateway")
 
 QUEUED, CONNECTED, INITIALIZING, ACTIVE, CLOSED = (
-    "QUEUED", "CONNECTED", "INITIALIZING", "ACTIVE", "CLOSED")
+    "QUEUED",
+    "CONNECTED",
+    "INITIALIZING",
+    "ACTIVE",
+    "CLOSED",
+)
 CLOSE_GRACE_S = 5.0
 LEASE_CHECK_S = 1.0
 
 KNOWN_EVENTS = {
-    "session.init", "session.update", "input.append", "input_audio_buffer.append", "session.close",
+    "session.init",
+    "session.update",
+    "input.append",
+    "input_audio_buffer.append",
+    "session.close",
 }
 
 
@@ -91,7 +100,8 @@ class RealtimeSession(Connection):
         close = asyncio.ensure_future(self.close_wanted.wait())
         try:
             done, _ = await asyncio.wait(
-                {acquire, gone, close}, timeout=self.time_left(),
+                {acquire, gone, close},
+                timeout=self.time_left(),
                 return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
@@ -107,7 +117,7 @@ class RealtimeSession(Connection):
                 await self.send_error(code, msg)
                 await self.close(E.CLOSE_TRY_AGAIN, msg)
                 return None
-            except Exception as exc:  # noqa: BLE001 - Redis down, etc.
+            except Exception as exc:
                 log.exception("admission failed")
                 await self.send_error(E.SERVICE_UNAVAILABLE, f"Service is not ready: {exc}")
                 await self.close(E.CLOSE_TRY_AGAIN, "service unavailable")
@@ -164,11 +174,11 @@ class DuplexSession(RealtimeSession):
         if kind is None:
             if self.state in (CONNECTED, INITIALIZING, ACTIVE):
                 await self.gw.inputs.control(
-                    self.session_id, {"type": "close", "reason": self.close_reason})
+                    self.session_id, {"type": "close", "reason": self.close_reason}
+                )
             return
         if self.state == QUEUED:
-            raise E.ProtocolError(E.NOT_READY, "wait for session.queue_done before sending "
-                                  f"{kind}")
+            raise E.ProtocolError(E.NOT_READY, f"wait for session.queue_done before sending {kind}")
         if kind in ("session.init", "session.update"):
             if self.state != CONNECTED:
                 raise E.ProtocolError(E.INVALID_PAYLOAD, "session already initialised", "type")
@@ -183,14 +193,17 @@ class DuplexSession(RealtimeSession):
             raise E.ProtocolError(E.NOT_READY, "send input only after session.created")
         chunk = duplex_append(event, self.default_slices)
         self.input_seq += 1
-        await self.gw.inputs.append(self.session_id, AudioChunk(
-            seq=self.input_seq,
-            input_id=f"input_{self.input_seq}",
-            audio=chunk.audio,
-            frames=chunk.frames[: self.gw.settings.max_video_frames],
-            force_listen=chunk.force_listen,
-            max_slice_nums=chunk.max_slice_nums,
-        ))
+        await self.gw.inputs.append(
+            self.session_id,
+            AudioChunk(
+                seq=self.input_seq,
+                input_id=f"input_{self.input_seq}",
+                audio=chunk.audio,
+                frames=chunk.frames[: self.gw.settings.max_video_frames],
+                force_listen=chunk.force_listen,
+                max_slice_nums=chunk.max_slice_nums,
+            ),
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -201,12 +214,18 @@ class DuplexSession(RealtimeSession):
         self.slot_id = slot
         out = await self.gw.bus.open(self.session_id)
         try:
-            await self.gw.submit(DUPLEX_TASK, slot, {
-                "session_id": self.session_id, "slot_id": slot,
-                "gateway_id": self.gw.gateway_id, "public_mode": self.public_mode,
-                "deadline_ts": self.deadline,
-            })
-        except Exception as exc:  # noqa: BLE001 - broker unreachable
+            await self.gw.submit(
+                DUPLEX_TASK,
+                slot,
+                {
+                    "session_id": self.session_id,
+                    "slot_id": slot,
+                    "gateway_id": self.gw.gateway_id,
+                    "public_mode": self.public_mode,
+                    "deadline_ts": self.deadline,
+                },
+            )
+        except Exception as exc:
             log.exception("submit failed")
             await self.gw.abandon(self.session_id, slot)
             await self.gw.bus.close(self.session_id)
@@ -224,8 +243,9 @@ class DuplexSession(RealtimeSession):
                 # the client vanished: make the worker stop now
                 try:
                     await self.gw.inputs.control(
-                        self.session_id, {"type": "close", "reason": "client_closed"})
-                except Exception:  # noqa: BLE001
+                        self.session_id, {"type": "close", "reason": "client_closed"}
+                    )
+                except Exception:
                     log.warning("could not stop %s", self.session_id, exc_info=True)
 
     async def relay(self, out: SessionOutput, slot: str) -> None:
@@ -239,14 +259,18 @@ class DuplexSession(RealtimeSession):
                 return
             if closing_since is None and (self.close_wanted.is_set() or self.time_left() <= 0):
                 closing_since = time.monotonic()
-                reason = (self.shutdown_reason or
-                          (self.close_reason if self.close_wanted.is_set() else "timeout"))
+                reason = self.shutdown_reason or (
+                    self.close_reason if self.close_wanted.is_set() else "timeout"
+                )
                 if reason != (self.close_reason or ""):
-                    await self.gw.inputs.control(self.session_id,
-                                                 {"type": "close", "reason": reason})
+                    await self.gw.inputs.control(
+                        self.session_id, {"type": "close", "reason": reason}
+                    )
                 if self.shutdown_reason or not self.started:
                     await self._abandon_if_unstarted(slot)
-                    return await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
+                    return await self.finish(
+                        reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL
+                    )
             if closing_since is not None and time.monotonic() - closing_since > CLOSE_GRACE_S:
                 reason = self.shutdown_reason or self.close_reason or "timeout"
                 return await self.finish(reason)
@@ -255,7 +279,7 @@ class DuplexSession(RealtimeSession):
                 timeout = max(0.01, self.time_left())
             try:
                 events = await out.get(timeout=timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 events = []
             for ev in events:
                 if await self.handle(ev):
@@ -263,17 +287,26 @@ class DuplexSession(RealtimeSession):
             now = time.monotonic()
             if not self.started and now > start_by:
                 if await self.gw.abandon(self.session_id, slot):
-                    await self.send_error(E.WORKER_CONNECT_FAILED,
-                                          "Worker connection failed: the session did not start")
+                    await self.send_error(
+                        E.WORKER_CONNECT_FAILED,
+                        "Worker connection failed: the session did not start",
+                    )
                     self.closed_sent = True
                     return await self.close(E.CLOSE_TRY_AGAIN)
                 start_by = now + self.gw.settings.task_start_timeout_s
-            if self.state == INITIALIZING and self.init_since is not None and \
-                    now - self.init_since > self.gw.settings.init_timeout_s:
-                await self.gw.inputs.control(self.session_id,
-                                             {"type": "close", "reason": "backend_error"})
-                await self.send_error(E.BACKEND_ERROR, "the backend did not prepare the session "
-                                      f"within {self.gw.settings.init_timeout_s:.0f} s")
+            if (
+                self.state == INITIALIZING
+                and self.init_since is not None
+                and now - self.init_since > self.gw.settings.init_timeout_s
+            ):
+                await self.gw.inputs.control(
+                    self.session_id, {"type": "close", "reason": "backend_error"}
+                )
+                await self.send_error(
+                    E.BACKEND_ERROR,
+                    "the backend did not prepare the session "
+                    f"within {self.gw.settings.init_timeout_s:.0f} s",
+                )
                 return await self.finish("backend_error", E.CLOSE_INTERNAL)
             if self.started and now >= next_lease:
                 next_lease = now + LEASE_CHECK_S
@@ -285,8 +318,9 @@ class DuplexSession(RealtimeSession):
                         for ev in await out.catch_up():
                             if await self.handle(ev):
                                 return
-                        await self.send_error(E.BACKEND_ERROR,
-                                              "the worker running this session was lost")
+                        await self.send_error(
+                            E.BACKEND_ERROR, "the worker running this session was lost"
+                        )
                         return await self.finish("backend_error", E.CLOSE_INTERNAL)
 
     async def _abandon_if_unstarted(self, slot: str) -> None:
@@ -319,8 +353,9 @@ class DuplexSession(RealtimeSession):
         await super().shutdown()
         if self.state != QUEUED and not self.gone.is_set():
             try:
-                await self.gw.inputs.control(self.session_id,
-                                             {"type": "close", "reason": "server_shutdown"})
+                await self.gw.inputs.control(
+                    self.session_id, {"type": "close", "reason": "server_shutdown"}
+                )
             except Exception:  # noqa: BLE001
                 pass
 
@@ -347,8 +382,14 @@ class ChatSession(RealtimeSession):
             if not isinstance(event[field], dict):
                 raise E.ProtocolError(E.INVALID_PAYLOAD, f"{field} must be an object", field)
             self.state = ACTIVE
-            await self.send({"type": "session.created", "session_id": self.session_id,
-                             "mode": "turn_based", "metrics": {}})
+            await self.send(
+                {
+                    "type": "session.created",
+                    "session_id": self.session_id,
+                    "mode": "turn_based",
+                    "metrics": {},
+                }
+            )
             return
         if self.state != ACTIVE:
             raise E.ProtocolError(E.NOT_READY, "send input only after session.created")
@@ -365,17 +406,21 @@ class ChatSession(RealtimeSession):
             get = asyncio.ensure_future(self.turns.get())
             gone = asyncio.ensure_future(self.gone.wait())
             close = asyncio.ensure_future(self.close_wanted.wait())
-            done, _ = await asyncio.wait({get, gone, close}, timeout=self.time_left(),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {get, gone, close}, timeout=self.time_left(), return_when=asyncio.FIRST_COMPLETED
+            )
             for t in (gone, close):
                 t.cancel()
             if get not in done:
                 get.cancel()
                 if self.gone.is_set():
                     return
-                reason = self.shutdown_reason or (self.close_reason if self.close_wanted.is_set()
-                                                  else "timeout")
-                return await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
+                reason = self.shutdown_reason or (
+                    self.close_reason if self.close_wanted.is_set() else "timeout"
+                )
+                return await self.finish(
+                    reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL
+                )
             if not await self.turn(get.result()):
                 return
 
@@ -393,16 +438,24 @@ class ChatSession(RealtimeSession):
         out = await self.gw.bus.open(turn_id)
         self.gw.counters["chat_turns_total"] += 1
         try:
-            await self.gw.submit(CHAT_TASK, slot, {
-                "turn_id": turn_id, "slot_id": slot, "gateway_id": self.gw.gateway_id,
-                "request": request, "deadline_ts": self.deadline,
-            })
+            await self.gw.submit(
+                CHAT_TASK,
+                slot,
+                {
+                    "turn_id": turn_id,
+                    "slot_id": slot,
+                    "gateway_id": self.gw.gateway_id,
+                    "request": request,
+                    "deadline_ts": self.deadline,
+                },
+            )
             return await self.relay_turn(out, turn_id, slot, response_id, request)
         finally:
             await self.gw.bus.close(turn_id)
 
-    async def relay_turn(self, out: SessionOutput, turn_id: str, slot: str, response_id: str,
-                         request: dict[str, Any]) -> bool:
+    async def relay_turn(
+        self, out: SessionOutput, turn_id: str, slot: str, response_id: str, request: dict[str, Any]
+    ) -> bool:
         """Relay one turn; False when the session ended meanwhile."""
         base = {"session_id": self.session_id, "response_id": response_id}
 
@@ -416,12 +469,14 @@ class ChatSession(RealtimeSession):
                         # the worker ended the turn early (drain, deadline, cancel)
                         if not stopping():
                             await self.send_error(
-                                E.INFERENCE_ERROR, f"turn interrupted: {ev.get('reason')}")
+                                E.INFERENCE_ERROR, f"turn interrupted: {ev.get('reason')}"
+                            )
                         continue
                     await self._chat_event(ev, base, request)
         except TurnNotStarted:
-            await self.send_error(E.WORKER_CONNECT_FAILED,
-                                  "Worker connection failed: the turn did not start")
+            await self.send_error(
+                E.WORKER_CONNECT_FAILED, "Worker connection failed: the turn did not start"
+            )
             await self.close(E.CLOSE_TRY_AGAIN)
             return False
         except TurnLost:
@@ -431,32 +486,61 @@ class ChatSession(RealtimeSession):
             return True
         if self.gone.is_set():
             return False
-        reason = self.shutdown_reason or (self.close_reason if self.close_wanted.is_set()
-                                          else "timeout")
+        reason = self.shutdown_reason or (
+            self.close_reason if self.close_wanted.is_set() else "timeout"
+        )
         await self.finish(reason, E.CLOSE_GOING_AWAY if self.shutdown_reason else E.CLOSE_NORMAL)
         return False
 
-    async def _chat_event(self, ev: dict[str, Any], base: dict[str, Any],
-                          request: dict[str, Any]) -> None:
+    async def _chat_event(
+        self, ev: dict[str, Any], base: dict[str, Any], request: dict[str, Any]
+    ) -> None:
         kind = ev.get("type")
         if kind == "text":
-            await self.send({"type": "response.output.delta", "kind": "text", **base,
-                             "text": ev["text"], "metrics": {}})
+            await self.send(
+                {
+                    "type": "response.output.delta",
+                    "kind": "text",
+                    **base,
+                    "text": ev["text"],
+                    "metrics": {},
+                }
+            )
         elif kind == "audio":
-            await self.send({"type": "response.output.delta", "kind": "audio", **base,
-                             "audio": ev["audio"], "metrics": {}})
+            await self.send(
+                {
+                    "type": "response.output.delta",
+                    "kind": "audio",
+                    **base,
+                    "audio": ev["audio"],
+                    "metrics": {},
+                }
+            )
         elif kind == "done":
             if ev.get("last_audio"):  # the end of a streamed turn's speech
-                await self.send({"type": "response.output.delta", "kind": "audio", **base,
-                                 "audio": ev["last_audio"], "metrics": {}})
-            frame = {"type": "response.done", **base, "text": ev.get("text", ""),
-                     "reason": "turn_end", "metrics": ev.get("metrics") or {}}
+                await self.send(
+                    {
+                        "type": "response.output.delta",
+                        "kind": "audio",
+                        **base,
+                        "audio": ev["last_audio"],
+                        "metrics": {},
+                    }
+                )
+            frame = {
+                "type": "response.done",
+                **base,
+                "text": ev.get("text", ""),
+                "reason": "turn_end",
+                "metrics": ev.get("metrics") or {},
+            }
             if ev.get("audio"):
                 frame["audio"] = ev["audio"]
             await self.send(frame)
         elif kind == "error":
-            await self.send_error(ev.get("code") or E.INFERENCE_ERROR, ev.get("message") or "",
-                                  ev.get("field"))
+            await self.send_error(
+                ev.get("code") or E.INFERENCE_ERROR, ev.get("message") or "", ev.get("field")
+            )
         elif kind == "gap":
             await self.send(gap_frame(ev))
 
@@ -468,7 +552,7 @@ async def serve_realtime(gw: Gateway, ws: WebSocket, session: RealtimeSession) -
     receiver = asyncio.create_task(_receive_loop(session))
     try:
         await session.run()
-    except Exception:  # noqa: BLE001 - never let one session take the process down
+    except Exception:
         log.exception("session %s failed", session.session_id)
         if not session.closed_sent:
             await session.send_error(E.BACKEND_ERROR, "internal gateway error")
@@ -504,6 +588,6 @@ async def _receive_loop(session: RealtimeSession) -> None:
         except E.ProtocolError as exc:
             session.gw.counters["client_errors_total"] += 1
             await session.send_error(exc.code, exc.message, exc.field)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("handling %s failed", event.get("type"))
             await session.send_error(E.INFERENCE_ERROR, "the server could not handle this event")

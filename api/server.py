@@ -41,6 +41,6 @@ class GatewayServer(uvicorn.Server):
         if gw is not None:
             try:
                 await asyncio.wait_for(gw.drain(), DRAIN_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - never block the exit
+            except Exception:
                 log.warning("drain incomplete", exc_info=True)
         super().handle_exit(sig, frame)

@@ -39,7 +39,7 @@ async def turn_events(
             return
         try:
             events = await out.get(timeout=0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             events = []
             now = time.monotonic()
             if not started and now > start_by:

@@ -182,10 +182,16 @@ def duplex_init(event: dict[str, Any]) -> DuplexInit:
         raise ProtocolError(MISSING_FIELD, "missing required field payload", "payload")
     p = parse(InitPayload, event["payload"], "payload")
     voice = p.voice or Voice()
-    ref = (check_voice(voice.ref_audio_base64, "payload.voice.ref_audio_base64")
-           if voice.ref_audio_base64 else None)
-    tts = (check_voice(voice.tts_ref_audio_base64, "payload.voice.tts_ref_audio_base64")
-           if voice.tts_ref_audio_base64 else None)
+    ref = (
+        check_voice(voice.ref_audio_base64, "payload.voice.ref_audio_base64")
+        if voice.ref_audio_base64
+        else None
+    )
+    tts = (
+        check_voice(voice.tts_ref_audio_base64, "payload.voice.tts_ref_audio_base64")
+        if voice.tts_ref_audio_base64
+        else None
+    )
     prompt = p.system_prompt if p.system_prompt is not None else (p.instructions or "")
     return DuplexInit(prompt, ref, tts, dict(p.config or {}), p.max_slice_nums)
 
@@ -244,7 +250,9 @@ class Generation(_Loose):
 
 class TTS(_Loose):
     enabled: StrictBool | None = None
-    mode: Literal["default", "audio_assistant", "omni", "audio_roleplay", "voice_cloning"] | None = None
+    mode: (
+        Literal["default", "audio_assistant", "omni", "audio_roleplay", "voice_cloning"] | None
+    ) = None
     ref_audio_path: StrictStr | None = None
     ref_audio_data: StrictStr | None = None
     language: StrictStr | None = None
@@ -289,28 +297,34 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
             where = f"{prefix}.messages[{i}].content[{j}]"
             if item.type == "text":
                 if item.text is None:
-                    raise ProtocolError(MISSING_FIELD, f"missing required field {where}.text",
-                                        f"{where}.text")
+                    raise ProtocolError(
+                        MISSING_FIELD, f"missing required field {where}.text", f"{where}.text"
+                    )
                 continue
             if item.data is None:
-                raise ProtocolError(MISSING_FIELD, f"missing required field {where}.data",
-                                    f"{where}.data")
+                raise ProtocolError(
+                    MISSING_FIELD, f"missing required field {where}.data", f"{where}.data"
+                )
             if item.type == "image":
                 raw = _b64(item.data, f"{where}.data")
                 verify_image(raw, f"{where}.data")
             elif item.type == "audio":
                 raw = _b64(item.data, f"{where}.data")
                 if len(raw) % 4:
-                    raise ProtocolError(INVALID_PAYLOAD,
-                                        f"{where}.data: PCM byte length is not a multiple of 4",
-                                        f"{where}.data")
+                    raise ProtocolError(
+                        INVALID_PAYLOAD,
+                        f"{where}.data: PCM byte length is not a multiple of 4",
+                        f"{where}.data",
+                    )
                 if not raw:
-                    raise ProtocolError(INVALID_PAYLOAD, f"{where}.data: empty audio",
-                                        f"{where}.data")
+                    raise ProtocolError(
+                        INVALID_PAYLOAD, f"{where}.data: empty audio", f"{where}.data"
+                    )
             else:
                 if not _b64(item.data, f"{where}.data"):
-                    raise ProtocolError(INVALID_PAYLOAD, f"{where}.data: empty video",
-                                        f"{where}.data")
+                    raise ProtocolError(
+                        INVALID_PAYLOAD, f"{where}.data: empty video", f"{where}.data"
+                    )
 
 
 def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> dict[str, Any]:
@@ -324,9 +338,12 @@ def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> d
         check_voice(tts.ref_audio_data, f"{prefix}.tts.ref_audio_data")
     return {
         "messages": [
-            {"role": msg.role,
-             "content": msg.content if isinstance(msg.content, str)
-             else [item.model_dump(exclude_none=True) for item in msg.content]}
+            {
+                "role": msg.role,
+                "content": msg.content
+                if isinstance(msg.content, str)
+                else [item.model_dump(exclude_none=True) for item in msg.content],
+            }
             for msg in m.messages
         ],
         "streaming": True if m.streaming is None else m.streaming,
@@ -334,8 +351,9 @@ def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> d
             "max_new_tokens": gen.max_new_tokens or defaults.max_new_tokens,
             "temperature": defaults.temperature if gen.temperature is None else gen.temperature,
             "top_p": defaults.top_p if gen.top_p is None else gen.top_p,
-            "length_penalty": (defaults.length_penalty if gen.length_penalty is None
-                               else gen.length_penalty),
+            "length_penalty": (
+                defaults.length_penalty if gen.length_penalty is None else gen.length_penalty
+            ),
         },
         "tts": {
             "enabled": defaults.tts_enabled if tts.enabled is None else tts.enabled,
@@ -344,8 +362,10 @@ def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> d
             "ref_audio_data": tts.ref_audio_data,
             "language": tts.language,
         },
-        "image": {"max_slice_nums": img.max_slice_nums,
-                  "use_image_id": True if img.use_image_id is None else img.use_image_id},
+        "image": {
+            "max_slice_nums": img.max_slice_nums,
+            "use_image_id": True if img.use_image_id is None else img.use_image_id,
+        },
         "omni_mode": bool(m.omni_mode),
         "use_tts_template": bool(m.use_tts_template),
         "enable_thinking": bool(m.enable_thinking),

@@ -36,8 +36,17 @@ class Config:
 
 
 QUICK = Config([1, 10, 100], [150, 200, 300], 4.0, 1.5, (5, 2), 8, 1000, [1000, 10000], 4.0)
-FULL = Config([1, 10, 50, 100], [150, 200, 250, 300, 400, 500, 600, 800], 15.0, 3.0, (20, 5),
-              30, 1000, [1000, 10000], 10.0)
+FULL = Config(
+    [1, 10, 50, 100],
+    [150, 200, 250, 300, 400, 500, 600, 800],
+    15.0,
+    3.0,
+    (20, 5),
+    30,
+    1000,
+    [1000, 10000],
+    10.0,
+)
 SMOKE = Config([1, 2], [], 1.5, 0.5, (2, 1), 2, 20, [50, 100], 1.5)
 
 
@@ -49,16 +58,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     p.add_argument("--output", help="results file name (bench/results/NAME.json)")
     p.add_argument("--plot", action="store_true", help="write docs/bench_relay_latency.png")
-    p.add_argument("--no-deflate", action="store_true",
-                   help="duplex clients do not offer permessage-deflate (browsers do)")
-    p.add_argument("--deflate", action="store_true",
-                   help="gateway and baseline negotiate permessage-deflate "
-                        "(OMNISERVE_WS_DEFLATE=true; off by default)")
+    p.add_argument(
+        "--no-deflate",
+        action="store_true",
+        help="duplex clients do not offer permessage-deflate (browsers do)",
+    )
+    p.add_argument(
+        "--deflate",
+        action="store_true",
+        help="gateway and baseline negotiate permessage-deflate "
+        "(OMNISERVE_WS_DEFLATE=true; off by default)",
+    )
     return p.parse_args(argv)
 
 
-def run_relay_capacity(cfg: Config, parts: set[str], out: dict[str, Any],
-                       deflate: bool = False) -> None:
+def run_relay_capacity(
+    cfg: Config, parts: set[str], out: dict[str, Any], deflate: bool = False
+) -> None:
     """Relay levels, capacity ramp, baseline comparison and chat, on one stack."""
     from bench import capacity, chat, relay
     from bench.stack import Stack, shared_redis, start_baseline, stop
@@ -71,11 +87,14 @@ def run_relay_capacity(cfg: Config, parts: set[str], out: dict[str, Any],
     base_url = f"ws://127.0.0.1:{base_port}"
     try:
         if parts & {"relay", "capacity"}:
+
             def measure(n: int) -> dict[str, Any]:
                 lv = relay.stack_level(stack, n, cfg.seconds, cfg.warmup)
-                _progress(f"relay {n:>4} sessions: p50 {lv['latency_ms']['p50']} "
-                          f"p99 {lv['latency_ms']['p99']} ms, dropped {lv['dropped_chunks']}, "
-                          f"gateway cpu {lv['procs']['gateway']['cpu_pct']}%")
+                _progress(
+                    f"relay {n:>4} sessions: p50 {lv['latency_ms']['p50']} "
+                    f"p99 {lv['latency_ms']['p99']} ms, dropped {lv['dropped_chunks']}, "
+                    f"gateway cpu {lv['procs']['gateway']['cpu_pct']}%"
+                )
                 return lv
 
             levels = [measure(n) for n in cfg.levels]
@@ -83,19 +102,29 @@ def run_relay_capacity(cfg: Config, parts: set[str], out: dict[str, Any],
             cap = capacity.search(measure, levels, ramp)
             levels = cap.pop("levels")
             base = []
-            wanted = sorted(set(cfg.levels) | ({cap["max_sessions"]} if cap["max_sessions"] else set()))
+            wanted = sorted(
+                set(cfg.levels) | ({cap["max_sessions"]} if cap["max_sessions"] else set())
+            )
             for n in wanted:
                 b = relay.baseline_level(base_url, n, cfg.seconds, cfg.warmup)
-                _progress(f"baseline {n:>4} sessions: p50 {b['latency_ms']['p50']} "
-                          f"p99 {b['latency_ms']['p99']} ms")
+                _progress(
+                    f"baseline {n:>4} sessions: p50 {b['latency_ms']['p50']} "
+                    f"p99 {b['latency_ms']['p99']} ms"
+                )
                 base.append(b)
-            out["relay"] = {"levels": levels, "baseline": base, "ratio": _ratios(levels, base),
-                            "max_sessions_level": cap["max_sessions"]}
+            out["relay"] = {
+                "levels": levels,
+                "baseline": base,
+                "ratio": _ratios(levels, base),
+                "max_sessions_level": cap["max_sessions"],
+            }
             if "capacity" in parts:
                 out["capacity"] = cap
         if "chat" in parts:
-            out["chat"] = {"stack": chat.measure(stack.url, *cfg.chat_rounds),
-                           "baseline": chat.measure(base_url, *cfg.chat_rounds)}
+            out["chat"] = {
+                "stack": chat.measure(stack.url, *cfg.chat_rounds),
+                "baseline": chat.measure(base_url, *cfg.chat_rounds),
+            }
             _progress("chat done")
     finally:
         stack.stop()
@@ -110,9 +139,13 @@ def _ratios(levels: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[di
         if not b or not b["latency_ms"]["n"] or not lv["latency_ms"]["n"]:
             continue
         s, bl = lv["latency_ms"], b["latency_ms"]
-        out.append({"sessions": lv["sessions"],
-                    "p50_ratio": round(s["p50"] / max(bl["p50"], 1e-3), 2),
-                    "p99_ratio": round(s["p99"] / max(bl["p99"], 1e-3), 2)})
+        out.append(
+            {
+                "sessions": lv["sessions"],
+                "p50_ratio": round(s["p50"] / max(bl["p50"], 1e-3), 2),
+                "p99_ratio": round(s["p99"] / max(bl["p99"], 1e-3), 2),
+            }
+        )
     return out
 
 
@@ -130,7 +163,9 @@ def run_admission(cfg: Config, out: dict[str, Any]) -> None:
     finally:
         one.stop()
     _progress(f"handoff: {out['admission']['handoff']['slot_free_to_queue_done_ms']}")
-    none = Stack(url, env={"OMNISERVE_MAX_QUEUE": "20000", "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "3"})
+    none = Stack(
+        url, env={"OMNISERVE_MAX_QUEUE": "20000", "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "3"}
+    )
     updates = []
     try:
         none.start_gateway()
@@ -179,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": report.machine(),
         "backend": "scripted (deterministic, model-free): trigger=always, 1 s of 24 kHz audio "
-                   "per step, token_delay_s=0.01",
+        "per step, token_delay_s=0.01",
         "config": cfg.__dict__,
         "gateway": "omniserve gateway" + (" with permessage-deflate" if args.deflate else ""),
         "client_permessage_deflate": not args.no_deflate,
@@ -196,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     path = report.write_json(name, out)
     print(report.render(out))
     if args.plot and "relay" in out:
-        png = report.plot_relay(out["relay"]["levels"], out["relay"]["baseline"],
-                                report.DOCS / "bench_relay_latency.png")
+        png = report.plot_relay(
+            out["relay"]["levels"],
+            out["relay"]["baseline"],
+            report.DOCS / "bench_relay_latency.png",
+        )
         print(f"plot: {png}")
     print(f"results: {path}  ({out['elapsed_s']} s)")
     return 0

@@ -94,8 +94,9 @@ def handoff(stack: Stack, rounds: int, waiting: int = 3) -> dict[str, Any]:
 # --------------------------------------------------------------------------- updates over WebSockets
 
 
-async def _ws_updates(url: str, n: int, seconds: float, probe: Any
-                      ) -> tuple[dict[str, Any], tuple[int, float], tuple[int, float]]:
+async def _ws_updates(
+    url: str, n: int, seconds: float, probe: Any
+) -> tuple[dict[str, Any], tuple[int, float], tuple[int, float]]:
     counts = {"updates": 0}
     positions: dict[int, int] = {}
     rejected: list[str] = []
@@ -104,8 +105,9 @@ async def _ws_updates(url: str, n: int, seconds: float, probe: Any
 
     async def client(i: int, sem: asyncio.Semaphore, ready: asyncio.Event) -> None:
         async with sem:
-            ws = await websockets.connect(f"{url}/v1/realtime?mode=audio", ping_interval=None,
-                                          open_timeout=60)
+            ws = await websockets.connect(
+                f"{url}/v1/realtime?mode=audio", ping_interval=None, open_timeout=60
+            )
             socks[i] = ws
             first = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
             if first.get("type") in ("session.queued", "session.queue_update"):
@@ -152,10 +154,19 @@ async def _ws_updates(url: str, n: int, seconds: float, probe: Any
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.gather(*(ws.close() for ws in socks.values()), return_exceptions=True)
     await holder.close()
-    return ({"fill_s": round(fill_s, 2), "updates": updates, "seconds": round(elapsed, 2),
-             "leaves": left, "rejected": len(rejected), "rejected_codes": sorted(set(rejected)),
-             "queue_update_before_queued": len(update_first)},
-            before, after)
+    return (
+        {
+            "fill_s": round(fill_s, 2),
+            "updates": updates,
+            "seconds": round(elapsed, 2),
+            "leaves": left,
+            "rejected": len(rejected),
+            "rejected_codes": sorted(set(rejected)),
+            "queue_update_before_queued": len(update_first),
+        },
+        before,
+        after,
+    )
 
 
 def updates_ws(stack: Stack, n: int, seconds: float) -> dict[str, Any]:
@@ -170,11 +181,14 @@ def updates_ws(stack: Stack, n: int, seconds: float) -> dict[str, Any]:
     return _rates("ws", n, out, c1 - c0, ct1 - ct0, note="gateway process CPU")
 
 
-def _rates(how: str, n: int, out: dict[str, Any], commands: int, cpu_s: float,
-           note: str = "") -> dict[str, Any]:
+def _rates(
+    how: str, n: int, out: dict[str, Any], commands: int, cpu_s: float, note: str = ""
+) -> dict[str, Any]:
     ups = out["updates"]
     return {
-        "driver": how, "waiting": n, **out,
+        "driver": how,
+        "waiting": n,
+        **out,
         "updates_per_s": round(ups / out["seconds"], 1),
         "redis_commands": commands,
         "redis_commands_per_update": round(commands / ups, 4) if ups else None,
@@ -212,7 +226,7 @@ async def _direct(url: str, n: int, seconds: float, interval_s: float) -> dict[s
         qm.waiters[ticket] = Waiter(ticket, notify, loop.create_future(), last_position=0)
         tickets.append(ticket)
     for i in range(0, n, 50):  # < 100 in flight: redis-py 8's async pool caps at 100 connections
-        await asyncio.gather(*(adm.enqueue(t, n + 10) for t in tickets[i:i + 50]))
+        await asyncio.gather(*(adm.enqueue(t, n + 10) for t in tickets[i : i + 50]))
     fill_s = time.perf_counter() - t_fill
     bus = OutputBus(r, keys, on_queue_event=qm.on_event)
     await bus.start()
@@ -238,13 +252,24 @@ async def _direct(url: str, n: int, seconds: float, interval_s: float) -> dict[s
     if keys_left:
         await r.delete(*keys_left)
     await r.aclose()
-    out = {"fill_s": round(fill_s, 2), "updates": updates, "seconds": round(elapsed, 2),
-           "leaves": left}
-    return _rates("direct", n, out, c1 - c0, ct1 - ct0,
-                  note="QueueManager in the bench process; CPU is that process's")
+    out = {
+        "fill_s": round(fill_s, 2),
+        "updates": updates,
+        "seconds": round(elapsed, 2),
+        "leaves": left,
+    }
+    return _rates(
+        "direct",
+        n,
+        out,
+        c1 - c0,
+        ct1 - ct0,
+        note="QueueManager in the bench process; CPU is that process's",
+    )
 
 
-def updates_direct(redis_url: str, n: int, seconds: float, interval_s: float = 3.0
-                   ) -> dict[str, Any]:
+def updates_direct(
+    redis_url: str, n: int, seconds: float, interval_s: float = 3.0
+) -> dict[str, Any]:
     """N in-memory waiters on the real QueueManager + Admission + Redis."""
     return asyncio.run(_direct(redis_url, n, seconds, interval_s))

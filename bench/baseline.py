@@ -22,8 +22,16 @@ import orjson
 import websockets
 from websockets.asyncio.server import ServerConnection, serve
 
-from inference.base import (ChatDelta, ChatDone, ChatRequest, DuplexConfig, DuplexInput,
-                            GenerationConfig, Message, TextPart)
+from inference.base import (
+    ChatDelta,
+    ChatDone,
+    ChatRequest,
+    DuplexConfig,
+    DuplexInput,
+    GenerationConfig,
+    Message,
+    TextPart,
+)
 from inference.scripted import ScriptedBackend
 
 BACKEND = ScriptedBackend(trigger="always", token_delay_s=0.01)
@@ -42,8 +50,16 @@ async def duplex(ws: ServerConnection, sid: str) -> None:
         kind = ev.get("type")
         if kind == "session.init":
             prompt = session.prepare(DuplexConfig(system_prompt="bench"))
-            await ws.send(orjson.dumps({"type": "session.created", "session_id": sid,
-                                        "mode": "full_duplex", "prompt_length": prompt}).decode())
+            await ws.send(
+                orjson.dumps(
+                    {
+                        "type": "session.created",
+                        "session_id": sid,
+                        "mode": "full_duplex",
+                        "prompt_length": prompt,
+                    }
+                ).decode()
+            )
         elif kind == "input.append":
             n += 1
             pcm = np.frombuffer(base64.b64decode(ev["input"]["audio"]), "<f4")
@@ -54,13 +70,18 @@ async def duplex(ws: ServerConnection, sid: str) -> None:
             else:
                 audio = _b64(step.audio)
                 t = time.time()
-                frames = [{**base, "kind": "text", "text": step.text, "t_emit": t},
-                          {**base, "kind": "audio", "audio": audio, "t_emit": t}]
+                frames = [
+                    {**base, "kind": "text", "text": step.text, "t_emit": t},
+                    {**base, "kind": "audio", "audio": audio, "t_emit": t},
+                ]
             for f in frames:
                 await ws.send(orjson.dumps(f).decode())
         elif kind == "session.close":
-            await ws.send(orjson.dumps({"type": "session.closed", "session_id": sid,
-                                        "reason": "user_stop"}).decode())
+            await ws.send(
+                orjson.dumps(
+                    {"type": "session.closed", "session_id": sid, "reason": "user_stop"}
+                ).decode()
+            )
             return
 
 
@@ -71,8 +92,9 @@ def chat_request(inp: dict[str, Any]) -> ChatRequest:
     return ChatRequest(messages=msgs, streaming=True, generation=gen)
 
 
-def _chat_thread(request: dict[str, Any], loop: asyncio.AbstractEventLoop,
-                 q: asyncio.Queue[Any]) -> None:
+def _chat_thread(
+    request: dict[str, Any], loop: asyncio.AbstractEventLoop, q: asyncio.Queue[Any]
+) -> None:
     for item in BACKEND.chat(chat_request(request)):
         loop.call_soon_threadsafe(q.put_nowait, item)
     loop.call_soon_threadsafe(q.put_nowait, None)
@@ -85,23 +107,45 @@ async def chat(ws: ServerConnection, sid: str) -> None:
         ev = orjson.loads(raw)
         kind = ev.get("type")
         if kind == "session.init":
-            await ws.send(orjson.dumps({"type": "session.created", "session_id": sid,
-                                        "mode": "turn_based"}).decode())
+            await ws.send(
+                orjson.dumps(
+                    {"type": "session.created", "session_id": sid, "mode": "turn_based"}
+                ).decode()
+            )
         elif kind == "input.append":
             q: asyncio.Queue[Any] = asyncio.Queue()
             worker = loop.run_in_executor(None, _chat_thread, ev["input"], loop, q)
             base = {"session_id": sid, "response_id": "resp_baseline"}
             while (item := await q.get()) is not None:
                 if isinstance(item, ChatDelta) and item.text:
-                    await ws.send(orjson.dumps({"type": "response.output.delta", "kind": "text",
-                                                **base, "text": item.text}).decode())
+                    await ws.send(
+                        orjson.dumps(
+                            {
+                                "type": "response.output.delta",
+                                "kind": "text",
+                                **base,
+                                "text": item.text,
+                            }
+                        ).decode()
+                    )
                 elif isinstance(item, ChatDone):
-                    await ws.send(orjson.dumps({"type": "response.done", **base,
-                                                "text": item.text, "reason": "turn_end"}).decode())
+                    await ws.send(
+                        orjson.dumps(
+                            {
+                                "type": "response.done",
+                                **base,
+                                "text": item.text,
+                                "reason": "turn_end",
+                            }
+                        ).decode()
+                    )
             await worker
         elif kind == "session.close":
-            await ws.send(orjson.dumps({"type": "session.closed", "session_id": sid,
-                                        "reason": "user_stop"}).decode())
+            await ws.send(
+                orjson.dumps(
+                    {"type": "session.closed", "session_id": sid, "reason": "user_stop"}
+                ).decode()
+            )
             return
 
 
@@ -120,8 +164,14 @@ async def main(port: int, deflate: bool = False) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     loop.set_default_executor(ThreadPoolExecutor(max_workers=512))
-    async with serve(handler, "127.0.0.1", port, max_size=None, ping_interval=None,
-                     compression="deflate" if deflate else None):
+    async with serve(
+        handler,
+        "127.0.0.1",
+        port,
+        max_size=None,
+        ping_interval=None,
+        compression="deflate" if deflate else None,
+    ):
         await asyncio.Future()
 
 

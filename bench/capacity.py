@@ -15,12 +15,21 @@ P99_BOUND_MS = 50.0
 def passes(level: dict[str, Any]) -> bool:
     """Whether a measured level is within the capacity bound."""
     p99 = level["latency_ms"]["p99"]
-    return (level["sessions_started"] == level["sessions"] and level["errors"] == 0
-            and level["dropped_chunks"] == 0 and p99 is not None and p99 < P99_BOUND_MS)
+    return (
+        level["sessions_started"] == level["sessions"]
+        and level["errors"] == 0
+        and level["dropped_chunks"] == 0
+        and p99 is not None
+        and p99 < P99_BOUND_MS
+    )
 
 
-def search(measure: Callable[[int], dict[str, Any]], measured: list[dict[str, Any]],
-           ramp: list[int], bisect: int = 2) -> dict[str, Any]:
+def search(
+    measure: Callable[[int], dict[str, Any]],
+    measured: list[dict[str, Any]],
+    ramp: list[int],
+    bisect: int = 2,
+) -> dict[str, Any]:
     """Continue from already ``measured`` levels up the ``ramp`` until a level fails, then
     bisect between the best passing level and the first failing one ``bisect`` times."""
     levels = list(measured)
@@ -42,8 +51,10 @@ def search(measure: Callable[[int], dict[str, Any]], measured: list[dict[str, An
     levels.sort(key=lambda x: x["sessions"])
     ok = [x for x in levels if passes(x)]
     best = max(ok, key=lambda x: x["sessions"]) if ok else None
-    first_fail = next((x for x in levels if not passes(x)
-                       and x["sessions"] > (best["sessions"] if best else 0)), None)
+    first_fail = next(
+        (x for x in levels if not passes(x) and x["sessions"] > (best["sessions"] if best else 0)),
+        None,
+    )
     out: dict[str, Any] = {
         "bound": {"relay_p99_ms_below": P99_BOUND_MS, "dropped_chunks": 0},
         "max_sessions": best["sessions"] if best else 0,

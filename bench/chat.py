@@ -20,8 +20,7 @@ LONG = " ".join(f"w{i}" for i in range(200))
 
 
 async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
-    ws = await websockets.connect(f"{url}/v1/realtime?mode=chat", max_size=None,
-                                  ping_interval=None)
+    ws = await websockets.connect(f"{url}/v1/realtime?mode=chat", max_size=None, ping_interval=None)
     first, done = [], []
     try:
         while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.queue_done":
@@ -29,10 +28,17 @@ async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
         await ws.send('{"type":"session.init","payload":{}}')
         while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.created":
             pass
-        msg = orjson.dumps({"type": "input.append", "input": {
-            "messages": [{"role": "user", "content": f"Reply with exactly: {text}"}],
-            "streaming": True, "generation": {"max_new_tokens": 512}, "tts": {"enabled": False},
-        }}).decode()
+        msg = orjson.dumps(
+            {
+                "type": "input.append",
+                "input": {
+                    "messages": [{"role": "user", "content": f"Reply with exactly: {text}"}],
+                    "streaming": True,
+                    "generation": {"max_new_tokens": 512},
+                    "tts": {"enabled": False},
+                },
+            }
+        ).decode()
         for _ in range(rounds):
             t0 = time.perf_counter()
             await ws.send(msg)
@@ -49,8 +55,7 @@ async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
                     raise RuntimeError(ev["error"])
     finally:
         await ws.close()
-    return {"rounds": rounds, "first_delta_ms": percentiles(first),
-            "done_ms": percentiles(done)}
+    return {"rounds": rounds, "first_delta_ms": percentiles(first), "done_ms": percentiles(done)}
 
 
 def measure(url: str, short_rounds: int, long_rounds: int) -> dict[str, Any]:

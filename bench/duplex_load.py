@@ -35,12 +35,22 @@ class LoadResult:
     window: tuple[float, float] = (0.0, 0.0)
 
 
-async def _session(url: str, res: LoadResult, ready: asyncio.Barrier, go: asyncio.Event,
-                   stop_at: list[float], connect_sem: asyncio.Semaphore) -> None:
+async def _session(
+    url: str,
+    res: LoadResult,
+    ready: asyncio.Barrier,
+    go: asyncio.Event,
+    stop_at: list[float],
+    connect_sem: asyncio.Semaphore,
+) -> None:
     async with connect_sem:
-        ws = await websockets.connect(f"{url}/v1/realtime?mode=audio", max_size=None,
-                                      open_timeout=60, ping_interval=None,
-                                      compression=COMPRESSION[0])
+        ws = await websockets.connect(
+            f"{url}/v1/realtime?mode=audio",
+            max_size=None,
+            open_timeout=60,
+            ping_interval=None,
+            compression=COMPRESSION[0],
+        )
     dropped = 0
     try:
         while True:
@@ -78,13 +88,14 @@ async def _session(url: str, res: LoadResult, ready: asyncio.Barrier, go: asynci
                 if ev.get("type") == "response.output.delta":
                     m = ev.get("metrics") or {}
                     dropped = max(dropped, int(m.get("dropped_chunks") or 0))
-                    res.records.append((t_recv, sid, ev["kind"], ev.get("input_id"),
-                                        ev.get("t_emit")))
+                    res.records.append(
+                        (t_recv, sid, ev["kind"], ev.get("input_id"), ev.get("t_emit"))
+                    )
                 elif ev.get("type") == "error":
                     res.errors.append(ev["error"]["code"])
                 elif ev.get("type") == "session.closed":
                     break
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             send_task.cancel()
@@ -94,7 +105,7 @@ async def _session(url: str, res: LoadResult, ready: asyncio.Barrier, go: asynci
                 ev = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
                 if ev.get("type") == "session.closed":
                     break
-        except (asyncio.TimeoutError, websockets.ConnectionClosed):
+        except (TimeoutError, websockets.ConnectionClosed):
             pass
     finally:
         res.dropped_chunks += dropped

@@ -66,7 +66,11 @@ def one_turn(backend: PocketBackend, question: str) -> dict[str, Any]:
         steps.append(session.step(DuplexInput(audio=silent)))
     last = steps[-1].metrics
     session.close()
-    tokens, llm_s, prefill_s = last.get("llm_tokens", 0), last.get("llm_s", 0.0), last.get("llm_prefill_s", 0.0)
+    tokens, llm_s, prefill_s = (
+        last.get("llm_tokens", 0),
+        last.get("llm_s", 0.0),
+        last.get("llm_prefill_s", 0.0),
+    )
     return {
         "question": question,
         "transcript": first.metrics.get("transcript", ""),
@@ -75,15 +79,20 @@ def one_turn(backend: PocketBackend, question: str) -> dict[str, Any]:
         "perceived_s": None if first_audio_s is None else first_audio_s + backend.silence_chunks,
         "asr_s": first.metrics.get("asr_s"),
         "asr_audio_s": first.metrics.get("asr_audio_s"),
-        "asr_rtf": first.metrics["asr_s"] / first.metrics["asr_audio_s"] if "asr_s" in first.metrics else None,
+        "asr_rtf": first.metrics["asr_s"] / first.metrics["asr_audio_s"]
+        if "asr_s" in first.metrics
+        else None,
         "llm_first_token_s": last.get("llm_first_token_s"),
         "llm_tokens": tokens,
         "llm_tok_s": tokens / llm_s if llm_s else None,
-        "llm_decode_tok_s": (tokens - 1) / (llm_s - prefill_s) if tokens > 1 and llm_s > prefill_s else None,
+        "llm_decode_tok_s": (tokens - 1) / (llm_s - prefill_s)
+        if tokens > 1 and llm_s > prefill_s
+        else None,
         "tts_s": last.get("tts_s"),
         "tts_audio_s": last.get("tts_audio_s"),
         "tts_rtf": last["tts_s"] / last["tts_audio_s"] if last.get("tts_audio_s") else None,
-        "reply_audio_s": sum(s.audio.size for s in steps if s.audio is not None) / OUTPUT_SAMPLE_RATE,
+        "reply_audio_s": sum(s.audio.size for s in steps if s.audio is not None)
+        / OUTPUT_SAMPLE_RATE,
     }
 
 
@@ -95,7 +104,9 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="passes over the question list")
-    parser.add_argument("--max-seconds", type=float, default=180.0, help="stop starting turns after this")
+    parser.add_argument(
+        "--max-seconds", type=float, default=180.0, help="stop starting turns after this"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -112,14 +123,27 @@ def main() -> None:
                 break
             rows.append(one_turn(backend, question))
 
-    keys = ["first_audio_s", "perceived_s", "asr_rtf", "llm_first_token_s", "llm_tok_s",
-            "llm_decode_tok_s", "tts_rtf"]
+    keys = [
+        "first_audio_s",
+        "perceived_s",
+        "asr_rtf",
+        "llm_first_token_s",
+        "llm_tok_s",
+        "llm_decode_tok_s",
+        "tts_rtf",
+    ]
     summary = {k: _median(rows, k) for k in keys}
-    summary["first_audio_s_max"] = max((r["first_audio_s"] for r in rows if r["first_audio_s"]), default=None)
+    summary["first_audio_s_max"] = max(
+        (r["first_audio_s"] for r in rows if r["first_audio_s"]), default=None
+    )
     report = {
         "benchmark": "pocket_latency",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "threads": args.threads or "default"},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "threads": args.threads or "default",
+        },
         "backend": backend.info(),
         "load_s": round(load_s, 2),
         "turns": len(rows),
@@ -143,16 +167,24 @@ def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], load_s: fl
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['question'][:46]:<46} {_fmt(r['first_audio_s']):>11} {_fmt(r['asr_rtf'], '.3f'):>8} "
-              f"{_fmt(r['llm_tok_s'], '.1f'):>9} {_fmt(r['tts_rtf'], '.3f'):>8} {r['llm_tokens']:>6}")
+        print(
+            f"{r['question'][:46]:<46} {_fmt(r['first_audio_s']):>11} {_fmt(r['asr_rtf'], '.3f'):>8} "
+            f"{_fmt(r['llm_tok_s'], '.1f'):>9} {_fmt(r['tts_rtf'], '.3f'):>8} {r['llm_tokens']:>6}"
+        )
     print("-" * len(head))
-    print(f"{'median':<46} {_fmt(summary['first_audio_s']):>11} {_fmt(summary['asr_rtf'], '.3f'):>8} "
-          f"{_fmt(summary['llm_tok_s'], '.1f'):>9} {_fmt(summary['tts_rtf'], '.3f'):>8}")
-    print(f"\nend of speech -> first audio byte: median {_fmt(summary['first_audio_s'])} s "
-          f"(+{_fmt(summary['perceived_s'] - summary['first_audio_s'] if summary['perceived_s'] else None, '.0f')} s "
-          f"of silence before the turn is detected = {_fmt(summary['perceived_s'])} s perceived)")
-    print(f"LLM decode only: {_fmt(summary['llm_decode_tok_s'], '.1f')} tok/s; "
-          f"first token after {_fmt(summary['llm_first_token_s'])} s")
+    print(
+        f"{'median':<46} {_fmt(summary['first_audio_s']):>11} {_fmt(summary['asr_rtf'], '.3f'):>8} "
+        f"{_fmt(summary['llm_tok_s'], '.1f'):>9} {_fmt(summary['tts_rtf'], '.3f'):>8}"
+    )
+    print(
+        f"\nend of speech -> first audio byte: median {_fmt(summary['first_audio_s'])} s "
+        f"(+{_fmt(summary['perceived_s'] - summary['first_audio_s'] if summary['perceived_s'] else None, '.0f')} s "
+        f"of silence before the turn is detected = {_fmt(summary['perceived_s'])} s perceived)"
+    )
+    print(
+        f"LLM decode only: {_fmt(summary['llm_decode_tok_s'], '.1f')} tok/s; "
+        f"first token after {_fmt(summary['llm_first_token_s'])} s"
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ class Sampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         procs = {name: psutil.Process(pid) for name, pid in self.pids.items()}
         self.samples = {name: [] for name in procs}
 
@@ -54,7 +54,7 @@ class Sampler:
         j = max(min(bisect_left(times, b), len(s) - 1), i + 1)
         dt = s[j][0] - s[i][0]
         cpu = (s[j][1] - s[i][1]) / dt * 100 if dt > 0 else 0.0
-        rss = max(x[2] for x in s[i:j + 1]) / 2**20
+        rss = max(x[2] for x in s[i : j + 1]) / 2**20
         return {"cpu_pct": round(cpu, 1), "rss_mib": round(rss, 1)}
 
 

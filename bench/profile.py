@@ -35,8 +35,10 @@ def top(raw: Path, n: int = 15) -> tuple[list[tuple[str, int]], list[tuple[str, 
             continue
         c = int(count)
         total += c
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].split("/")[-1] + ")"
-                  for f in stack.split(";")]
+        frames = [
+            f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].split("/")[-1] + ")"
+            for f in stack.split(";")
+        ]
         own[frames[-1]] += c
         for f in set(frames):
             incl[f] += c
@@ -66,10 +68,24 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(4)  # sessions connected and streaming
             for name, pid in targets.items():
                 procs[name] = subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--duration", str(args.seconds),
-                     "--rate", "200", "--format", "raw", "--nonblocking",
-                     "-o", str(OUT / f"{name}.txt")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    [
+                        spy,
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--duration",
+                        str(args.seconds),
+                        "--rate",
+                        "200",
+                        "--format",
+                        "raw",
+                        "--nonblocking",
+                        "-o",
+                        str(OUT / f"{name}.txt"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
 
         threading.Thread(target=record, daemon=True).start()
         res = asyncio.run(run_load(stack.url, args.sessions, args.seconds + 4, warmup=2))

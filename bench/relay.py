@@ -30,8 +30,9 @@ def _emit_times(rows: list[list[Any]]) -> dict[tuple[str, str], float]:
     return out
 
 
-def _summary(n: int, res: LoadResult, lat: list[tuple[str, float]], unmatched: int
-             ) -> dict[str, Any]:
+def _summary(
+    n: int, res: LoadResult, lat: list[tuple[str, float]], unmatched: int
+) -> dict[str, Any]:
     a, b = res.window
     lat_ms = [x[1] for x in lat]
     return {
@@ -44,8 +45,9 @@ def _summary(n: int, res: LoadResult, lat: list[tuple[str, float]], unmatched: i
         "errors": len(res.errors),
         "error_samples": res.errors[:3],
         "latency_ms": percentiles(lat_ms),
-        "latency_ms_by_kind": {k: percentiles([x[1] for x in lat if x[0] == k])
-                               for k in sorted({x[0] for x in lat})},
+        "latency_ms_by_kind": {
+            k: percentiles([x[1] for x in lat if x[0] == k]) for k in sorted({x[0] for x in lat})
+        },
     }
 
 
@@ -56,8 +58,10 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
     pids = {"gateway": stack.gateway.pid, "redis": redis_pid(), "bench": os.getpid()}
     pids.update({f"worker{i}": w.pid for i, w in enumerate(stack.workers)})
     stack.wait_free(stack.slots, timeout=30)
-    with Sampler(pids) as sampler, Tap(stack.redis_url, stack.prefix,
-                                       TAP_DIR / f"{stack.prefix}-{n}.jsonl") as tap:
+    with (
+        Sampler(pids) as sampler,
+        Tap(stack.redis_url, stack.prefix, TAP_DIR / f"{stack.prefix}-{n}.jsonl") as tap,
+    ):
         idle = sampler  # samples before the load starts give the idle RSS
         res = asyncio.run(run_load(stack.url, n, seconds, warmup))
     rows = tap.rows()
@@ -74,16 +78,18 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
     procs = {name: sampler.window(name, a, b) for name in pids}
     workers = [v for k, v in procs.items() if k.startswith("worker")]
     out["procs"] = {k: v for k, v in procs.items() if not k.startswith("worker")}
-    out["procs"]["workers"] = {"count": len(workers),
-                               "cpu_pct": round(sum(w["cpu_pct"] for w in workers), 1),
-                               "rss_mib": round(sum(w["rss_mib"] for w in workers), 1)}
+    out["procs"]["workers"] = {
+        "count": len(workers),
+        "cpu_pct": round(sum(w["cpu_pct"] for w in workers), 1),
+        "rss_mib": round(sum(w["rss_mib"] for w in workers), 1),
+    }
     gw_samples = idle.samples.get("gateway") or [(0, 0, 0)]
-    out["gateway_idle_rss_mib"] = round(
-        stack.gateway_idle_rss_mib or gw_samples[0][2] / 2**20, 1)
+    out["gateway_idle_rss_mib"] = round(stack.gateway_idle_rss_mib or gw_samples[0][2] / 2**20, 1)
     gw = out["procs"]["gateway"]
     out["gateway_cpu_pct_per_session"] = round(gw["cpu_pct"] / n, 3)
     out["gateway_rss_mib_per_session"] = round(
-        max(0.0, gw["rss_mib"] - out["gateway_idle_rss_mib"]) / n, 3)
+        max(0.0, gw["rss_mib"] - out["gateway_idle_rss_mib"]) / n, 3
+    )
     return out
 
 

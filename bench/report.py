@@ -43,12 +43,23 @@ def machine() -> dict[str, Any]:
     except ImportError:
         pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=DOCS.parent, timeout=5).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=DOCS.parent,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return {"nproc": os.cpu_count(), "cpu": cpu, "ram_gib": mem_gib,
-            "python": platform.python_version(), "kernel": platform.release(), "commit": commit}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": mem_gib,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "commit": commit,
+    }
 
 
 def write_json(name: str, data: dict[str, Any]) -> Path:
@@ -71,8 +82,11 @@ def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     """A plain fixed-width table."""
     cells = [header] + [[_fmt(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
+    lines = [
+        title,
+        "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+        "  ".join("-" * w for w in widths),
+    ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells[1:]]
     return "\n".join(lines)
 
@@ -85,8 +99,10 @@ def plot_relay(levels: list[dict[str, Any]], baseline: list[dict[str, Any]], pat
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for data, label, color in ((levels, "omniserve (gateway+Redis+worker)", "tab:blue"),
-                               (baseline, "baseline (in-process, no Redis)", "tab:gray")):
+    for data, label, color in (
+        (levels, "omniserve (gateway+Redis+worker)", "tab:blue"),
+        (baseline, "baseline (in-process, no Redis)", "tab:gray"),
+    ):
         pts = [(d["sessions"], d["latency_ms"]) for d in data if d["latency_ms"]["n"]]
         if not pts:
             continue
@@ -111,56 +127,144 @@ def plot_relay(levels: list[dict[str, Any]], baseline: list[dict[str, Any]], pat
 def render(out: dict[str, Any]) -> str:
     """Every figure of a run as printed tables."""
     m = out["machine"]
-    parts = [f"omniserve bench: {out['command']}\nmachine: {m['nproc']} CPU ({m['cpu']}), "
-             f"{m['ram_gib']} GiB RAM, Python {m['python']}, commit {m['commit']}\n"
-             f"backend: {out['backend']}\ngateway: {out.get('gateway')}"]
+    parts = [
+        f"omniserve bench: {out['command']}\nmachine: {m['nproc']} CPU ({m['cpu']}), "
+        f"{m['ram_gib']} GiB RAM, Python {m['python']}, commit {m['commit']}\n"
+        f"backend: {out['backend']}\ngateway: {out.get('gateway')}"
+    ]
     relay = out.get("relay")
     if relay:
         base = {b["sessions"]: b for b in relay["baseline"]}
         rows = []
         for lv in relay["levels"]:
             s, b = lv["latency_ms"], base.get(lv["sessions"], {}).get("latency_ms", {})
-            ratio = (round(s["p50"] / b["p50"], 2) if s.get("p50") and b.get("p50") else None)
+            ratio = round(s["p50"] / b["p50"], 2) if s.get("p50") and b.get("p50") else None
             gw = lv["procs"]["gateway"]
-            rows.append([lv["sessions"], s["n"], s["p50"], s["p99"], s["max"], b.get("p50"),
-                         b.get("p99"), b.get("max"), ratio, lv["dropped_chunks"], lv["errors"],
-                         gw["cpu_pct"], gw["rss_mib"]])
-        parts.append(table(
-            "Relay: worker emit -> client receive per delta (ms); baseline = in-process server",
-            ["sessions", "deltas", "p50", "p99", "max", "base p50", "base p99", "base max",
-             "p50 x", "dropped", "errors", "gw cpu%", "gw MiB"], rows))
+            rows.append(
+                [
+                    lv["sessions"],
+                    s["n"],
+                    s["p50"],
+                    s["p99"],
+                    s["max"],
+                    b.get("p50"),
+                    b.get("p99"),
+                    b.get("max"),
+                    ratio,
+                    lv["dropped_chunks"],
+                    lv["errors"],
+                    gw["cpu_pct"],
+                    gw["rss_mib"],
+                ]
+            )
+        parts.append(
+            table(
+                "Relay: worker emit -> client receive per delta (ms); baseline = in-process server",
+                [
+                    "sessions",
+                    "deltas",
+                    "p50",
+                    "p99",
+                    "max",
+                    "base p50",
+                    "base p99",
+                    "base max",
+                    "p50 x",
+                    "dropped",
+                    "errors",
+                    "gw cpu%",
+                    "gw MiB",
+                ],
+                rows,
+            )
+        )
     cap = out.get("capacity")
     if cap:
         at = cap.get("at_max") or {}
-        parts.append(table(
-            "Capacity (one gateway; relay p99 < 50 ms, no dropped input chunk)",
-            ["max sessions", "p99 ms", "gw cpu%", "cpu%/session", "MiB/session", "next level",
-             "why it failed"],
-            [[cap["max_sessions"], (at.get("latency_ms") or {}).get("p99"),
-              at.get("gateway_cpu_pct"), at.get("gateway_cpu_pct_per_session"),
-              at.get("gateway_rss_mib_per_session"), cap["first_failing_level"],
-              cap["failing_reason"]]]))
+        parts.append(
+            table(
+                "Capacity (one gateway; relay p99 < 50 ms, no dropped input chunk)",
+                [
+                    "max sessions",
+                    "p99 ms",
+                    "gw cpu%",
+                    "cpu%/session",
+                    "MiB/session",
+                    "next level",
+                    "why it failed",
+                ],
+                [
+                    [
+                        cap["max_sessions"],
+                        (at.get("latency_ms") or {}).get("p99"),
+                        at.get("gateway_cpu_pct"),
+                        at.get("gateway_cpu_pct_per_session"),
+                        at.get("gateway_rss_mib_per_session"),
+                        cap["first_failing_level"],
+                        cap["failing_reason"],
+                    ]
+                ],
+            )
+        )
     ch = out.get("chat")
     if ch:
         rows = []
         for kind in ("short_5_words", "long_200_words"):
             s, b = ch["stack"][kind], ch["baseline"][kind]
-            rows.append([kind, s["rounds"], s["first_delta_ms"]["p50"], b["first_delta_ms"]["p50"],
-                         s["done_ms"]["p50"], b["done_ms"]["p50"], s["first_delta_ms"]["p99"],
-                         s["done_ms"]["p99"]])
-        parts.append(table("Chat turn latency (ms, p50 unless noted): stack vs baseline",
-                           ["answer", "turns", "first delta", "base first", "done",
-                            "base done", "first p99", "done p99"], rows))
+            rows.append(
+                [
+                    kind,
+                    s["rounds"],
+                    s["first_delta_ms"]["p50"],
+                    b["first_delta_ms"]["p50"],
+                    s["done_ms"]["p50"],
+                    b["done_ms"]["p50"],
+                    s["first_delta_ms"]["p99"],
+                    s["done_ms"]["p99"],
+                ]
+            )
+        parts.append(
+            table(
+                "Chat turn latency (ms, p50 unless noted): stack vs baseline",
+                [
+                    "answer",
+                    "turns",
+                    "first delta",
+                    "base first",
+                    "done",
+                    "base done",
+                    "first p99",
+                    "done p99",
+                ],
+                rows,
+            )
+        )
     adm = out.get("admission")
     if adm:
         h = adm["handoff"]["slot_free_to_queue_done_ms"]
-        parts.append(table("Admission: slot released -> next client's session.queue_done (ms)",
-                           ["rounds", "p50", "p99", "max"],
-                           [[adm["handoff"]["matched"], h["p50"], h["p99"], h["max"]]]))
-        rows = [[u["driver"], u["waiting"], u["fill_s"], u["updates_per_s"],
-                 u["redis_commands_per_update"], u["gateway_cpu_ms_per_update"]]
-                for u in adm["updates"]]
-        parts.append(table("Queue position updates (head leaves 1/s; refresh interval 3 s)",
-                           ["driver", "waiting", "fill s", "updates/s", "redis cmd/update",
-                            "cpu ms/update"], rows))
+        parts.append(
+            table(
+                "Admission: slot released -> next client's session.queue_done (ms)",
+                ["rounds", "p50", "p99", "max"],
+                [[adm["handoff"]["matched"], h["p50"], h["p99"], h["max"]]],
+            )
+        )
+        rows = [
+            [
+                u["driver"],
+                u["waiting"],
+                u["fill_s"],
+                u["updates_per_s"],
+                u["redis_commands_per_update"],
+                u["gateway_cpu_ms_per_update"],
+            ]
+            for u in adm["updates"]
+        ]
+        parts.append(
+            table(
+                "Queue position updates (head leaves 1/s; refresh interval 3 s)",
+                ["driver", "waiting", "fill s", "updates/s", "redis cmd/update", "cpu ms/update"],
+                rows,
+            )
+        )
     return "\n\n".join(parts)

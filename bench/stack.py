@@ -74,8 +74,9 @@ def spawn(name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.P
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{name}.log"
     fh = open(log, "wb")
-    p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+    )
     _CHILDREN.append(p)
     return p, log
 
@@ -126,15 +127,17 @@ class Stack:
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
         env.pop("REDIS_URL", None)
-        env.update({
-            "OMNISERVE_REDIS_URL": self.redis_url,
-            "OMNISERVE_KEY_PREFIX": self.prefix,
-            "OMNISERVE_LOG_LEVEL": "warning",
-            "OMNISERVE_GATEWAY_HOST": "127.0.0.1",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(ROOT),
-            "OMNISERVE_WS_DEFLATE": "true" if self.deflate else "false",
-        })
+        env.update(
+            {
+                "OMNISERVE_REDIS_URL": self.redis_url,
+                "OMNISERVE_KEY_PREFIX": self.prefix,
+                "OMNISERVE_LOG_LEVEL": "warning",
+                "OMNISERVE_GATEWAY_HOST": "127.0.0.1",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": str(ROOT),
+                "OMNISERVE_WS_DEFLATE": "true" if self.deflate else "false",
+            }
+        )
         env.update(self.env)
         return env
 
@@ -142,9 +145,11 @@ class Stack:
         """Start the gateway; returns its port once /health answers."""
         self.port = free_port()
         cmd = ["omniserve", "gateway"]
-        self.gateway, log = spawn(f"{self.prefix}-gateway", [
-            sys.executable, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
-            self.base_env())
+        self.gateway, log = spawn(
+            f"{self.prefix}-gateway",
+            [sys.executable, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
+            self.base_env(),
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.gateway.poll() is not None:
@@ -154,7 +159,9 @@ class Stack:
                     import psutil
 
                     # before any session: what "idle" means for per-session memory
-                    self.gateway_idle_rss_mib = psutil.Process(self.gateway.pid).memory_info().rss / 2**20
+                    self.gateway_idle_rss_mib = (
+                        psutil.Process(self.gateway.pid).memory_info().rss / 2**20
+                    )
                     return self.port
             except httpx.HTTPError:
                 pass
@@ -163,9 +170,22 @@ class Stack:
 
     def start_worker(self, slots: int, options: str = '{"trigger": "always"}') -> None:
         """Start a scripted worker with ``slots`` concurrent sessions; waits for its slots."""
-        p, log = spawn(f"{self.prefix}-worker{len(self.workers)}", [
-            sys.executable, "-m", "omniserve", "worker", "--backend", "scripted",
-            "--slots", str(slots), "--backend-options", options], self.base_env())
+        p, log = spawn(
+            f"{self.prefix}-worker{len(self.workers)}",
+            [
+                sys.executable,
+                "-m",
+                "omniserve",
+                "worker",
+                "--backend",
+                "scripted",
+                "--slots",
+                str(slots),
+                "--backend-options",
+                options,
+            ],
+            self.base_env(),
+        )
         self.workers.append(p)
         self.slots += slots
         r = self.redis()
@@ -214,7 +234,7 @@ class Stack:
             r = self.redis()
             keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
             for i in range(0, len(keys), 1000):
-                r.delete(*keys[i:i + 1000])
+                r.delete(*keys[i : i + 1000])
         except redis.RedisError:
             pass
 
@@ -232,8 +252,11 @@ def start_baseline(deflate: bool = False) -> tuple[subprocess.Popen[bytes], int]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
     env["PYTHONPATH"] = str(ROOT)
-    p, log = spawn(f"baseline-{port}", [sys.executable, "-m", "bench.baseline", str(port),
-                                         "deflate" if deflate else "plain"], env)
+    p, log = spawn(
+        f"baseline-{port}",
+        [sys.executable, "-m", "bench.baseline", str(port), "deflate" if deflate else "plain"],
+        env,
+    )
     import socket
 
     deadline = time.monotonic() + 20

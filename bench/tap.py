@@ -47,10 +47,11 @@ def run(url: str, prefix: str, outfile: Path) -> None:
             channel: bytes = msg["channel"]
             data: bytes = msg["data"]
             if channel.startswith(out_prefix):
-                sid = channel[len(out_prefix):-4].decode()
+                sid = channel[len(out_prefix) : -4].decode()
                 ev = orjson.loads(data)
-                rows.append(orjson.dumps([t, sid, ev.get("type"), ev.get("input_id"),
-                                          ev.get("seq")]))
+                rows.append(
+                    orjson.dumps([t, sid, ev.get("type"), ev.get("input_id"), ev.get("seq")])
+                )
             else:
                 rows.append(orjson.dumps([t, "queue", data.decode()[:64]]))
             if len(rows) >= 256:
@@ -78,15 +79,18 @@ class Tap:
         self.url, self.prefix, self.outfile = url, prefix, outfile
         self.proc = None
 
-    def __enter__(self) -> "Tap":
+    def __enter__(self) -> Tap:
         from bench.stack import ROOT, spawn
 
         ready = Path(str(self.outfile) + ".ready")
         ready.unlink(missing_ok=True)
         self.outfile.unlink(missing_ok=True)
         env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-        self.proc, log = spawn(f"{self.prefix}-tap", [sys.executable, "-m", "bench.tap", self.url,
-                                                      self.prefix, str(self.outfile)], env)
+        self.proc, log = spawn(
+            f"{self.prefix}-tap",
+            [sys.executable, "-m", "bench.tap", self.url, self.prefix, str(self.outfile)],
+            env,
+        )
         deadline = time.monotonic() + 10
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -14,8 +14,9 @@ session and must leave nothing behind (settings, voices, caches) when it is clos
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 

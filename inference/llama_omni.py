@@ -29,7 +29,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -84,7 +85,9 @@ CLOSE_REASONS: dict[str, tuple[str, str]] = {
 class LlamaOmniSessionClosed(BackendError):
     """The server ended the session (``session.closed``) or dropped the connection."""
 
-    def __init__(self, reason: str, message: str | None = None, diagnostic: str | None = None) -> None:
+    def __init__(
+        self, reason: str, message: str | None = None, diagnostic: str | None = None
+    ) -> None:
         kind, explanation = CLOSE_REASONS.get(reason, ("inference", "the server ended the session"))
         text = message or f"llama-omni-server closed the session: {reason} ({explanation})"
         if diagnostic:
@@ -122,7 +125,7 @@ def _metrics_kv(event: dict[str, Any]) -> int | None:
 class _Connection:
     """One ``/backend`` WebSocket session (sync)."""
 
-    def __init__(self, backend: "LlamaOmniBackend") -> None:
+    def __init__(self, backend: LlamaOmniBackend) -> None:
         self.backend = backend
         self.ws: Any = None
         self.session_id: str | None = None
@@ -131,8 +134,8 @@ class _Connection:
         self.close_error: LlamaOmniSessionClosed | None = None
 
     def open(self, payload: dict[str, Any]) -> dict[str, Any]:
-        from websockets.exceptions import ConnectionClosed, InvalidHandshake  # noqa: PLC0415
-        from websockets.sync.client import connect  # noqa: PLC0415
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake
+        from websockets.sync.client import connect
 
         b = self.backend
         try:
@@ -151,18 +154,27 @@ class _Connection:
         try:
             self.ws.send(json.dumps({"type": "session.init", "payload": payload}))
         except ConnectionClosed as exc:
-            raise BackendError("llama-omni-server closed the connection during session.init") from exc
+            raise BackendError(
+                "llama-omni-server closed the connection during session.init"
+            ) from exc
         event = self.recv(b.init_timeout_s, waiting_for="session.created")
         if event.get("type") != "session.created":
             self.abort()
-            raise BackendError(f"expected session.created from llama-omni-server, got {event.get('type')!r}")
+            raise BackendError(
+                f"expected session.created from llama-omni-server, got {event.get('type')!r}"
+            )
         self.session_id = str(event.get("session_id") or "")
         self.kv = _metrics_kv(event) or 0
-        log.info("llama-omni session %s created (mode=%s, kv=%d)", self.session_id, event.get("mode"), self.kv)
+        log.info(
+            "llama-omni session %s created (mode=%s, kv=%d)",
+            self.session_id,
+            event.get("mode"),
+            self.kv,
+        )
         return event
 
     def send(self, message: dict[str, Any]) -> None:
-        from websockets.exceptions import ConnectionClosed  # noqa: PLC0415
+        from websockets.exceptions import ConnectionClosed
 
         if self.closed:
             raise self.close_error or BackendError("llama-omni session is closed")
@@ -182,11 +194,15 @@ class _Connection:
                     "(a session is already active on it, or session.init was refused)",
                 )
             else:
-                err = LlamaOmniSessionClosed("connection_lost", "the connection to llama-omni-server was lost")
+                err = LlamaOmniSessionClosed(
+                    "connection_lost", "the connection to llama-omni-server was lost"
+                )
         else:
             diag = event.get("diagnostic")
             diag_text = diag.get("message") if isinstance(diag, dict) else None
-            err = LlamaOmniSessionClosed(str(event.get("reason") or "unknown"), diagnostic=diag_text)
+            err = LlamaOmniSessionClosed(
+                str(event.get("reason") or "unknown"), diagnostic=diag_text
+            )
         self.close_error = err
         try:
             self.ws.close()
@@ -195,14 +211,16 @@ class _Connection:
 
     def recv(self, timeout: float, waiting_for: str = "a reply") -> dict[str, Any]:
         """Next event; raises on session.closed / disconnect, TimeoutError on timeout."""
-        from websockets.exceptions import ConnectionClosed  # noqa: PLC0415
+        from websockets.exceptions import ConnectionClosed
 
         if self.closed:
             raise self.close_error or BackendError("llama-omni session is closed")
         try:
             raw = self.ws.recv(timeout=max(0.0, timeout))
         except TimeoutError:
-            raise TimeoutError(f"no {waiting_for} from llama-omni-server within {timeout:.1f} s") from None
+            raise TimeoutError(
+                f"no {waiting_for} from llama-omni-server within {timeout:.1f} s"
+            ) from None
         except ConnectionClosed as exc:
             self._closed_by_server(None)
             raise self.close_error from exc  # type: ignore[misc]
@@ -234,7 +252,9 @@ class _Connection:
 
     def close(self) -> None:
         """Close the server session (HTTP close first: it returns once inference has stopped)."""
-        if self.session_id and not (self.close_error and self.close_error.reason != "client_closed"):
+        if self.session_id and not (
+            self.close_error and self.close_error.reason != "client_closed"
+        ):
             self.backend._http_close(self.session_id)
         self.abort()
 
@@ -293,7 +313,9 @@ class LlamaOmniBackend(Backend):
 
     def _http_close(self, session_id: str) -> bool:
         url = f"{self.http_url}/sessions/{session_id}/close"
-        req = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url, data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.close_timeout_s) as resp:
                 resp.read()
@@ -333,16 +355,21 @@ class LlamaOmniBackend(Backend):
                     f"messages[{index}].content",
                 )
             else:
-                raise UnsupportedInput(f"unsupported content part {type(part).__name__}", f"messages[{index}].content")
+                raise UnsupportedInput(
+                    f"unsupported content part {type(part).__name__}", f"messages[{index}].content"
+                )
         return out
 
     def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
         if not request.messages:
             raise UnsupportedInput("messages must not be empty", "messages")
         messages = [
-            {"role": m.role, "content": self._content(m.content, i)} for i, m in enumerate(request.messages)
+            {"role": m.role, "content": self._content(m.content, i)}
+            for i, m in enumerate(request.messages)
         ]
-        system_prompt = "\n".join(m.text() for m in request.messages if m.role == "system" and m.text())
+        system_prompt = "\n".join(
+            m.text() for m in request.messages if m.role == "system" and m.text()
+        )
         gen = request.generation
         voice: dict[str, Any] = {}
         tts_ref = None
@@ -353,14 +380,21 @@ class LlamaOmniBackend(Backend):
             "mode": "turn_based",
             "use_tts": self.use_tts,
             "system_prompt": system_prompt,
-            "config": {"temperature": gen.temperature, "top_p": gen.top_p, "length_penalty": gen.length_penalty},
+            "config": {
+                "temperature": gen.temperature,
+                "top_p": gen.top_p,
+                "length_penalty": gen.length_penalty,
+            },
         }
         if voice:
             init["voice"] = voice
         turn: dict[str, Any] = {
             "messages": messages,
             "streaming": bool(request.streaming),
-            "generation": {"max_new_tokens": gen.max_new_tokens, "length_penalty": gen.length_penalty},
+            "generation": {
+                "max_new_tokens": gen.max_new_tokens,
+                "length_penalty": gen.length_penalty,
+            },
             "omni_mode": bool(request.omni_mode),
             "use_tts_template": bool(request.use_tts_template),
             "enable_thinking": bool(request.enable_thinking),
@@ -411,7 +445,9 @@ class LlamaOmniBackend(Backend):
                     final_audio = _b64_pcm(event.get("audio"))
                     if final_audio is None and audio:
                         final_audio = np.concatenate(audio)
-                    text = event.get("text") if isinstance(event.get("text"), str) else "".join(texts)
+                    text = (
+                        event.get("text") if isinstance(event.get("text"), str) else "".join(texts)
+                    )
                     yield ChatDone(
                         text=text or "".join(texts),
                         input_tokens=max(0, conn.kv - generated),
@@ -421,7 +457,9 @@ class LlamaOmniBackend(Backend):
                             "prefill_s": round(float(metrics.get("prefill_ms") or 0) / 1000, 4),
                             "generate_s": round(float(metrics.get("generate_ms") or 0) / 1000, 4),
                             "total_s": round(time.monotonic() - t0, 4),
-                            "first_delta_s": None if first_delta_s is None else round(first_delta_s, 4),
+                            "first_delta_s": None
+                            if first_delta_s is None
+                            else round(first_delta_s, 4),
                             "kv_cache_length": conn.kv,
                         },
                     )
@@ -432,13 +470,13 @@ class LlamaOmniBackend(Backend):
 
     # ------------------------------------------------------------------ duplex
 
-    def open_duplex(self) -> "LlamaOmniDuplexSession":
+    def open_duplex(self) -> LlamaOmniDuplexSession:
         self._claim()
         session = LlamaOmniDuplexSession(self)
         self._active = session
         return session
 
-    def _duplex_closed(self, session: "LlamaOmniDuplexSession") -> None:
+    def _duplex_closed(self, session: LlamaOmniDuplexSession) -> None:
         with self._lock:
             if self._active is session:
                 self._active = None
@@ -493,7 +531,10 @@ class LlamaOmniDuplexSession(DuplexSession):
 
     def _reserve(self, chunk: DuplexInput) -> int:
         b = self._backend
-        return b.step_token_reserve + len(chunk.frames) * (max(1, chunk.max_slice_nums) + 1) * b.vision_tokens_per_slice
+        return (
+            b.step_token_reserve
+            + len(chunk.frames) * (max(1, chunk.max_slice_nums) + 1) * b.vision_tokens_per_slice
+        )
 
     def _is_mine(self, event: dict[str, Any], push: int) -> bool:
         """Is this terminator (listen / response.done) the answer to push number ``push``?"""
@@ -544,7 +585,9 @@ class LlamaOmniDuplexSession(DuplexSession):
         first_reply_s = None
         while terminator is None:
             try:
-                event = conn.recv(deadline - time.monotonic(), waiting_for="listen or response.done")
+                event = conn.recv(
+                    deadline - time.monotonic(), waiting_for="listen or response.done"
+                )
             except TimeoutError as exc:
                 raise InferenceError(str(exc)) from exc
             first_reply_s = first_reply_s or time.monotonic() - t0
@@ -572,7 +615,10 @@ class LlamaOmniDuplexSession(DuplexSession):
             "prefill_s": round(float(term_metrics.get("prefill_ms") or 0) / 1000, 4),
             "generate_s": round(float(term_metrics.get("generate_ms") or 0) / 1000, 4),
             "tts_s": round(
-                sum(float(term_metrics.get(k) or 0) for k in ("cost_tts_prep_ms", "cost_tts_ms", "cost_token2wav_ms"))
+                sum(
+                    float(term_metrics.get(k) or 0)
+                    for k in ("cost_tts_prep_ms", "cost_tts_ms", "cost_token2wav_ms")
+                )
                 / 1000,
                 4,
             ),

@@ -25,7 +25,9 @@ def create_backend(name: str, **options: Any) -> Backend:
     try:
         target = _BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}") from None
+        raise ValueError(
+            f"unknown backend {name!r}; choose one of {available_backends()}"
+        ) from None
     module_name, _, class_name = target.partition(":")
     module = importlib.import_module(module_name)
     cls = getattr(module, class_name)
@@ -41,7 +43,9 @@ def preflight(name: str) -> None:
     try:
         target = _BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}") from None
+        raise ValueError(
+            f"unknown backend {name!r}; choose one of {available_backends()}"
+        ) from None
     module = importlib.import_module(target.partition(":")[0])
     check = getattr(module, "preflight", None)
     if callable(check):

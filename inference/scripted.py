@@ -18,7 +18,8 @@ import math
 import re
 import time
 import zlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -48,8 +48,11 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         samples = (np.frombuffer(payload, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     elif tag == 1 and bits == 24:
         raw = np.frombuffer(payload[: len(payload) // 3 * 3], dtype=np.uint8).reshape(-1, 3)
-        ints = (raw[:, 0].astype(np.int32) | (raw[:, 1].astype(np.int32) << 8)
-                | (raw[:, 2].astype(np.int32) << 16))
+        ints = (
+            raw[:, 0].astype(np.int32)
+            | (raw[:, 1].astype(np.int32) << 8)
+            | (raw[:, 2].astype(np.int32) << 16)
+        )
         ints = np.where(ints >= 1 << 23, ints - (1 << 24), ints)
         samples = ints / float(1 << 23)
     else:
@@ -69,8 +72,20 @@ def encode_wav(samples: np.ndarray, rate: int) -> bytes:
     """Mono 16-bit PCM WAV bytes."""
     pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
     header = struct.pack(
-        "<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + len(pcm), b"WAVE", b"fmt ", 16, 1, 1, rate,
-        rate * 2, 2, 16, b"data", len(pcm),
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        36 + len(pcm),
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,
+        1,
+        rate,
+        rate * 2,
+        2,
+        16,
+        b"data",
+        len(pcm),
     )
     return header + pcm
 

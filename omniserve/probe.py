@@ -24,8 +24,9 @@ async def _wait_queue(ws: websockets.ClientConnection) -> None:
         ev = await _recv(ws, 600)
         kind = ev["type"]
         if kind in ("session.queued", "session.queue_update"):
-            print(f"[queued: position {ev['position']}, ~{ev['estimated_wait_s']} s]",
-                  file=sys.stderr)
+            print(
+                f"[queued: position {ev['position']}, ~{ev['estimated_wait_s']} s]", file=sys.stderr
+            )
         elif kind == "session.queue_done":
             return
         elif kind == "error":
@@ -41,9 +42,18 @@ async def chat(url: str, text: str, tts_out: str | None = None) -> int:
         if created["type"] != "session.created":
             print(created, file=sys.stderr)
             return 1
-        await ws.send(orjson.dumps({"type": "input.append", "input": {
-            "messages": [{"role": "user", "content": text}], "streaming": True,
-            "tts": {"enabled": bool(tts_out)}}}).decode())
+        await ws.send(
+            orjson.dumps(
+                {
+                    "type": "input.append",
+                    "input": {
+                        "messages": [{"role": "user", "content": text}],
+                        "streaming": True,
+                        "tts": {"enabled": bool(tts_out)},
+                    },
+                }
+            ).decode()
+        )
         audio: list[np.ndarray] = []
         while True:
             ev = await _recv(ws)
@@ -64,8 +74,14 @@ async def chat(url: str, text: str, tts_out: str | None = None) -> int:
     return 0
 
 
-async def audio(url: str, wav_in: str, wav_out: str, mode: str = "audio", realtime: bool = True,
-                tail_s: float = 8.0) -> int:
+async def audio(
+    url: str,
+    wav_in: str,
+    wav_out: str,
+    mode: str = "audio",
+    realtime: bool = True,
+    tail_s: float = 8.0,
+) -> int:
     """Play a WAV file into a duplex session (1 s chunks), then silence; save the spoken reply."""
     samples, rate = decode_wav(Path(wav_in).read_bytes())
     pcm = resample(samples, rate, 16_000)
@@ -76,8 +92,14 @@ async def audio(url: str, wav_in: str, wav_out: str, mode: str = "audio", realti
     text: list[str] = []
     async with websockets.connect(f"{url}/v1/realtime?mode={mode}", max_size=None) as ws:
         await _wait_queue(ws)
-        await ws.send(orjson.dumps({"type": "session.init", "payload": {
-            "system_prompt": "You are a helpful assistant."}}).decode())
+        await ws.send(
+            orjson.dumps(
+                {
+                    "type": "session.init",
+                    "payload": {"system_prompt": "You are a helpful assistant."},
+                }
+            ).decode()
+        )
         created = await _recv(ws)
         if created["type"] != "session.created":
             print(created, file=sys.stderr)
@@ -102,13 +124,21 @@ async def audio(url: str, wav_in: str, wav_out: str, mode: str = "audio", realti
         for i, chunk in enumerate(chunks):
             if realtime:
                 await asyncio.sleep(max(0.0, t0 + i - time.monotonic()))
-            await ws.send(orjson.dumps({"type": "input.append", "input": {
-                "audio": base64.b64encode(chunk.astype("<f4").tobytes()).decode()}}).decode())
+            await ws.send(
+                orjson.dumps(
+                    {
+                        "type": "input.append",
+                        "input": {
+                            "audio": base64.b64encode(chunk.astype("<f4").tobytes()).decode()
+                        },
+                    }
+                ).decode()
+            )
         await asyncio.sleep(1.0)
         await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
         try:
             await asyncio.wait_for(task, 30)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
     print()
     reply = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)

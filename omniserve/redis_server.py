@@ -73,10 +73,25 @@ def start_embedded(port: int | None = None) -> EmbeddedRedis:
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="omniserve-redis-")
     proc = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir, "--maxmemory-policy", "noeviction",
-         "--protected-mode", "yes"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            redis_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--maxmemory-policy",
+            "noeviction",
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # a terminal's Ctrl-C must not stop it before its clients
     )
     server = EmbeddedRedis(proc, port, workdir)

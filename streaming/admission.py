@@ -99,9 +99,7 @@ class Admission:
             pipe.hgetall(k.workers)
             pipe.hget(k.duration_stats, "ema_s")
             members, workers, ema = await pipe.execute()
-        order = {
-            (m.decode() if isinstance(m, bytes) else m): i + 1 for i, m in enumerate(members)
-        }
+        order = {(m.decode() if isinstance(m, bytes) else m): i + 1 for i, m in enumerate(members)}
         live = await self.live_slot_count(workers)
         return QueueSnapshot(
             order=order,

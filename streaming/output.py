@@ -13,8 +13,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -46,7 +46,8 @@ class OutputPublisher:
         self.ttl_s = int(ttl_s)
         self.seq = 0
         self._queue: queue.SimpleQueue[tuple[int, bytes] | threading.Event | None] = (
-            queue.SimpleQueue())
+            queue.SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._run, name=f"out-{session_id}", daemon=True)
         self._thread.start()
 
@@ -104,16 +105,26 @@ class OutputPublisher:
             try:
                 with self.client.pipeline(transaction=False) as pipe:
                     for seq, data in batch:
-                        pipe.xadd(self.log_key, {"e": data}, id=f"{seq}-1",
-                                  maxlen=self.log_maxlen, approximate=True)
+                        pipe.xadd(
+                            self.log_key,
+                            {"e": data},
+                            id=f"{seq}-1",
+                            maxlen=self.log_maxlen,
+                            approximate=True,
+                        )
                         if seq == 1:
                             pipe.expire(self.log_key, self.ttl_s)
                         pipe.publish(self.channel, data)
                     pipe.execute()
                 return
             except redis.RedisError:
-                log.warning("publishing %d event(s) of %s failed (try %d)", len(batch),
-                            self.session_id, attempt + 1, exc_info=attempt == 2)
+                log.warning(
+                    "publishing %d event(s) of %s failed (try %d)",
+                    len(batch),
+                    self.session_id,
+                    attempt + 1,
+                    exc_info=attempt == 2,
+                )
                 time.sleep(0.1 * (attempt + 1))
 
 
@@ -129,7 +140,7 @@ async def read_log(
 class SessionOutput:
     """Gateway side: the ordered event stream of one session."""
 
-    def __init__(self, bus: "OutputBus", session_id: str) -> None:
+    def __init__(self, bus: OutputBus, session_id: str) -> None:
         self.bus = bus
         self.session_id = session_id
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -234,7 +245,7 @@ class OutputBus:
         self.sessions.pop(channel, None)
         try:
             await self.pubsub.unsubscribe(channel)
-        except Exception:  # noqa: BLE001 - connection trouble; the reader reconnects
+        except Exception:
             log.debug("unsubscribe %s failed", channel, exc_info=True)
 
     async def _reader(self) -> None:

@@ -43,7 +43,9 @@ def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: o
         redis.Redis.from_url(settings.redis_url).delete(f"{settings.key_prefix}:drain:{node}")
     except redis.RedisError:
         log.warning("could not clear drain flag", exc_info=True)
-    log.info("node %s consumes %s (pool=%s, slots=%s)", node, queue, _state["pool"], _state["slots"])
+    log.info(
+        "node %s consumes %s (pool=%s, slots=%s)", node, queue, _state["pool"], _state["slots"]
+    )
 
 
 def _boot(slots: int) -> None:
@@ -53,14 +55,20 @@ def _boot(slots: int) -> None:
         rt.load_backend()
     except Exception as exc:  # noqa: BLE001 - report and refuse to serve
         log.critical("backend %r failed to load: %s", rt.settings.backend, exc)
-        print(f"omniserve worker: backend {rt.settings.backend!r} failed to load: {exc}",
-              file=sys.stderr, flush=True)
+        print(
+            f"omniserve worker: backend {rt.settings.backend!r} failed to load: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(3)
     cap = rt.backend.max_concurrency if rt.backend else 1
     if len(rt.slot_ids) > cap:
-        print(f"omniserve worker: backend {rt.settings.backend!r} serves at most {cap} session(s) "
-              f"per process; asked for {len(rt.slot_ids)} slots (use one worker per GPU)",
-              file=sys.stderr, flush=True)
+        print(
+            f"omniserve worker: backend {rt.settings.backend!r} serves at most {cap} session(s) "
+            f"per process; asked for {len(rt.slot_ids)} slots (use one worker per GPU)",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(3)
     rt.start()
     set_runtime(rt)

@@ -60,8 +60,13 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                     ctx.closed(reason)
                     return
             if isinstance(ev, ChatPrefilled):
-                ctx.emit({"type": "prefill", "input_tokens": ev.input_tokens,
-                          "prefill_s": round(time.perf_counter() - t0, 4)})
+                ctx.emit(
+                    {
+                        "type": "prefill",
+                        "input_tokens": ev.input_tokens,
+                        "prefill_s": round(time.perf_counter() - t0, 4),
+                    }
+                )
             elif isinstance(ev, ChatDelta):
                 if first_delta_s is None:
                     first_delta_s = time.perf_counter() - t0
@@ -75,22 +80,24 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                 # a streamed turn's last (short) piece of speech rides on "done" as last_audio
                 rest = chunker.flush() if req.streaming else None
                 audio = ev.audio if isinstance(ev.audio, np.ndarray) else None
-                ctx.emit({
-                    "type": "done",
-                    "text": ev.text,
-                    "input_tokens": ev.input_tokens,
-                    "generated_tokens": ev.generated_tokens,
-                    "audio": audio_b64(audio) if not req.streaming else "",
-                    "last_audio": audio_b64(rest) if rest is not None else "",
-                    "metrics": {
-                        **ev.metrics,
-                        "backend": backend.name,
+                ctx.emit(
+                    {
+                        "type": "done",
+                        "text": ev.text,
                         "input_tokens": ev.input_tokens,
                         "generated_tokens": ev.generated_tokens,
-                        "first_delta_s": round(first_delta_s or 0.0, 4),
-                        "total_s": round(time.perf_counter() - t0, 4),
-                    },
-                })
+                        "audio": audio_b64(audio) if not req.streaming else "",
+                        "last_audio": audio_b64(rest) if rest is not None else "",
+                        "metrics": {
+                            **ev.metrics,
+                            "backend": backend.name,
+                            "input_tokens": ev.input_tokens,
+                            "generated_tokens": ev.generated_tokens,
+                            "first_delta_s": round(first_delta_s or 0.0, 4),
+                            "total_s": round(time.perf_counter() - t0, 4),
+                        },
+                    }
+                )
                 return
     except UnsupportedInput as exc:
         ctx.error("invalid_payload", str(exc), field=exc.field_name)
@@ -98,7 +105,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     except InferenceError as exc:
         ctx.error("inference_error", str(exc) or "inference failed")
         return
-    except Exception as exc:  # noqa: BLE001 - a turn failure is reported, the worker lives on
+    except Exception as exc:
         log.exception("chat turn %s failed", ctx.session_id)
         ctx.error("inference_error", f"inference failed: {exc}")
         return

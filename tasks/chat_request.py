@@ -34,8 +34,9 @@ def decode_video(data: bytes, fps: float = 1.0) -> tuple[list[bytes], list[np.nd
     try:
         import av
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise UnsupportedInput("video content needs the 'av' package on the worker",
-                               "messages[].content[].data") from exc
+        raise UnsupportedInput(
+            "video content needs the 'av' package on the worker", "messages[].content[].data"
+        ) from exc
     frames: list[bytes] = []
     audio: list[np.ndarray] = []
     try:
@@ -55,8 +56,9 @@ def decode_video(data: bytes, fps: float = 1.0) -> tuple[list[bytes], list[np.nd
                     for out in resampler.resample(frame):
                         audio.append(out.to_ndarray().reshape(-1).astype(np.float32))
     except av.error.FFmpegError as exc:  # type: ignore[attr-defined]
-        raise UnsupportedInput(f"video could not be decoded: {exc}",
-                               "messages[].content[].data") from exc
+        raise UnsupportedInput(
+            f"video could not be decoded: {exc}", "messages[].content[].data"
+        ) from exc
     pcm = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     segments = [pcm[i : i + 16_000] for i in range(0, pcm.size, 16_000)]
     return frames, segments
@@ -72,8 +74,9 @@ def _part(item: Any) -> ContentPart:
         return AudioPart(samples=_audio(item["data"], int(item.get("sample_rate") or 16_000)))
     if kind == "video":
         frames, segments = decode_video(base64.b64decode(item["data"]))
-        return VideoPart(frames=frames, audio_segments=segments,
-                         stack_frames=int(item.get("stack_frames") or 1))
+        return VideoPart(
+            frames=frames, audio_segments=segments, stack_frames=int(item.get("stack_frames") or 1)
+        )
     raise UnsupportedInput(f"unknown content type {kind!r}", "messages[].content[].type")
 
 
@@ -82,7 +85,9 @@ def build_chat_request(req: dict[str, Any]) -> ChatRequest:
     messages = []
     for m in req["messages"]:
         content = m["content"]
-        parts = [TextPart(text=content)] if isinstance(content, str) else [_part(c) for c in content]
+        parts = (
+            [TextPart(text=content)] if isinstance(content, str) else [_part(c) for c in content]
+        )
         messages.append(Message(role=m["role"], content=parts))
     gen = req.get("generation") or {}
     tts = req.get("tts") or {}

@@ -92,7 +92,7 @@ class DuplexRunner:
             if self.session is not None:
                 try:
                     self.session.close()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("session %s: backend close failed", ctx.session_id)
 
     def close(self, reason: str) -> None:
@@ -129,28 +129,34 @@ class DuplexRunner:
             session = self.backend.open_duplex()
             prompt_length = session.prepare(config)
         except UnsupportedInput as exc:
-            ctx.error("invalid_payload", f"session init rejected: {exc}",
-                      field=exc.field_name or "payload")
+            ctx.error(
+                "invalid_payload",
+                f"session init rejected: {exc}",
+                field=exc.field_name or "payload",
+            )
             return False
         except (ValueError, TypeError) as exc:
             ctx.error("invalid_payload", f"session init rejected: {exc}", field="payload")
             return False
-        except Exception as exc:  # noqa: BLE001 - a backend that cannot start ends the session
+        except Exception as exc:
             log.exception("session %s: prepare failed", ctx.session_id)
-            ctx.error("backend_error", f"backend failed to start the session: {exc}",
-                      recoverable=False)
+            ctx.error(
+                "backend_error", f"backend failed to start the session: {exc}", recoverable=False
+            )
             ctx.closed("backend_error")
             return True
         self.session = session
-        ctx.emit({
-            "type": "created",
-            "prompt_length": int(prompt_length),
-            "metrics": {
-                "backend": self.backend.name,
-                "prepare_s": round(time.perf_counter() - t0, 4),
-                "kv_cache_length": int(prompt_length),
-            },
-        })
+        ctx.emit(
+            {
+                "type": "created",
+                "prompt_length": int(prompt_length),
+                "metrics": {
+                    "backend": self.backend.name,
+                    "prepare_s": round(time.perf_counter() - t0, 4),
+                    "kv_cache_length": int(prompt_length),
+                },
+            }
+        )
         return False
 
     # ------------------------------------------------------------------ steps
@@ -168,8 +174,12 @@ class DuplexRunner:
         try:
             result = self.session.step(step_in)
         except UnsupportedInput as exc:
-            ctx.error("invalid_payload", str(exc), field=exc.field_name or "input",
-                      input_id=chunk.input_id)
+            ctx.error(
+                "invalid_payload",
+                str(exc),
+                field=exc.field_name or "input",
+                input_id=chunk.input_id,
+            )
             return False
         except InferenceError as exc:
             self.failures += 1
@@ -178,7 +188,7 @@ class DuplexRunner:
                 ctx.closed("backend_error")
                 return True
             return False
-        except Exception as exc:  # noqa: BLE001 - BackendError or anything unexpected is fatal
+        except Exception as exc:
             log.exception("session %s: step failed", ctx.session_id)
             ctx.error("backend_error", f"backend failed: {exc}", recoverable=False)
             ctx.closed("backend_error")
@@ -192,18 +202,37 @@ class DuplexRunner:
             metrics["dropped_chunks"] = self.dropped
         if result.listen:
             self.end_response(interrupted=True)
-            ctx.emit({"type": "listen", "input_id": chunk.input_id,
-                      "kv_cache_length": result.kv_cache_length, "metrics": metrics})
+            ctx.emit(
+                {
+                    "type": "listen",
+                    "input_id": chunk.input_id,
+                    "kv_cache_length": result.kv_cache_length,
+                    "metrics": metrics,
+                }
+            )
         else:
-            self.speak(chunk.input_id, result.text, result.audio, result.end_of_turn,
-                       result.kv_cache_length, metrics)
+            self.speak(
+                chunk.input_id,
+                result.text,
+                result.audio,
+                result.end_of_turn,
+                result.kv_cache_length,
+                metrics,
+            )
         if result.kv_cache_length >= self.backend.max_context_tokens:
             self.close("context_full")
             return True
         return False
 
-    def speak(self, input_id: str, text: str, audio: np.ndarray | None, end_of_turn: bool,
-              kv: int, metrics: dict[str, Any]) -> None:
+    def speak(
+        self,
+        input_id: str,
+        text: str,
+        audio: np.ndarray | None,
+        end_of_turn: bool,
+        kv: int,
+        metrics: dict[str, Any],
+    ) -> None:
         """Emit one speaking step as protocol-sized pieces (text rides on the first)."""
         if self.response_id is None:
             self.response_id = new_id("resp")
@@ -216,16 +245,18 @@ class DuplexRunner:
             pieces = [None]
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
-            self.ctx.emit({
-                "type": "speak",
-                "response_id": self.response_id,
-                "input_id": input_id,
-                "text": text if i == 0 else "",
-                "audio": audio_b64(piece),
-                "end_of_turn": bool(end_of_turn and last),
-                "kv_cache_length": kv,
-                "metrics": metrics if i == 0 else {"kv_cache_length": kv},
-            })
+            self.ctx.emit(
+                {
+                    "type": "speak",
+                    "response_id": self.response_id,
+                    "input_id": input_id,
+                    "text": text if i == 0 else "",
+                    "audio": audio_b64(piece),
+                    "end_of_turn": bool(end_of_turn and last),
+                    "kv_cache_length": kv,
+                    "metrics": metrics if i == 0 else {"kv_cache_length": kv},
+                }
+            )
         if end_of_turn:
             self.response_id = None
 
@@ -234,11 +265,19 @@ class DuplexRunner:
         if self.response_id is None:
             return
         rest = self.chunker.flush()
-        self.ctx.emit({
-            "type": "speak", "response_id": self.response_id, "input_id": None, "text": "",
-            "audio": audio_b64(rest), "end_of_turn": True, "interrupted": interrupted,
-            "kv_cache_length": None, "metrics": {},
-        })
+        self.ctx.emit(
+            {
+                "type": "speak",
+                "response_id": self.response_id,
+                "input_id": None,
+                "text": "",
+                "audio": audio_b64(rest),
+                "end_of_turn": True,
+                "interrupted": interrupted,
+                "kv_cache_length": None,
+                "metrics": {},
+            }
+        )
         self.response_id = None
 
 
@@ -252,7 +291,7 @@ def duplex_session(
             return
         try:
             DuplexRunner(ctx, public_mode).run()
-        except Exception as exc:  # noqa: BLE001 - e.g. Redis trouble mid-session
+        except Exception as exc:
             log.exception("session %s failed", session_id)
             try:
                 ctx.error("backend_error", f"session failed: {exc}", recoverable=False)

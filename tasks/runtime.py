@@ -50,7 +50,9 @@ class WorkerRuntime:
         # Every session thread may hold a connection in XREAD BLOCK: size the pool for all of
         # them, and give the heartbeat its own client so a busy pool can never starve it.
         pool = redis.BlockingConnectionPool.from_url(
-            self.settings.redis_url, max_connections=slots + 8, timeout=20,
+            self.settings.redis_url,
+            max_connections=slots + 8,
+            timeout=20,
             health_check_interval=30,
         )
         self.redis = redis.Redis(connection_pool=pool)
@@ -77,7 +79,9 @@ class WorkerRuntime:
             self.backend = create_backend(s.backend, **backend_options(s))
             log.info(
                 "backend %r ready in %.1fs: %s",
-                s.backend, time.perf_counter() - t0, self.backend.info(),
+                s.backend,
+                time.perf_counter() - t0,
+                self.backend.info(),
             )
         return self.backend
 
@@ -97,8 +101,12 @@ class WorkerRuntime:
         self.registry.heartbeat(self.slot_ids, {})
         self._beat = threading.Thread(target=self._heartbeat, name="omni-heartbeat", daemon=True)
         self._beat.start()
-        log.info("worker %s serving %d slot(s) on queue %s", self.worker_id, len(self.slot_ids),
-                 self.queue)
+        log.info(
+            "worker %s serving %d slot(s) on queue %s",
+            self.worker_id,
+            len(self.slot_ids),
+            self.queue,
+        )
 
     def stop(self) -> None:
         """Leave the registry (the sessions end with server_shutdown)."""
@@ -136,7 +144,9 @@ class WorkerRuntime:
         """Take a session exactly once; a re-delivered or stale task gets False."""
         return bool(
             self.redis.set(
-                self.keys.session_claim(session_id), self.worker_id, nx=True,
+                self.keys.session_claim(session_id),
+                self.worker_id,
+                nx=True,
                 ex=int(self.settings.session_ttl_s),
             )
         )

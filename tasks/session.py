@@ -41,8 +41,9 @@ class SessionContext:
 
     def error(self, code: str, message: str, recoverable: bool = True, **extra: object) -> None:
         """Send an error event."""
-        self.emit({"type": "error", "code": code, "message": message,
-                   "recoverable": recoverable, **extra})
+        self.emit(
+            {"type": "error", "code": code, "message": message, "recoverable": recoverable, **extra}
+        )
 
     def closed(self, reason: str) -> None:
         """Send the final event of a session."""
@@ -71,20 +72,30 @@ def running_session(
     s = rt.settings
     out = OutputPublisher(rt.redis, rt.keys, session_id, s.output_log_maxlen, s.session_ttl_s)
     ctx = SessionContext(
-        rt=rt, session_id=session_id, slot_id=slot_id, gateway_id=gateway_id,
-        deadline_ts=deadline_ts, out=out, inputs=InputReader(rt.redis, rt.keys, session_id),
+        rt=rt,
+        session_id=session_id,
+        slot_id=slot_id,
+        gateway_id=gateway_id,
+        deadline_ts=deadline_ts,
+        out=out,
+        inputs=InputReader(rt.redis, rt.keys, session_id),
     )
     started = time.monotonic()
     rt.begin(slot_id, session_id)
     try:
-        ctx.emit({"type": "started", "worker_id": rt.worker_id,
-                  "backend": rt.backend.name if rt.backend else None})
+        ctx.emit(
+            {
+                "type": "started",
+                "worker_id": rt.worker_id,
+                "backend": rt.backend.name if rt.backend else None,
+            }
+        )
         yield ctx
     finally:
         out.finish()
         rt.end(slot_id, session_id, time.monotonic() - started)
 
 
-def audio_b64(samples) -> str:  # noqa: ANN001 - numpy array or None
+def audio_b64(samples) -> str:
     """Base64 float32 PCM, or the empty string."""
     return pcm_to_b64(samples) if samples is not None and len(samples) else ""

@@ -47,8 +47,9 @@ class Client:
         self.received: list[dict[str, Any]] = []
 
     @classmethod
-    async def connect(cls, url: str, path: str = "/v1/realtime", query: str = "",
-                      **kwargs: Any) -> "Client":
+    async def connect(
+        cls, url: str, path: str = "/v1/realtime", query: str = "", **kwargs: Any
+    ) -> Client:
         ws = await websockets.connect(f"{url}{path}{query}", max_size=None, **kwargs)
         return cls(ws)
 

@@ -66,16 +66,18 @@ class Stack:
     def base_env(self, **overrides: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
         env.pop("REDIS_URL", None)
-        env.update({
-            "OMNISERVE_REDIS_URL": self.redis_url,
-            "OMNISERVE_KEY_PREFIX": self.prefix,
-            "OMNISERVE_LOG_LEVEL": "info",
-            "OMNISERVE_LEASE_TTL_S": "3",
-            "OMNISERVE_HEARTBEAT_INTERVAL_S": "0.5",
-            "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "1",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(ROOT),
-        })
+        env.update(
+            {
+                "OMNISERVE_REDIS_URL": self.redis_url,
+                "OMNISERVE_KEY_PREFIX": self.prefix,
+                "OMNISERVE_LOG_LEVEL": "info",
+                "OMNISERVE_LEASE_TTL_S": "3",
+                "OMNISERVE_HEARTBEAT_INTERVAL_S": "0.5",
+                "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "1",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": str(ROOT),
+            }
+        )
         env.update(self.env)
         env.update(overrides)
         return env
@@ -85,8 +87,12 @@ class Stack:
         log = LOG_DIR / f"{self.prefix}-{name}.log"
         fh = open(log, "wb")
         popen = subprocess.Popen(
-            [sys.executable, "-m", "omniserve", *args], env=env, cwd=ROOT, stdout=fh,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "omniserve", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         return Proc(popen, log, name)
 
@@ -94,8 +100,9 @@ class Stack:
     def start_gateway(self, **env: str) -> int:
         """Start a gateway on a free port; returns the port once /health answers."""
         port = free_port()
-        proc = self._spawn(f"gateway{len(self.gateways)}", ["gateway", "--port", str(port)],
-                           self.base_env(**env))
+        proc = self._spawn(
+            f"gateway{len(self.gateways)}", ["gateway", "--port", str(port)], self.base_env(**env)
+        )
         self.gateways.append((proc, port))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -109,13 +116,16 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"gateway did not start:\n{proc.tail()}")
 
-    def start_worker(self, backend: str = "scripted", slots: int = 1, wait: bool = True,
-                     **env: str) -> Proc:
+    def start_worker(
+        self, backend: str = "scripted", slots: int = 1, wait: bool = True, **env: str
+    ) -> Proc:
         """Start a worker node; waits until its slots are registered."""
         before = self.live_slots()
-        proc = self._spawn(f"worker{len(self.workers)}",
-                           ["worker", "--backend", backend, "--slots", str(slots)],
-                           self.base_env(**env))
+        proc = self._spawn(
+            f"worker{len(self.workers)}",
+            ["worker", "--backend", backend, "--slots", str(slots)],
+            self.base_env(**env),
+        )
         self.workers.append(proc)
         if wait:
             self.wait_slots(before + slots, proc)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import socket
@@ -104,8 +103,14 @@ def test_unreachable_server_is_backend_error():
 
 def test_chat_streaming(server):
     b = make_backend(server)
-    events = list(b.chat(ChatRequest(messages=[Message("system", [TextPart("Be short.")]), user("hi there")],
-                                      generation=GenerationConfig(max_new_tokens=64))))
+    events = list(
+        b.chat(
+            ChatRequest(
+                messages=[Message("system", [TextPart("Be short.")]), user("hi there")],
+                generation=GenerationConfig(max_new_tokens=64),
+            )
+        )
+    )
     assert isinstance(events[0], ChatPrefilled)
     done = events[-1]
     assert isinstance(done, ChatDone) and done.text == "echo: hi there"
@@ -114,8 +119,14 @@ def test_chat_streaming(server):
     init = frames_sent(server, "session.init")[0]["payload"]
     assert init["mode"] == "turn_based" and init["system_prompt"] == "Be short."
     turn = frames_sent(server, "input.append")[0]["input"]
-    assert turn["streaming"] is True and turn["generation"] == {"max_new_tokens": 64, "length_penalty": 1.1}
-    assert turn["messages"][1] == {"role": "user", "content": [{"type": "text", "text": "hi there"}]}
+    assert turn["streaming"] is True and turn["generation"] == {
+        "max_new_tokens": 64,
+        "length_penalty": 1.1,
+    }
+    assert turn["messages"][1] == {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi there"}],
+    }
     # the per-turn server session was closed, so the next turn gets one
     assert wait_for(lambda: server.mock.active is None)
     assert server.mock.closed_sessions[-1][1] == "client_closed"
@@ -125,8 +136,15 @@ def test_chat_streaming(server):
 def test_chat_non_streaming_with_tts_returns_full_audio(server):
     b = make_backend(server)
     voice = np.full(8000, 0.01, dtype=np.float32)
-    events = list(b.chat(ChatRequest(messages=[user("a b c d")], streaming=False,
-                                      tts=TTSConfig(enabled=True, ref_audio=voice))))
+    events = list(
+        b.chat(
+            ChatRequest(
+                messages=[user("a b c d")],
+                streaming=False,
+                tts=TTSConfig(enabled=True, ref_audio=voice),
+            )
+        )
+    )
     assert [type(e) for e in events] == [ChatPrefilled, ChatDone]
     assert events[-1].audio is not None and events[-1].audio.size > 0
     init = frames_sent(server, "session.init")[0]["payload"]
@@ -137,7 +155,9 @@ def test_chat_non_streaming_with_tts_returns_full_audio(server):
 
 def test_chat_streaming_tts_audio_deltas(server):
     b = make_backend(server)
-    events = list(b.chat(ChatRequest(messages=[user("one two three")], tts=TTSConfig(enabled=True))))
+    events = list(
+        b.chat(ChatRequest(messages=[user("one two three")], tts=TTSConfig(enabled=True)))
+    )
     audio = [e.audio for e in events if isinstance(e, ChatDelta) and e.audio is not None]
     assert audio and all(a.dtype == np.float32 for a in audio)
     assert events[-1].audio.size == sum(a.size for a in audio)
@@ -191,7 +211,9 @@ def test_duplex_session(server):
     b = make_backend(server)
     s = b.open_duplex()
     voice = np.full(16000, 0.01, dtype=np.float32)
-    prompt = s.prepare(DuplexConfig(system_prompt="You are kind.", ref_audio=voice, config={"length_penalty": 1.2}))
+    prompt = s.prepare(
+        DuplexConfig(system_prompt="You are kind.", ref_audio=voice, config={"length_penalty": 1.2})
+    )
     assert prompt > 0
     init = frames_sent(server, "session.init")[0]["payload"]
     assert init["mode"] == "full_duplex" and init["use_tts"] is True
@@ -377,8 +399,11 @@ def test_mock_server_as_subprocess():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.standins.mock_llama_omni_server", "--port", str(port)],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.standins.mock_llama_omni_server", "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference import (  # noqa: E402
+from inference import (
     AudioPart,
     BackendError,
     ChatDelta,
@@ -30,8 +30,8 @@ from inference import (  # noqa: E402
     VideoPart,
     create_backend,
 )
-from inference.minicpmo.audio import write_wav  # noqa: E402
-from tests.standins import fake_minicpmo  # noqa: E402
+from inference.minicpmo.audio import write_wav
+from tests.standins import fake_minicpmo
 
 LOADER = "tests.standins.fake_minicpmo:load"
 
@@ -74,7 +74,9 @@ def test_import_is_light():
     import subprocess
 
     code = "import inference.registry, inference.minicpmo, sys; print('torch' in sys.modules, 'transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
+    )
     assert out.stdout.strip() == "False False", out.stderr
 
 
@@ -85,7 +87,10 @@ def test_loads_through_configuration_and_inits_tts():
     assert model.options["init_vision"] is False
     assert model.options["attn_implementation"] == "eager"
     assert model.options["dtype"] == "bfloat16"
-    assert ("init_tts", {"streaming": True, "enable_float16": False, "n_timesteps": 10}) in model.calls or any(
+    assert (
+        "init_tts",
+        {"streaming": True, "enable_float16": False, "n_timesteps": 10},
+    ) in model.calls or any(
         name == "init_tts" and kw["streaming"] is True for name, kw in model.calls
     )
     info = b.info()
@@ -112,7 +117,11 @@ def test_default_loader_rejects_missing_dir(tmp_path):
 
 def test_chat_streaming_text():
     b = make_backend()
-    events = list(b.chat(ChatRequest(messages=[user("hi there")], generation=GenerationConfig(max_new_tokens=64))))
+    events = list(
+        b.chat(
+            ChatRequest(messages=[user("hi there")], generation=GenerationConfig(max_new_tokens=64))
+        )
+    )
     assert isinstance(events[0], ChatPrefilled) and events[0].input_tokens > 0
     assert isinstance(events[-1], ChatDone)
     deltas = [e for e in events if isinstance(e, ChatDelta)]
@@ -154,7 +163,9 @@ def test_chat_default_voice_from_ref_audio_path(tmp_path):
     path = tmp_path / "voice.wav"
     write_wav(path, voice(), 16000)
     b = make_backend(ref_audio_path=str(path))
-    events = list(b.chat(ChatRequest(messages=[user("x")], tts=TTSConfig(enabled=True), streaming=False)))
+    events = list(
+        b.chat(ChatRequest(messages=[user("x")], tts=TTSConfig(enabled=True), streaming=False))
+    )
     assert not any(isinstance(e, ChatDelta) for e in events)  # non-streaming: only done
     assert events[-1].audio is not None
     assert any(n == "init_token2wav_cache" for n in b.model.call_names())
@@ -171,9 +182,15 @@ def test_chat_non_streaming_text_uses_chat():
 
 def test_chat_multimodal_segments():
     b = make_backend()
-    msg = Message(role="user", content=[
-        ImagePart(jpeg()), TextPart("what is this"), AudioPart(loud()), AudioPart(loud()),
-    ])
+    msg = Message(
+        role="user",
+        content=[
+            ImagePart(jpeg()),
+            TextPart("what is this"),
+            AudioPart(loud()),
+            AudioPart(loud()),
+        ],
+    )
     events = list(b.chat(ChatRequest(messages=[msg])))
     assert isinstance(events[-1], ChatDone)
     prefills = [kw for n, kw in b.model.calls if n == "streaming_prefill"]
@@ -185,7 +202,13 @@ def test_chat_long_audio_is_prefilled_in_model_chunks():
     # the real streaming path encodes one chunk per call (1035 ms first, then 1000 ms); a 2.5 s
     # clip in one call fails inside the model (checked against the real remote code, tiny weights)
     b = make_backend()
-    events = list(b.chat(ChatRequest(messages=[Message(role="user", content=[AudioPart(loud(2.5)), TextPart("what?")])])))
+    events = list(
+        b.chat(
+            ChatRequest(
+                messages=[Message(role="user", content=[AudioPart(loud(2.5)), TextPart("what?")])]
+            )
+        )
+    )
     assert isinstance(events[-1], ChatDone)
     prefills = [kw for n, kw in b.model.calls if n == "streaming_prefill"]
     assert len(prefills) == 4  # 1.035 s + 1 s + 0.465 s of audio, then the text
@@ -283,7 +306,10 @@ def test_duplex_call_sequence_and_outputs():
     i_dup = names.index("as_duplex")
     assert names[i_dup + 1] == "duplex.prepare"
     body = [n for n in names[i_dup + 2 :]]
-    assert body[: 2 * len(steps)] == ["duplex.streaming_prefill", "duplex.streaming_generate"] * len(steps)
+    assert body[: 2 * len(steps)] == [
+        "duplex.streaming_prefill",
+        "duplex.streaming_generate",
+    ] * len(steps)
     prep = [kw for n, kw in b.model.calls if n == "duplex.prepare"][0]
     assert prep["prefix_system_prompt"].startswith("<|im_start|>system\nBe brief.")
     assert prep["suffix_system_prompt"] == "<|audio_end|><|im_end|>"
@@ -330,10 +356,22 @@ def test_duplex_force_listen_on_revision_without_override(monkeypatch):
     wrapper = b.model.duplex_wrappers[-1]
     original = wrapper.streaming_generate
 
-    def no_override(prompt_wav_path=None, max_new_speak_tokens_per_chunk=20, decode_mode="sampling",
-                    temperature=0.7, top_k=20, top_p=0.8, listen_prob_scale=1.0, listen_top_k=None,
-                    text_repetition_penalty=1.05, text_repetition_window_size=512):
-        return original(prompt_wav_path=prompt_wav_path, max_new_speak_tokens_per_chunk=max_new_speak_tokens_per_chunk)
+    def no_override(
+        prompt_wav_path=None,
+        max_new_speak_tokens_per_chunk=20,
+        decode_mode="sampling",
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        listen_prob_scale=1.0,
+        listen_top_k=None,
+        text_repetition_penalty=1.05,
+        text_repetition_window_size=512,
+    ):
+        return original(
+            prompt_wav_path=prompt_wav_path,
+            max_new_speak_tokens_per_chunk=max_new_speak_tokens_per_chunk,
+        )
 
     monkeypatch.setattr(wrapper, "streaming_generate", no_override)
     s.step(DuplexInput(audio=loud()))
@@ -379,9 +417,19 @@ def test_duplex_8192_default_limit():
 def test_duplex_session_settings_do_not_leak():
     b = make_backend()
     s1 = b.open_duplex()
-    s1.prepare(DuplexConfig(ref_audio=voice(), tts_ref_audio=voice()[:16000],
-                            config={"temperature": 0.3, "length_penalty": 1.5, "top_k": 5,
-                                    "force_listen_count": 2, "max_new_speak_tokens_per_chunk": 8}))
+    s1.prepare(
+        DuplexConfig(
+            ref_audio=voice(),
+            tts_ref_audio=voice()[:16000],
+            config={
+                "temperature": 0.3,
+                "length_penalty": 1.5,
+                "top_k": 5,
+                "force_listen_count": 2,
+                "max_new_speak_tokens_per_chunk": 8,
+            },
+        )
+    )
     s1.step(DuplexInput(audio=quiet()))
     first = [kw for n, kw in b.model.calls if n == "duplex.streaming_generate"][-1]
     assert (first["temperature"], first["length_penalty"], first["top_k"]) == (0.3, 1.5, 5)

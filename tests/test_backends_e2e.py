@@ -48,7 +48,11 @@ def _start_mock_llama_server(prefix: str) -> tuple[Proc, str]:
     with open(log, "wb") as fh:
         popen = subprocess.Popen(
             [sys.executable, "-m", "tests.standins.mock_llama_omni_server", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     proc = Proc(popen, log, "mock-llama-omni-server")
     url = f"http://127.0.0.1:{port}"
@@ -106,7 +110,9 @@ def llama_stack(redis_server: str) -> Iterator[Stack]:
 @pytest.fixture(params=["minicpmo", "llama_omni"])
 def backend_stack(request: pytest.FixtureRequest) -> Stack:
     """Each test using this runs once per backend; the worker's only slot is idle at the start."""
-    s: Stack = request.getfixturevalue("minicpmo_stack" if request.param == "minicpmo" else "llama_stack")
+    s: Stack = request.getfixturevalue(
+        "minicpmo_stack" if request.param == "minicpmo" else "llama_stack"
+    )
     s.wait_free(1, timeout=20)
     return s
 
@@ -189,7 +195,9 @@ def assert_speech_audio(ev: dict[str, Any]) -> np.ndarray:
     return audio
 
 
-async def open_duplex(stack: Stack, mode: str, payload: dict[str, Any]) -> tuple[Client, Duplex, dict[str, Any]]:
+async def open_duplex(
+    stack: Stack, mode: str, payload: dict[str, Any]
+) -> tuple[Client, Duplex, dict[str, Any]]:
     c = await connect(stack, mode)
     created = await c.init(payload)
     assert created["mode"] == "full_duplex" and created["session_id"].startswith("rt_")
@@ -212,10 +220,18 @@ async def test_chat_streaming_and_non_streaming(backend_stack: Stack) -> None:
     created = await c.init()
     assert created["mode"] == "turn_based"
     # streaming: text deltas, then response.done with the whole answer
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "system", "content": "Be brief."},
-                     {"role": "user", "content": "the quick brown fox"}],
-        "streaming": True}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "the quick brown fox"},
+                ],
+                "streaming": True,
+            },
+        }
+    )
     frames = await c.collect_until("response.done", "error")
     assert frames[-1]["type"] == "response.done", frames
     ds = [f for f in frames if f["type"] == "response.output.delta"]
@@ -225,11 +241,21 @@ async def test_chat_streaming_and_non_streaming(backend_stack: Stack) -> None:
     assert all(d["response_id"] == done["response_id"] for d in ds)
     assert done["reason"] == "turn_end"
     # non-streaming: no deltas, only response.done
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "only the end"}], "streaming": False}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [{"role": "user", "content": "only the end"}],
+                "streaming": False,
+            },
+        }
+    )
     # (the turn may queue briefly: the previous turn's slot is released after its response.done)
-    frames = [f for f in await c.collect_until("response.done", "error")
-              if not f["type"].startswith("session.queue")]
+    frames = [
+        f
+        for f in await c.collect_until("response.done", "error")
+        if not f["type"].startswith("session.queue")
+    ]
     assert [f["type"] for f in frames] == ["response.done"], frames
     assert frames[0]["text"] == "echo: only the end"
     assert frames[0]["response_id"] != done["response_id"]
@@ -237,10 +263,14 @@ async def test_chat_streaming_and_non_streaming(backend_stack: Stack) -> None:
 
 
 async def test_audio_duplex_turn_and_force_listen(backend_stack: Stack) -> None:
-    c, d, created = await open_duplex(backend_stack, "audio", {
-        "system_prompt": "You are a helpful assistant.",
-        "voice": {"ref_audio_base64": voice_b64()},
-    })
+    c, d, created = await open_duplex(
+        backend_stack,
+        "audio",
+        {
+            "system_prompt": "You are a helpful assistant.",
+            "voice": {"ref_audio_base64": voice_b64()},
+        },
+    )
     assert created["prompt_length"] > 0
     # quiet input: the model listens
     for _ in range(2):
@@ -284,7 +314,9 @@ async def test_audio_duplex_turn_and_force_listen(backend_stack: Stack) -> None:
 
 
 async def test_session_close_before_any_input(backend_stack: Stack) -> None:
-    c, _d, _ = await open_duplex(backend_stack, "audio", {"voice": {"ref_audio_base64": voice_b64()}})
+    c, _d, _ = await open_duplex(
+        backend_stack, "audio", {"voice": {"ref_audio_base64": voice_b64()}}
+    )
     await close_session(backend_stack, c)
 
 
@@ -292,8 +324,12 @@ async def test_older_dialect_audio_duplex(backend_stack: Stack) -> None:
     """spec/04: session.update, input_audio_buffer.append, response.listen / output_audio.delta."""
     c = await connect(backend_stack, "audio")
     await c.until("session.queue_done", timeout=30)
-    await c.send({"type": "session.update", "session": {
-        "instructions": "You are a helpful assistant.", "ref_audio": voice_b64()}})
+    await c.send(
+        {
+            "type": "session.update",
+            "session": {"instructions": "You are a helpful assistant.", "ref_audio": voice_b64()},
+        }
+    )
     created = await c.until("session.created")
     assert created["prompt_length"] > 0
 
@@ -356,12 +392,13 @@ async def test_minicpmo_init_without_any_voice_is_invalid_payload(minicpmo_stack
     await close_session(minicpmo_stack, c)
 
 
-
-
 async def test_minicpmo_video_frame(minicpmo_stack: Stack) -> None:
     minicpmo_stack.wait_free(1, timeout=20)
-    c, d, created = await open_duplex(minicpmo_stack, "video", {
-        "instructions": "Describe what you see.", "voice": {"ref_audio_base64": voice_b64()}})
+    c, d, created = await open_duplex(
+        minicpmo_stack,
+        "video",
+        {"instructions": "Describe what you see.", "voice": {"ref_audio_base64": voice_b64()}},
+    )
     kv0 = created["prompt_length"]
     ev = assert_listen_only(await d.step(silence(), video_frames=[jpeg_b64()], max_slice_nums=2))
     assert ev["metrics"]["vision_frames"] == 1
@@ -375,13 +412,19 @@ async def test_minicpmo_video_frame(minicpmo_stack: Stack) -> None:
 async def test_minicpmo_context_full_closes_session(minicpmo_stack: Stack) -> None:
     """The real 8192-token window: 8 frames at 9 slices cost ~5300 tokens a step in the stand-in."""
     minicpmo_stack.wait_free(1, timeout=20)
-    c, d, _ = await open_duplex(minicpmo_stack, "video", {"voice": {"ref_audio_base64": voice_b64()}})
+    c, d, _ = await open_duplex(
+        minicpmo_stack, "video", {"voice": {"ref_audio_base64": voice_b64()}}
+    )
     frames8 = [jpeg_b64((30 * i, 200 - 20 * i, 90)) for i in range(8)]
     ev = assert_listen_only(await d.step(silence(), video_frames=frames8, max_slice_nums=9))
     assert 5000 < ev["metrics"]["kv_cache_length"] < 8192
     # the next such step could cross the window: it is not run and the session closes
-    await c.send({"type": "input.append", "input": {
-        "audio": silence(), "video_frames": frames8, "max_slice_nums": 9}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {"audio": silence(), "video_frames": frames8, "max_slice_nums": 9},
+        }
+    )
     frames = await c.collect_until("session.closed")
     closed = frames[-1]
     assert closed["reason"] == "context_full", frames
@@ -392,7 +435,9 @@ async def test_minicpmo_context_full_closes_session(minicpmo_stack: Stack) -> No
     await c.closed(timeout=5)
     minicpmo_stack.wait_free(1, timeout=10)
     # the slot serves the next session with a fresh context
-    c2, d2, created2 = await open_duplex(minicpmo_stack, "audio", {"voice": {"ref_audio_base64": voice_b64()}})
+    c2, d2, created2 = await open_duplex(
+        minicpmo_stack, "audio", {"voice": {"ref_audio_base64": voice_b64()}}
+    )
     assert created2["prompt_length"] < 200
     ev = assert_listen_only(await d2.step(silence()))
     assert ev["metrics"]["kv_cache_length"] < 300

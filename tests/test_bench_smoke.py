@@ -16,8 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_bench_smoke_reports_every_figure() -> None:
     pytest.importorskip("psutil")
     name = "pytest-smoke"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--output", name],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--output", name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
     for key in ("machine", "command", "relay", "capacity", "chat", "admission"):

@@ -19,21 +19,33 @@ pytestmark = pytest.mark.slow
 
 
 def omniserve(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omniserve", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "omniserve", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def test_up_then_probe(tmp_path) -> None:  # noqa: ANN001
+def test_up_then_probe(tmp_path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
     env.pop("REDIS_URL", None)
     # nothing answers here, so `up` must start its embedded Redis
-    env.update({"OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-                "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {"OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1"}
+    )
     log = open(tmp_path / "up.log", "w+")
-    up = subprocess.Popen([sys.executable, "-m", "omniserve", "up", "--port", str(port),
-                           "--backend", "scripted"], cwd=ROOT, env=env, stdout=log,
-                          stderr=subprocess.STDOUT, start_new_session=True)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         banner = ""
@@ -46,15 +58,27 @@ def test_up_then_probe(tmp_path) -> None:  # noqa: ANN001
         assert f"ws://127.0.0.1:{port}/v1/realtime" in banner
         assert "scripted (deterministic, model-free)" in banner
         url = f"ws://127.0.0.1:{port}"
-        chat = omniserve("probe", "--url", url, "chat", "Reply with exactly: up and running",
-                         env=env)
+        chat = omniserve(
+            "probe", "--url", url, "chat", "Reply with exactly: up and running", env=env
+        )
         assert chat.returncode == 0, chat.stderr
         assert "up and running" in chat.stdout
         t = np.arange(32000) / 16000
         (tmp_path / "q.wav").write_bytes(
-            encode_wav((0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32), 16000))
-        audio = omniserve("probe", "--url", url, "audio", str(tmp_path / "q.wav"),
-                          str(tmp_path / "a.wav"), "--fast", "--tail", "4", env=env)
+            encode_wav((0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32), 16000)
+        )
+        audio = omniserve(
+            "probe",
+            "--url",
+            url,
+            "audio",
+            str(tmp_path / "q.wav"),
+            str(tmp_path / "a.wav"),
+            "--fast",
+            "--tail",
+            "4",
+            env=env,
+        )
         assert audio.returncode == 0, audio.stderr
         assert "Hello from the scripted backend." in audio.stdout
         reply, rate = decode_wav((tmp_path / "a.wav").read_bytes())
@@ -65,7 +89,9 @@ def test_up_then_probe(tmp_path) -> None:  # noqa: ANN001
     log.seek(0)
     out = log.read()
     # everything it started is gone
-    assert subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True).returncode == 1, out
+    assert (
+        subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True).returncode == 1
+    ), out
 
 
 def test_auto_backend_choice() -> None:

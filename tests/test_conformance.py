@@ -16,8 +16,9 @@ from tests.stack import Stack
 pytestmark = pytest.mark.asyncio
 
 
-async def duplex(url: str, mode: str = "audio", dialect: str = "current",
-                 payload: dict | None = None) -> tuple[Client, dict]:
+async def duplex(
+    url: str, mode: str = "audio", dialect: str = "current", payload: dict | None = None
+) -> tuple[Client, dict]:
     c = await Client.connect(url, query=f"?mode={mode}")
     done = await c.until("session.queue_done", timeout=30)
     assert done["type"] == "session.queue_done"
@@ -59,8 +60,9 @@ async def test_default_mode_is_video_and_created_fields(shared_service: Stack) -
     assert created["session_id"].startswith("rt_")
     assert isinstance(created["metrics"], dict) and created["metrics"]["backend"] == "scripted"
     assert isinstance(created["prompt_length"], int) and created["prompt_length"] > 0
-    await c.send({"type": "input.append", "input": {"audio": silence(),
-                                                     "video_frames": [jpeg_b64()]}})
+    await c.send(
+        {"type": "input.append", "input": {"audio": silence(), "video_frames": [jpeg_b64()]}}
+    )
     ev = await c.until("response.output.delta")
     assert ev["metrics"]["vision_slices"] == 1  # video mode, frames counted
     await c.close()
@@ -74,9 +76,12 @@ async def test_invalid_mode_is_refused(shared_service: Stack) -> None:
 
 
 async def test_sdk_style_connect_with_model_bearer_and_subprotocol(shared_service: Stack) -> None:
-    c = await Client.connect(shared_service.url(), query="?mode=audio&model=minicpmo",
-                             subprotocols=["map.realtime"],
-                             additional_headers={"Authorization": "Bearer sk-test"})
+    c = await Client.connect(
+        shared_service.url(),
+        query="?mode=audio&model=minicpmo",
+        subprotocols=["map.realtime"],
+        additional_headers={"Authorization": "Bearer sk-test"},
+    )
     assert c.ws.subprotocol == "map.realtime"
     await c.init()
     await c.close()
@@ -165,8 +170,11 @@ async def test_close_while_queued(stack: Stack) -> None:
 async def test_input_before_created_is_not_ready(shared_service: Stack, dialect: str) -> None:
     c = await Client.connect(shared_service.url(), query="?mode=audio")
     await c.until("session.queue_done")
-    event = ({"type": "input.append", "input": {"audio": silence()}} if dialect == "current"
-             else {"type": "input_audio_buffer.append", "audio": silence()})
+    event = (
+        {"type": "input.append", "input": {"audio": silence()}}
+        if dialect == "current"
+        else {"type": "input_audio_buffer.append", "audio": silence()}
+    )
     err = await error_of(c, event)
     assert err["code"] == "not_ready"
     if dialect == "current":
@@ -186,38 +194,72 @@ async def test_second_init_is_rejected(shared_service: Stack) -> None:
     await c.close()
 
 
-@pytest.mark.parametrize("frame,code,field", [
-    ({"type": "response.create"}, "unknown_event", "type"),
-    ({"no_type": 1}, "missing_field", "type"),
-    ({"type": 7}, "invalid_payload", "type"),
-    ([1, 2, 3], "invalid_payload", "type"),
-    ({"type": "input.append"}, "missing_field", "input"),
-    ({"type": "input.append", "input": "abc"}, "invalid_payload", "input"),
-    ({"type": "input.append", "input": {}}, "missing_field", "input.audio"),
-    ({"type": "input.append", "input": {"audio": 5}}, "invalid_payload", "input.audio"),
-    ({"type": "input.append", "input": {"audio": "%%%not-base64"}}, "invalid_payload",
-     "input.audio"),
-    ({"type": "input.append", "input": {"audio": base64.b64encode(b"\0" * 4002).decode()}},
-     "invalid_payload", "input.audio"),
-    ({"type": "input.append", "input": {"audio": silence(0.2)}}, "invalid_payload",
-     "input.audio"),
-    ({"type": "input.append", "input": {"audio": silence(), "video_frames": ["aGVsbG8="]}},
-     "invalid_payload", "input.video_frames[0]"),
-    ({"type": "input.append", "input": {"audio": silence(), "video_frames": "x"}},
-     "invalid_payload", "input.video_frames"),
-    ({"type": "input.append", "input": {"audio": silence(), "max_slice_nums": 0}},
-     "invalid_payload", "input.max_slice_nums"),
-    ({"type": "input.append", "input": {"audio": silence(), "max_slice_nums": 10}},
-     "invalid_payload", "input.max_slice_nums"),
-    ({"type": "input.append", "input": {"audio": silence(), "force_listen": "yes"}},
-     "invalid_payload", "input.force_listen"),
-    ({"type": "input.append", "input": {"audio": silence(), "hints": {"max_slice_nums": 99}}},
-     "invalid_payload", "input.hints.max_slice_nums"),
-    ({"type": "input_audio_buffer.append"}, "missing_field", "audio"),
-    ({"type": "input_audio_buffer.append", "audio": "@@"}, "invalid_payload", "audio"),
-])
+@pytest.mark.parametrize(
+    "frame,code,field",
+    [
+        ({"type": "response.create"}, "unknown_event", "type"),
+        ({"no_type": 1}, "missing_field", "type"),
+        ({"type": 7}, "invalid_payload", "type"),
+        ([1, 2, 3], "invalid_payload", "type"),
+        ({"type": "input.append"}, "missing_field", "input"),
+        ({"type": "input.append", "input": "abc"}, "invalid_payload", "input"),
+        ({"type": "input.append", "input": {}}, "missing_field", "input.audio"),
+        ({"type": "input.append", "input": {"audio": 5}}, "invalid_payload", "input.audio"),
+        (
+            {"type": "input.append", "input": {"audio": "%%%not-base64"}},
+            "invalid_payload",
+            "input.audio",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": base64.b64encode(b"\0" * 4002).decode()}},
+            "invalid_payload",
+            "input.audio",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": silence(0.2)}},
+            "invalid_payload",
+            "input.audio",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": silence(), "video_frames": ["aGVsbG8="]}},
+            "invalid_payload",
+            "input.video_frames[0]",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": silence(), "video_frames": "x"}},
+            "invalid_payload",
+            "input.video_frames",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": silence(), "max_slice_nums": 0}},
+            "invalid_payload",
+            "input.max_slice_nums",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": silence(), "max_slice_nums": 10}},
+            "invalid_payload",
+            "input.max_slice_nums",
+        ),
+        (
+            {"type": "input.append", "input": {"audio": silence(), "force_listen": "yes"}},
+            "invalid_payload",
+            "input.force_listen",
+        ),
+        (
+            {
+                "type": "input.append",
+                "input": {"audio": silence(), "hints": {"max_slice_nums": 99}},
+            },
+            "invalid_payload",
+            "input.hints.max_slice_nums",
+        ),
+        ({"type": "input_audio_buffer.append"}, "missing_field", "audio"),
+        ({"type": "input_audio_buffer.append", "audio": "@@"}, "invalid_payload", "audio"),
+    ],
+)
 async def test_client_errors_are_answered_and_session_goes_on(
-        shared_service: Stack, frame: object, code: str, field: str) -> None:
+    shared_service: Stack, frame: object, code: str, field: str
+) -> None:
     c, _ = await duplex(shared_service.url(), mode="video")
     err = await error_of(c, frame if not isinstance(frame, list) else "[1, 2, 3]")
     assert err["code"] == code, err
@@ -230,27 +272,43 @@ async def test_client_errors_are_answered_and_session_goes_on(
 async def test_invalid_jpeg_bytes(shared_service: Stack) -> None:
     c, _ = await duplex(shared_service.url(), mode="video")
     truncated = base64.b64encode(base64.b64decode(jpeg_b64())[:40]).decode()
-    err = await error_of(c, {"type": "input.append",
-                             "input": {"audio": silence(), "video_frames": [truncated]}})
+    err = await error_of(
+        c, {"type": "input.append", "input": {"audio": silence(), "video_frames": [truncated]}}
+    )
     assert err["code"] == "invalid_payload" and "JPEG" in err["message"]
     await still_alive(c)
     await c.close()
 
 
-@pytest.mark.parametrize("event,code,field", [
-    ({"type": "session.init"}, "missing_field", "payload"),
-    ({"type": "session.init", "payload": []}, "invalid_payload", "payload"),
-    ({"type": "session.init", "payload": {"system_prompt": 3}}, "invalid_payload",
-     "payload.system_prompt"),
-    ({"type": "session.init", "payload": {"voice": {"ref_audio_base64": "!!"}}},
-     "invalid_payload", "payload.voice.ref_audio_base64"),
-    ({"type": "session.init", "payload": {"voice": {"ref_audio_base64": "AAAAAAA="}}},
-     "invalid_payload", "payload.voice.ref_audio_base64"),
-    ({"type": "session.update"}, "missing_field", "session"),
-    ({"type": "session.update", "session": {}}, "missing_field", "session.instructions"),
-    ({"type": "session.update", "session": {"instructions": "x", "ref_audio": "#"}},
-     "invalid_payload", "session.ref_audio"),
-])
+@pytest.mark.parametrize(
+    "event,code,field",
+    [
+        ({"type": "session.init"}, "missing_field", "payload"),
+        ({"type": "session.init", "payload": []}, "invalid_payload", "payload"),
+        (
+            {"type": "session.init", "payload": {"system_prompt": 3}},
+            "invalid_payload",
+            "payload.system_prompt",
+        ),
+        (
+            {"type": "session.init", "payload": {"voice": {"ref_audio_base64": "!!"}}},
+            "invalid_payload",
+            "payload.voice.ref_audio_base64",
+        ),
+        (
+            {"type": "session.init", "payload": {"voice": {"ref_audio_base64": "AAAAAAA="}}},
+            "invalid_payload",
+            "payload.voice.ref_audio_base64",
+        ),
+        ({"type": "session.update"}, "missing_field", "session"),
+        ({"type": "session.update", "session": {}}, "missing_field", "session.instructions"),
+        (
+            {"type": "session.update", "session": {"instructions": "x", "ref_audio": "#"}},
+            "invalid_payload",
+            "session.ref_audio",
+        ),
+    ],
+)
 async def test_init_validation(shared_service: Stack, event: dict, code: str, field: str) -> None:
     c = await Client.connect(shared_service.url(), query="?mode=audio")
     await c.until("session.queue_done")
@@ -281,25 +339,34 @@ def wav_b64(seconds: float = 0.5, rate: int = 22050) -> str:
     from omniserve.audio import encode_wav
 
     t = np.arange(int(rate * seconds)) / rate
-    return base64.b64encode(encode_wav((0.1 * np.sin(2 * np.pi * 200 * t)).astype(np.float32),
-                                       rate)).decode()
+    return base64.b64encode(
+        encode_wav((0.1 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), rate)
+    ).decode()
 
 
 async def test_init_accepts_aliases_and_reference_audio(shared_service: Stack) -> None:
     plain, _ = await duplex(shared_service.url(), payload={"system_prompt": "one two"})
     await plain.close()
     _, created_plain = await duplex(shared_service.url(), payload={"instructions": "one two"})
-    c, created = await duplex(shared_service.url(), payload={
-        "instructions": "one two",
-        "config": {"length_penalty": 1.1},
-        "voice": {"ref_audio_base64": pcm_b64(np.zeros(16000, np.float32)),
-                  "tts_ref_audio_base64": wav_b64()},
-    })
+    c, created = await duplex(
+        shared_service.url(),
+        payload={
+            "instructions": "one two",
+            "config": {"length_penalty": 1.1},
+            "voice": {
+                "ref_audio_base64": pcm_b64(np.zeros(16000, np.float32)),
+                "tts_ref_audio_base64": wav_b64(),
+            },
+        },
+    )
     # the reference voice reached the backend: the prompt grew by its length
     assert created["prompt_length"] > created_plain["prompt_length"]
     await c.close()
-    c2, created2 = await duplex(shared_service.url(), dialect="older", payload={
-        "instructions": "one two", "ref_audio": wav_b64(1.0, 16000)})
+    c2, created2 = await duplex(
+        shared_service.url(),
+        dialect="older",
+        payload={"instructions": "one two", "ref_audio": wav_b64(1.0, 16000)},
+    )
     assert created2["prompt_length"] > created_plain["prompt_length"]
     assert set(created2) == {"type", "session_id", "prompt_length"}
     await c2.close()
@@ -334,14 +401,24 @@ async def test_older_dialect_full_session(shared_service: Stack) -> None:
 
 async def test_current_dialect_ids_and_metrics(shared_service: Stack) -> None:
     c, _ = await duplex(shared_service.url())
-    inputs = [silence(), speech(), silence(), silence(), silence(), speech(), silence(),
-              silence(), silence()]
+    inputs = [
+        silence(),
+        speech(),
+        silence(),
+        silence(),
+        silence(),
+        speech(),
+        silence(),
+        silence(),
+        silence(),
+    ]
     for audio in inputs:
         await c.send({"type": "input.append", "input": {"audio": audio}})
     responses: dict[str, list[dict]] = {}
     listen_inputs = []
-    while len([r for r in responses.values()
-               if any(d["metrics"].get("end_of_turn") for d in r)]) < 2:
+    while (
+        len([r for r in responses.values() if any(d["metrics"].get("end_of_turn") for d in r)]) < 2
+    ):
         ev = await c.until("response.output.delta")
         if ev["kind"] == "listen":
             assert ev["text"] == "" and ev["session_id"] == c.received[-1]["session_id"]
@@ -374,8 +451,9 @@ async def test_force_listen_interrupts_speech(stack: Stack) -> None:
         if ev["kind"] == "listen":
             break
         assert ev["response_id"] == response_id
-    await c.send({"type": "input.append", "input": {"audio": silence(),
-                                                     "hints": {"force_listen": True}}})
+    await c.send(
+        {"type": "input.append", "input": {"audio": silence(), "hints": {"force_listen": True}}}
+    )
     ev = await c.until("response.output.delta")
     assert ev["kind"] == "listen"
     await c.close()
@@ -440,20 +518,51 @@ async def test_chat_defaults_and_errors(shared_service: Stack) -> None:
         ({"type": "input.append"}, "missing_field", "input"),
         ({"type": "input.append", "input": {}}, "missing_field", "input.messages"),
         ({"type": "input.append", "input": {"messages": []}}, "invalid_payload", "input.messages"),
-        ({"type": "input.append", "input": {"messages": [{"role": "robot", "content": "x"}]}},
-         "invalid_payload", "input.messages.0.role"),
-        ({"type": "input.append", "input": {"messages": [{"role": "user", "content": [
-            {"type": "image", "data": "aGVsbG8="}]}]}},
-         "invalid_payload", "input.messages[0].content[0].data"),
-        ({"type": "input.append", "input": {"messages": [{"role": "user", "content": "x"}],
-                                            "generation": {"max_new_tokens": "many"}}},
-         "invalid_payload", "input.generation.max_new_tokens"),
+        (
+            {"type": "input.append", "input": {"messages": [{"role": "robot", "content": "x"}]}},
+            "invalid_payload",
+            "input.messages.0.role",
+        ),
+        (
+            {
+                "type": "input.append",
+                "input": {
+                    "messages": [
+                        {"role": "user", "content": [{"type": "image", "data": "aGVsbG8="}]}
+                    ]
+                },
+            },
+            "invalid_payload",
+            "input.messages[0].content[0].data",
+        ),
+        (
+            {
+                "type": "input.append",
+                "input": {
+                    "messages": [{"role": "user", "content": "x"}],
+                    "generation": {"max_new_tokens": "many"},
+                },
+            },
+            "invalid_payload",
+            "input.generation.max_new_tokens",
+        ),
     ]:
         got = await error_of(c, bad)
         assert (got["code"], got["field"]) == (code, field), got
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "system", "content": "Be brief."},
-                     {"role": "user", "content": [{"type": "text", "text": "Reply with exactly: ok"}]}]}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "Reply with exactly: ok"}],
+                    },
+                ]
+            },
+        }
+    )
     frames = await c.collect_until("response.done")
     assert not any(f.get("kind") == "audio" for f in frames)  # tts defaults to off
     done = frames[-1]
@@ -465,9 +574,16 @@ async def test_chat_defaults_and_errors(shared_service: Stack) -> None:
 async def test_chat_generation_limit(shared_service: Stack) -> None:
     c = await Client.connect(shared_service.url(), query="?mode=chat")
     await c.init()
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "Reply with exactly: one two three four"}],
-        "generation": {"max_new_tokens": 2}, "tts": {"enabled": True}}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [{"role": "user", "content": "Reply with exactly: one two three four"}],
+                "generation": {"max_new_tokens": 2},
+                "tts": {"enabled": True},
+            },
+        }
+    )
     frames = await c.collect_until("response.done")
     assert frames[-1]["text"] == "one two"
     assert any(f.get("kind") == "audio" for f in frames)
@@ -484,7 +600,7 @@ async def legacy(url: str, request: dict | str) -> list[dict]:
     while True:
         try:
             ev = await c.recv(20)
-        except Exception:  # noqa: BLE001 - closed
+        except Exception:
             break
         frames.append(ev)
         if ev["type"] in ("done", "error"):
@@ -493,9 +609,13 @@ async def legacy(url: str, request: dict | str) -> list[dict]:
 
 
 async def test_legacy_streaming(shared_service: Stack) -> None:
-    frames = await legacy(shared_service.url(), {
-        "messages": [{"role": "user", "content": "Reply with exactly: legacy works"}],
-        "streaming": True})
+    frames = await legacy(
+        shared_service.url(),
+        {
+            "messages": [{"role": "user", "content": "Reply with exactly: legacy works"}],
+            "streaming": True,
+        },
+    )
     types = [f["type"] for f in frames]
     assert types[0] == "prefill_done" and types[-1] == "done"
     assert isinstance(frames[0]["input_tokens"], int)
@@ -503,8 +623,14 @@ async def test_legacy_streaming(shared_service: Stack) -> None:
     assert "".join(f["text_delta"] for f in chunks) == "legacy works"
     assert any(f["audio_data"] for f in chunks)  # TTS defaults to on here
     done = frames[-1]
-    assert set(done) == {"type", "text", "generated_tokens", "input_tokens", "audio_data",
-                         "recording_session_id"}
+    assert set(done) == {
+        "type",
+        "text",
+        "generated_tokens",
+        "input_tokens",
+        "audio_data",
+        "recording_session_id",
+    }
     assert done["text"] == "legacy works" and done["generated_tokens"] == 2
     assert done["recording_session_id"].startswith("chat_")
     # the final segment of speech is in done, not also in a chunk: 0.35 s + 0.3 s of tone
@@ -513,9 +639,14 @@ async def test_legacy_streaming(shared_service: Stack) -> None:
 
 
 async def test_legacy_non_streaming(shared_service: Stack) -> None:
-    frames = await legacy(shared_service.url(), {
-        "messages": [{"role": "user", "content": "Reply with exactly: all at once"}],
-        "streaming": False, "tts": {"enabled": False}})
+    frames = await legacy(
+        shared_service.url(),
+        {
+            "messages": [{"role": "user", "content": "Reply with exactly: all at once"}],
+            "streaming": False,
+            "tts": {"enabled": False},
+        },
+    )
     assert [f["type"] for f in frames] == ["prefill_done", "done"]
     assert frames[-1]["text"] == "all at once" and frames[-1]["audio_data"] is None
 
@@ -527,13 +658,25 @@ async def test_legacy_content_types(shared_service: Stack) -> None:
     Image.new("RGB", (32, 32), (1, 2, 3)).save(buf, format="PNG")
     png = base64.b64encode(buf.getvalue()).decode()
     audio_8k = pcm_b64(np.zeros(8000, dtype=np.float32))  # 1 s at 8 kHz
-    frames = await legacy(shared_service.url(), {
-        "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "Reply with exactly: seen"},
-            {"type": "image", "data": png},
-            {"type": "audio", "data": audio_8k, "sample_rate": 8000},
-            {"type": "video", "data": tiny_video_b64(), "stack_frames": 1},
-        ]}], "streaming": False, "tts": {"enabled": False}, "image": {"max_slice_nums": 2}})
+    frames = await legacy(
+        shared_service.url(),
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Reply with exactly: seen"},
+                        {"type": "image", "data": png},
+                        {"type": "audio", "data": audio_8k, "sample_rate": 8000},
+                        {"type": "video", "data": tiny_video_b64(), "stack_frames": 1},
+                    ],
+                }
+            ],
+            "streaming": False,
+            "tts": {"enabled": False},
+            "image": {"max_slice_nums": 2},
+        },
+    )
     done = frames[-1]
     assert done["type"] == "done" and done["text"] == "seen", frames
     # text 4+4, image 64*2, audio resampled to 16 kHz = 10 tokens, video 64 per 1 fps frame
@@ -567,13 +710,18 @@ def tiny_video_b64() -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-@pytest.mark.parametrize("request_,fragment", [
-    ({"messages": []}, "messages"),
-    ({"streaming": True}, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "tts": {"mode": "karaoke"}}, "tts.mode"),
-    ({"messages": [{"role": "user", "content": [{"type": "audio", "data": "AAA="}]}]}, "data"),
-])
-async def test_legacy_errors_then_close(shared_service: Stack, request_: dict, fragment: str) -> None:
+@pytest.mark.parametrize(
+    "request_,fragment",
+    [
+        ({"messages": []}, "messages"),
+        ({"streaming": True}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "tts": {"mode": "karaoke"}}, "tts.mode"),
+        ({"messages": [{"role": "user", "content": [{"type": "audio", "data": "AAA="}]}]}, "data"),
+    ],
+)
+async def test_legacy_errors_then_close(
+    shared_service: Stack, request_: dict, fragment: str
+) -> None:
     c = await Client.connect(shared_service.url(), path="/ws/chat")
     await c.send(request_)
     ev = await c.recv()

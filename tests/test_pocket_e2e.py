@@ -22,12 +22,12 @@ from tests.stack import ROOT, Stack
 
 try:
     preflight("pocket")
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     pytest.skip(f"pocket backend not installed: {exc}", allow_module_level=True)
 
-from inference.pocket.asr import SpeechRecognizer  # noqa: E402
-from inference.pocket.assets import default_piper_voice, default_whisper_dir  # noqa: E402
-from inference.pocket.tts import Speaker, resample  # noqa: E402
+from inference.pocket.asr import SpeechRecognizer
+from inference.pocket.assets import default_piper_voice, default_whisper_dir
+from inference.pocket.tts import Speaker, resample
 
 pytestmark = [pytest.mark.pocket, pytest.mark.slow]
 
@@ -63,7 +63,8 @@ def chunks(audio: np.ndarray, silent_after: int) -> list[np.ndarray]:
 
 
 async def test_spoken_question_gets_a_spoken_answer(
-        pocket_stack: Stack, question_16k: np.ndarray, whisper: SpeechRecognizer) -> None:
+    pocket_stack: Stack, question_16k: np.ndarray, whisper: SpeechRecognizer
+) -> None:
     c = await Client.connect(pocket_stack.url(), query="?mode=audio")
     created = await c.init({"system_prompt": ""})
     assert created["metrics"]["backend"] == "pocket"
@@ -104,25 +105,54 @@ async def test_spoken_question_gets_a_spoken_answer(
 
 
 async def test_chat_with_audio_content_and_speech(
-        pocket_stack: Stack, question_16k: np.ndarray) -> None:
+    pocket_stack: Stack, question_16k: np.ndarray
+) -> None:
     c = await Client.connect(pocket_stack.url(), query="?mode=chat")
     await c.init()
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": [
-            {"type": "audio", "data": pcm_b64(question_16k), "sample_rate": 16000}]}],
-        "streaming": True, "tts": {"enabled": True}, "generation": {"max_new_tokens": 48}}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "audio", "data": pcm_b64(question_16k), "sample_rate": 16000}
+                        ],
+                    }
+                ],
+                "streaming": True,
+                "tts": {"enabled": True},
+                "generation": {"max_new_tokens": 48},
+            },
+        }
+    )
     frames = await c.collect_until("response.done", timeout=90)
     done = frames[-1]
     assert done["type"] == "response.done", frames
     assert "paris" in done["text"].lower()
     pcm = [decode_audio(f["audio"]) for f in frames if f.get("kind") == "audio"]
     assert pcm and all(p.dtype == np.float32 and np.isfinite(p).all() for p in pcm)
-    assert all(len(base64.b64decode(f["audio"])) % 4 == 0
-               for f in frames if f.get("kind") == "audio")
+    assert all(
+        len(base64.b64decode(f["audio"])) % 4 == 0 for f in frames if f.get("kind") == "audio"
+    )
     # an image is refused clearly, never ignored
-    await c.send({"type": "input.append", "input": {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is this?"},
-        {"type": "image", "data": _png()}]}]}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is this?"},
+                            {"type": "image", "data": _png()},
+                        ],
+                    }
+                ]
+            },
+        }
+    )
     err = await c.until("error", timeout=30)
     assert err["error"]["code"] == "invalid_payload" and "see" in err["error"]["message"]
     await c.close()
@@ -145,7 +175,8 @@ def test_worker_without_pocket_packages_refuses_to_start() -> None:
         "u.find_spec = lambda name, *a, **k: None if name == 'piper' else real(name, *a, **k); "
         "from omniserve.cli import main; raise SystemExit(main(['worker', '--backend', 'pocket']))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode != 0
     assert "piper-tts" in proc.stderr and "omniserve[pocket]" in proc.stderr

@@ -29,7 +29,7 @@ def quiet(seconds: float = 1.0) -> bytes:
     return np.zeros(int(16000 * seconds), dtype="<f4").tobytes()
 
 
-async def converse(session, send) -> tuple[str, int, int]:  # noqa: ANN001
+async def converse(session, send) -> tuple[str, int, int]:
     """Speak, then stay quiet; gather the SDK's events until the answer's turn completes."""
     events = session.events()
     text, audio_bytes, turns = "", 0, 0

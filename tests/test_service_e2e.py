@@ -19,9 +19,17 @@ async def test_chat_streaming_turn(service: Stack) -> None:
     c = await Client.connect(service.url(), query="?mode=chat")
     created = await c.init()
     assert created["mode"] == "turn_based" and created["session_id"].startswith("rt_")
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "Reply with exactly: the quick brown fox"}],
-        "streaming": True}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [
+                    {"role": "user", "content": "Reply with exactly: the quick brown fox"}
+                ],
+                "streaming": True,
+            },
+        }
+    )
     frames = await c.collect_until("response.done")
     deltas = [f for f in frames if f["type"] == "response.output.delta"]
     assert [d["kind"] for d in deltas] == ["text"] * 4
@@ -30,8 +38,12 @@ async def test_chat_streaming_turn(service: Stack) -> None:
     assert done["text"] == "the quick brown fox" and done["reason"] == "turn_end"
     assert done["response_id"] == deltas[0]["response_id"]
     # a second turn on the same connection
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "Reply with exactly: again"}]}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {"messages": [{"role": "user", "content": "Reply with exactly: again"}]},
+        }
+    )
     done2 = await c.until("response.done")
     assert done2["text"] == "again" and done2["response_id"] != done["response_id"]
     await c.send({"type": "session.close", "reason": "turn_done"})
@@ -42,9 +54,16 @@ async def test_chat_streaming_turn(service: Stack) -> None:
 async def test_chat_non_streaming_turn_with_audio(service: Stack) -> None:
     c = await Client.connect(service.url(), query="?mode=chat")
     await c.init()
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "Reply with exactly: only the end"}],
-        "streaming": False, "tts": {"enabled": True}}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "messages": [{"role": "user", "content": "Reply with exactly: only the end"}],
+                "streaming": False,
+                "tts": {"enabled": True},
+            },
+        }
+    )
     frames = await c.collect_until("response.done")
     assert [f["type"] for f in frames] == ["response.done"]
     assert frames[0]["text"] == "only the end"
@@ -55,8 +74,9 @@ async def test_chat_non_streaming_turn_with_audio(service: Stack) -> None:
 async def test_chat_slot_released_between_turns(service: Stack) -> None:
     c = await Client.connect(service.url(), query="?mode=chat")
     await c.init()
-    await c.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "hi"}]}})
+    await c.send(
+        {"type": "input.append", "input": {"messages": [{"role": "user", "content": "hi"}]}}
+    )
     await c.until("response.done")
     service.wait_free(1)  # the connection is still open but holds no slot
 
@@ -97,9 +117,16 @@ async def test_audio_duplex_listens_then_speaks(service: Stack) -> None:
 async def test_video_session_accepts_frames(service: Stack) -> None:
     c = await Client.connect(service.url())  # mode defaults to video
     await c.init({"instructions": "Describe what you see."})
-    await c.send({"type": "input.append", "input": {
-        "audio": silence(), "video_frames": [jpeg_b64(), jpeg_b64((0, 0, 255))],
-        "max_slice_nums": 2}})
+    await c.send(
+        {
+            "type": "input.append",
+            "input": {
+                "audio": silence(),
+                "video_frames": [jpeg_b64(), jpeg_b64((0, 0, 255))],
+                "max_slice_nums": 2,
+            },
+        }
+    )
     ev = await c.until("response.output.delta")
     assert ev["kind"] == "listen"
     assert ev["metrics"]["vision_slices"] == 4
@@ -181,8 +208,12 @@ async def test_chat_turn_waits_in_the_same_queue(service: Stack) -> None:
     await duplex.init()
     chat = await Client.connect(service.url(), query="?mode=chat")
     await chat.init()
-    await chat.send({"type": "input.append", "input": {
-        "messages": [{"role": "user", "content": "Reply with exactly: waited"}]}})
+    await chat.send(
+        {
+            "type": "input.append",
+            "input": {"messages": [{"role": "user", "content": "Reply with exactly: waited"}]},
+        }
+    )
     q = await chat.until("session.queued")
     assert q["position"] == 1
     await duplex.send({"type": "session.close"})

@@ -10,8 +10,17 @@ import pytest
 
 from api.errors import ProtocolError
 from api.validation import MIN_INPUT_SAMPLES, check_voice, decode_pcm
-from inference import ChatDelta, ChatDone, ChatPrefilled, ChatRequest, DuplexConfig, DuplexInput
-from inference import Message, TextPart, create_backend
+from inference import (
+    ChatDelta,
+    ChatDone,
+    ChatPrefilled,
+    ChatRequest,
+    DuplexConfig,
+    DuplexInput,
+    Message,
+    TextPart,
+    create_backend,
+)
 from omniserve.audio import decode_wav, encode_wav, pcm_or_wav_to_16k, resample
 from streaming.keys import Keys, slot_worker, ticket_gateway, worker_queue
 from tasks.audio_chunks import AudioChunker
@@ -36,8 +45,22 @@ def _wav(samples: np.ndarray, rate: int, fmt: int, bits: int, channels: int = 1)
     else:
         payload = (samples * 2147483647).astype("<i4").tobytes()
     block = channels * bits // 8
-    header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + len(payload), b"WAVE", b"fmt ", 16,
-                         fmt, channels, rate, rate * block, block, bits, b"data", len(payload))
+    header = struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        36 + len(payload),
+        b"WAVE",
+        b"fmt ",
+        16,
+        fmt,
+        channels,
+        rate,
+        rate * block,
+        block,
+        bits,
+        b"data",
+        len(payload),
+    )
     return header + payload
 
 
@@ -65,8 +88,11 @@ def test_encode_decode_round_trip_and_resample() -> None:
 def test_pcm_validation() -> None:
     ok = base64.b64encode(np.zeros(MIN_INPUT_SAMPLES, np.float32).tobytes()).decode()
     assert len(decode_pcm(ok, "audio")) == 4 * MIN_INPUT_SAMPLES
-    for bad in ("@@", base64.b64encode(b"\0" * 7).decode(),
-                base64.b64encode(np.zeros(10, np.float32).tobytes()).decode()):
+    for bad in (
+        "@@",
+        base64.b64encode(b"\0" * 7).decode(),
+        base64.b64encode(np.zeros(10, np.float32).tobytes()).decode(),
+    ):
         with pytest.raises(ProtocolError) as err:
             decode_pcm(bad, "audio")
         assert err.value.code == "invalid_payload" and err.value.field == "audio"

@@ -94,14 +94,24 @@ def read_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
     elif tag == 3 and bits == 64:
         samples = np.frombuffer(payload[: len(payload) // 8 * 8], dtype="<f8").astype(np.float32)
     elif tag == 1 and bits == 16:
-        samples = np.frombuffer(payload[: len(payload) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
+        samples = (
+            np.frombuffer(payload[: len(payload) // 2 * 2], dtype="<i2").astype(np.float32)
+            / 32768.0
+        )
     elif tag == 1 and bits == 32:
-        samples = np.frombuffer(payload[: len(payload) // 4 * 4], dtype="<i4").astype(np.float32) / 2147483648.0
+        samples = (
+            np.frombuffer(payload[: len(payload) // 4 * 4], dtype="<i4").astype(np.float32)
+            / 2147483648.0
+        )
     elif tag == 1 and bits == 8:
         samples = (np.frombuffer(payload, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     elif tag == 1 and bits == 24:
         raw = np.frombuffer(payload[: len(payload) // 3 * 3], dtype=np.uint8).reshape(-1, 3)
-        ints = (raw[:, 0].astype(np.int32) | (raw[:, 1].astype(np.int32) << 8) | (raw[:, 2].astype(np.int32) << 16))
+        ints = (
+            raw[:, 0].astype(np.int32)
+            | (raw[:, 1].astype(np.int32) << 8)
+            | (raw[:, 2].astype(np.int32) << 16)
+        )
         ints = np.where(ints >= 1 << 23, ints - (1 << 24), ints)
         samples = ints.astype(np.float32) / float(1 << 23)
     else:

@@ -30,8 +30,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -78,8 +79,21 @@ DUPLEX_SETTING_DEFAULTS: dict[str, Any] = {
     "force_listen_count": 0,
     "tts_temperature": 0.8,
 }
-_FLOAT_SETTINGS = {"length_penalty", "temperature", "top_p", "listen_prob_scale", "text_repetition_penalty", "tts_temperature"}
-_INT_SETTINGS = {"top_k", "listen_top_k", "text_repetition_window_size", "max_new_speak_tokens_per_chunk", "force_listen_count"}
+_FLOAT_SETTINGS = {
+    "length_penalty",
+    "temperature",
+    "top_p",
+    "listen_prob_scale",
+    "text_repetition_penalty",
+    "tts_temperature",
+}
+_INT_SETTINGS = {
+    "top_k",
+    "listen_top_k",
+    "text_repetition_window_size",
+    "max_new_speak_tokens_per_chunk",
+    "force_listen_count",
+}
 # settings that belong to the duplex wrapper's construction (as_duplex kwargs) rather than to a call
 _DUPLEX_INIT_SETTINGS = {"force_listen_count", "tts_temperature"}
 # wrapper attributes reset at the start of every session (in case as_duplex hands back a cached
@@ -208,7 +222,11 @@ class MiniCPMOBackend(Backend):
         self.tts_streaming = bool(tts_streaming)
         self.tts_float16 = bool(tts_float16)
         self.tts_n_timesteps = tts_n_timesteps
-        self.duplex_generate_audio = self.init_tts if duplex_generate_audio is None else bool(duplex_generate_audio) and self.init_tts
+        self.duplex_generate_audio = (
+            self.init_tts
+            if duplex_generate_audio is None
+            else bool(duplex_generate_audio) and self.init_tts
+        )
         self.duplex_options = dict(duplex_options or {})
         self.duplex_system_prompt = duplex_system_prompt
         self.duplex_prompt_format = duplex_prompt_format
@@ -228,14 +246,18 @@ class MiniCPMOBackend(Backend):
         self.default_voice: np.ndarray | None = None
         if ref_audio_path:
             self.default_voice = load_voice(ref_audio_path, INPUT_SAMPLE_RATE)
-            log.info("default voice %s: %.1f s", ref_audio_path, self.default_voice.size / INPUT_SAMPLE_RATE)
+            log.info(
+                "default voice %s: %.1f s",
+                ref_audio_path,
+                self.default_voice.size / INPUT_SAMPLE_RATE,
+            )
         self.model = self._load()
 
     # ------------------------------------------------------------------ loading
 
     def _torch(self) -> Any | None:
         try:
-            import torch  # noqa: PLC0415 - lazy on purpose
+            import torch
         except ImportError:
             return None
         return torch
@@ -254,14 +276,18 @@ class MiniCPMOBackend(Backend):
     def _default_loader(self, model_path: str, **opts: Any) -> Any:
         path = Path(model_path)
         if not path.is_dir() or not (path / "config.json").is_file():
-            raise BackendError(f"model_path {model_path!r} is not a local model directory (config.json missing)")
+            raise BackendError(
+                f"model_path {model_path!r} is not a local model directory (config.json missing)"
+            )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
-            import torch  # noqa: PLC0415
-            from transformers import AutoModel  # noqa: PLC0415
+            import torch
+            from transformers import AutoModel
         except ImportError as exc:
-            raise BackendError("the minicpmo backend needs the [minicpmo] extra (torch, transformers ...)") from exc
+            raise BackendError(
+                "the minicpmo backend needs the [minicpmo] extra (torch, transformers ...)"
+            ) from exc
         torch_dtype = getattr(torch, self.dtype, None)
         if torch_dtype is None:
             raise ValueError(f"unknown dtype {self.dtype!r}")
@@ -284,8 +310,13 @@ class MiniCPMOBackend(Backend):
         t0 = time.monotonic()
         log.info(
             "loading MiniCPM-o from %s (device=%s dtype=%s attn=%s vision=%s audio=%s tts=%s)",
-            self.model_path, self.device, self.dtype, self.attn_implementation,
-            self.init_vision, self.init_audio, self.init_tts,
+            self.model_path,
+            self.device,
+            self.dtype,
+            self.attn_implementation,
+            self.init_vision,
+            self.init_audio,
+            self.init_tts,
         )
         before = self._gpu_memory()
         try:
@@ -387,7 +418,9 @@ class MiniCPMOBackend(Backend):
                     if not np.isfinite(v) or v < 0:
                         raise ValueError
                 elif key in _INT_SETTINGS:
-                    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                    if isinstance(value, bool) or (
+                        isinstance(value, float) and not value.is_integer()
+                    ):
                         raise TypeError
                     v = int(value)
                     if v < 0:
@@ -397,7 +430,9 @@ class MiniCPMOBackend(Backend):
                     if v not in ("sampling", "greedy"):
                         raise ValueError
             except (TypeError, ValueError):
-                raise UnsupportedInput(f"config.{key} has an invalid value {value!r}", f"config.{key}") from None
+                raise UnsupportedInput(
+                    f"config.{key} has an invalid value {value!r}", f"config.{key}"
+                ) from None
             out[key] = v
         return out
 
@@ -409,18 +444,29 @@ class MiniCPMOBackend(Backend):
             try:
                 return load_voice(tts.ref_audio_path, INPUT_SAMPLE_RATE)
             except (OSError, ValueError) as exc:
-                raise UnsupportedInput(f"cannot read tts.ref_audio_path: {exc}", "tts.ref_audio_path") from exc
+                raise UnsupportedInput(
+                    f"cannot read tts.ref_audio_path: {exc}", "tts.ref_audio_path"
+                ) from exc
         return self.default_voice
 
-    def _convert_messages(self, request: ChatRequest, voice: np.ndarray | None, tts_on: bool) -> tuple[list[dict[str, Any]], bool]:
+    def _convert_messages(
+        self, request: ChatRequest, voice: np.ndarray | None, tts_on: bool
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Messages in the model's format; returns (msgs, has_video)."""
         if not request.messages:
             raise UnsupportedInput("messages must not be empty", "messages")
         msgs: list[dict[str, Any]] = []
         has_system = any(m.role == "system" for m in request.messages)
-        if tts_on and request.tts.mode != "default" and not has_system and hasattr(self.model, "get_sys_prompt"):
+        if (
+            tts_on
+            and request.tts.mode != "default"
+            and not has_system
+            and hasattr(self.model, "get_sys_prompt")
+        ):
             sys_msg = self.model.get_sys_prompt(
-                ref_audio=voice, mode=request.tts.mode, language=request.tts.language or self.tts_language
+                ref_audio=voice,
+                mode=request.tts.mode,
+                language=request.tts.language or self.tts_language,
             )
             if isinstance(sys_msg, dict):
                 msgs.append(sys_msg)
@@ -443,7 +489,9 @@ class MiniCPMOBackend(Backend):
                     has_video = True
                     content.extend(self._video_contents(part, i))
                 else:
-                    raise UnsupportedInput(f"unsupported content part {type(part).__name__}", f"messages[{i}].content")
+                    raise UnsupportedInput(
+                        f"unsupported content part {type(part).__name__}", f"messages[{i}].content"
+                    )
             if not content:
                 raise UnsupportedInput("message has no content", f"messages[{i}].content")
             msgs.append({"role": message.role, "content": content})
@@ -486,7 +534,9 @@ class MiniCPMOBackend(Backend):
                 raise InferenceError("the model is serving a duplex session")
             tts_on = bool(request.tts.enabled) and self.init_tts
             if request.tts.enabled and not self.init_tts:
-                raise UnsupportedInput("speech output is disabled on this worker (init_tts=False)", "tts.enabled")
+                raise UnsupportedInput(
+                    "speech output is disabled on this worker (init_tts=False)", "tts.enabled"
+                )
             voice = self._tts_voice(request) if tts_on else None
             msgs, has_video = self._convert_messages(request, voice, tts_on)
             try:
@@ -503,7 +553,11 @@ class MiniCPMOBackend(Backend):
 
     def _map_error(self, exc: Exception) -> Exception:
         text = str(exc)
-        if "device-side assert" in text or "illegal memory access" in text or ("CUDA error" in text and "out of memory" not in text):
+        if (
+            "device-side assert" in text
+            or "illegal memory access" in text
+            or ("CUDA error" in text and "out of memory" not in text)
+        ):
             return BackendError(f"GPU failure: {exc}")
         return InferenceError(f"{type(exc).__name__}: {exc}")
 
@@ -515,10 +569,12 @@ class MiniCPMOBackend(Backend):
         if reset is not None:
             try:
                 _call(reset, reset_token2wav_cache=True)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("reset_session failed")
 
-    def _chat_once(self, model: Any, request: ChatRequest, msgs: list[dict[str, Any]], has_video: bool) -> Iterator[ChatEvent]:
+    def _chat_once(
+        self, model: Any, request: ChatRequest, msgs: list[dict[str, Any]], has_video: bool
+    ) -> Iterator[ChatEvent]:
         self._reset_model_session()
         gen = request.generation
         t0 = time.monotonic()
@@ -624,7 +680,9 @@ class MiniCPMOBackend(Backend):
         for seg_i, item_i, size in chunk_sizes[:-1]:
             chunk = out[seg_i]["content"][item_i]
             if chunk.size < size:
-                out[seg_i]["content"][item_i] = np.concatenate([chunk, np.zeros(size - chunk.size, dtype=chunk.dtype)])
+                out[seg_i]["content"][item_i] = np.concatenate(
+                    [chunk, np.zeros(size - chunk.size, dtype=chunk.dtype)]
+                )
         return out
 
     @staticmethod
@@ -733,7 +791,7 @@ class MiniCPMOBackend(Backend):
 
     # ------------------------------------------------------------------ duplex
 
-    def open_duplex(self) -> "MiniCPMODuplexSession":
+    def open_duplex(self) -> MiniCPMODuplexSession:
         with self._lock:
             self._require_model()
             if self._active_duplex is not None:
@@ -743,7 +801,7 @@ class MiniCPMOBackend(Backend):
             self._active_duplex = session
             return session
 
-    def _session_closed(self, session: "MiniCPMODuplexSession") -> None:
+    def _session_closed(self, session: MiniCPMODuplexSession) -> None:
         with self._lock:
             if self._active_duplex is session:
                 self._active_duplex = None
@@ -770,7 +828,10 @@ class MiniCPMODuplexSession(DuplexSession):
     def _kv(self) -> int:
         duplex = self._duplex
         decoder = getattr(duplex, "decoder", None)
-        for fn in (getattr(decoder, "get_cache_length", None), getattr(duplex, "get_kv_cache_length", None)):
+        for fn in (
+            getattr(decoder, "get_cache_length", None),
+            getattr(duplex, "get_kv_cache_length", None),
+        ):
             if fn is not None:
                 try:
                     return int(fn())
@@ -795,10 +856,26 @@ class MiniCPMODuplexSession(DuplexSession):
         settings = dict(b._duplex_defaults)
         settings.update(b._validate_settings(dict(config.config or {})))
         self._settings = settings
-        llm_voice = config.ref_audio if config.ref_audio is not None and np.asarray(config.ref_audio).size else None
-        tts_voice = config.tts_ref_audio if config.tts_ref_audio is not None and np.asarray(config.tts_ref_audio).size else None
-        llm_voice = _as_float_audio(llm_voice, "voice.ref_audio_base64") if llm_voice is not None else b.default_voice
-        tts_voice = _as_float_audio(tts_voice, "voice.tts_ref_audio_base64") if tts_voice is not None else llm_voice
+        llm_voice = (
+            config.ref_audio
+            if config.ref_audio is not None and np.asarray(config.ref_audio).size
+            else None
+        )
+        tts_voice = (
+            config.tts_ref_audio
+            if config.tts_ref_audio is not None and np.asarray(config.tts_ref_audio).size
+            else None
+        )
+        llm_voice = (
+            _as_float_audio(llm_voice, "voice.ref_audio_base64")
+            if llm_voice is not None
+            else b.default_voice
+        )
+        tts_voice = (
+            _as_float_audio(tts_voice, "voice.tts_ref_audio_base64")
+            if tts_voice is not None
+            else llm_voice
+        )
         generate_audio = b.duplex_generate_audio
         if generate_audio and tts_voice is None:
             self._abort_prepare()
@@ -844,9 +921,15 @@ class MiniCPMODuplexSession(DuplexSession):
 
         text = config.system_prompt or b.duplex_system_prompt
         if b.duplex_prompt_format == "raw":
-            prefix, suffix = text, ("<|audio_end|><|im_end|>" if llm_voice is not None else "<|im_end|>")
+            prefix, suffix = (
+                text,
+                ("<|audio_end|><|im_end|>" if llm_voice is not None else "<|im_end|>"),
+            )
         elif llm_voice is not None:
-            prefix, suffix = f"<|im_start|>system\n{text}\n<|audio_start|>", "<|audio_end|><|im_end|>"
+            prefix, suffix = (
+                f"<|im_start|>system\n{text}\n<|audio_start|>",
+                "<|audio_end|><|im_end|>",
+            )
         else:
             prefix, suffix = f"<|im_start|>system\n{text}", "<|im_end|>"
         t0 = time.monotonic()
@@ -865,7 +948,11 @@ class MiniCPMODuplexSession(DuplexSession):
             self._abort_prepare()
             raise BackendError(f"duplex prepare failed: {exc}") from exc
         self.prompt_length = self._kv()
-        log.info("duplex session prepared in %.2f s; prompt %d tokens", time.monotonic() - t0, self.prompt_length)
+        log.info(
+            "duplex session prepared in %.2f s; prompt %d tokens",
+            time.monotonic() - t0,
+            self.prompt_length,
+        )
         return self.prompt_length
 
     def _abort_prepare(self) -> None:
@@ -879,7 +966,11 @@ class MiniCPMODuplexSession(DuplexSession):
         b = self._backend
         slices = max(1, int(chunk.max_slice_nums or 1))
         vision = len(chunk.frames) * (slices + 1) * b.vision_tokens_per_slice
-        return b.step_token_reserve + int(self._settings.get("max_new_speak_tokens_per_chunk", 20)) + vision
+        return (
+            b.step_token_reserve
+            + int(self._settings.get("max_new_speak_tokens_per_chunk", 20))
+            + vision
+        )
 
     def step(self, chunk: DuplexInput) -> DuplexStep:
         self._check_open()
@@ -916,7 +1007,12 @@ class MiniCPMODuplexSession(DuplexSession):
             return DuplexStep(
                 listen=True,
                 kv_cache_length=self._kv(),
-                metrics={"prefill_s": round(prefill_s, 4), "generate_s": 0.0, "tts_s": 0.0, "waiting_for_audio": True},
+                metrics={
+                    "prefill_s": round(prefill_s, 4),
+                    "generate_s": 0.0,
+                    "tts_s": 0.0,
+                    "waiting_for_audio": True,
+                },
             )
         result = self._generate(force_listen)
         generate_s = time.monotonic() - t0 - prefill_s
@@ -927,7 +1023,9 @@ class MiniCPMODuplexSession(DuplexSession):
             except Exception as exc:
                 raise b._map_error(exc) from exc
         if not isinstance(result, dict):
-            raise InferenceError(f"streaming_generate returned {type(result).__name__}, expected dict")
+            raise InferenceError(
+                f"streaming_generate returned {type(result).__name__}, expected dict"
+            )
         listen = bool(result.get("is_listen", True))
         text = "" if listen else str(result.get("text") or "")
         wave = None
@@ -935,7 +1033,9 @@ class MiniCPMODuplexSession(DuplexSession):
             wave = to_mono_float32(result.get("audio_waveform"))
             if wave.size == 0:
                 wave = None
-        tts_s = sum(float(result.get(k) or 0.0) for k in ("cost_tts_prep", "cost_tts", "cost_token2wav"))
+        tts_s = sum(
+            float(result.get(k) or 0.0) for k in ("cost_tts_prep", "cost_tts", "cost_token2wav")
+        )
         kv_after = self._kv()
         metrics = {
             "prefill_s": round(prefill_s, 4),
@@ -984,7 +1084,9 @@ class MiniCPMODuplexSession(DuplexSession):
                 kwargs["force_listen_override"] = True
             elif _explicit(fn, "force_listen"):
                 kwargs["force_listen"] = True
-            elif hasattr(duplex, "force_listen_count") and hasattr(duplex, "_streaming_generate_count"):
+            elif hasattr(duplex, "force_listen_count") and hasattr(
+                duplex, "_streaming_generate_count"
+            ):
                 # this revision forces only the first N calls: make this call one of them
                 saved_count = duplex.force_listen_count
                 duplex.force_listen_count = int(duplex._streaming_generate_count) + 1
@@ -1010,26 +1112,26 @@ class MiniCPMODuplexSession(DuplexSession):
                 if fn is not None:
                     try:
                         fn()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("%s failed", name)
             as_simplex = getattr(duplex, "as_simplex", None)
             if as_simplex is not None:
                 try:
                     _call(as_simplex, reset_session=True)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("as_simplex failed")
             for name in ("_reset_streaming_state", "clear_break_event", "clear_session_stop"):
                 fn = getattr(duplex, name, None)
                 if fn is not None:
                     try:
                         fn()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("%s failed", name)
             decoder_reset = getattr(getattr(duplex, "decoder", None), "reset", None)
             if decoder_reset is not None:
                 try:
                     decoder_reset()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("decoder reset failed")
         tokenizer = getattr(getattr(model, "tts", None), "audio_tokenizer", None)
         if tokenizer is not None:
@@ -1060,4 +1162,3 @@ class MiniCPMODuplexSession(DuplexSession):
         finally:
             self._backend._session_closed(self)
             log.info("duplex session closed after %d steps", self._steps)
-

@@ -15,7 +15,9 @@ class SpeechRecognizer:
 
     def __init__(self, model_dir: str | Path, threads: int = 2, beam_size: int = 1) -> None:
         fw = require("faster_whisper", "faster-whisper")
-        self._model = fw.WhisperModel(str(model_dir), device="cpu", compute_type="int8", cpu_threads=threads)
+        self._model = fw.WhisperModel(
+            str(model_dir), device="cpu", compute_type="int8", cpu_threads=threads
+        )
         self._beam_size = beam_size
         self._lock = threading.Lock()
 

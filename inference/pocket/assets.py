@@ -50,7 +50,9 @@ def package_dir(module: str, pypi_name: str) -> Path:
 
 def _existing(path: Path, pypi_name: str) -> Path:
     if not path.exists():
-        raise BackendError(f"model file {path} not found in package {pypi_name!r}; reinstall it ({INSTALL_HINT})")
+        raise BackendError(
+            f"model file {path} not found in package {pypi_name!r}; reinstall it ({INSTALL_HINT})"
+        )
     return path
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,9 @@ class PocketBackend(Backend):
         self.vad = EnergyVAD(threshold=vad_threshold, min_voiced_ratio=vad_min_voiced_ratio)
         started = time.perf_counter()
         self.asr = SpeechRecognizer(self.paths["whisper_dir"], threads=threads)
-        self.llm = LanguageModel(self.paths["llm_gguf"], threads=threads, repetition_penalty=repetition_penalty)
+        self.llm = LanguageModel(
+            self.paths["llm_gguf"], threads=threads, repetition_penalty=repetition_penalty
+        )
         self.speaker = Speaker(self.paths["piper_voice"], threads=threads)
         self.load_s = time.perf_counter() - started
         self.max_context_tokens = min(self.max_context_tokens, self.llm.context_tokens)

@@ -40,7 +40,7 @@ class _Reply:
     """One assistant turn being generated on a background thread."""
 
     stats: TurnStats = field(default_factory=TurnStats)
-    out: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    out: queue.Queue[Any] = field(default_factory=queue.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     pending: deque = field(default_factory=deque)  # [text, audio] not yet handed out
     spoken: list[str] = field(default_factory=list)
@@ -53,7 +53,7 @@ class _Reply:
 class PocketDuplexSession(DuplexSession):
     """One voice conversation with history, over the backend's loaded models."""
 
-    def __init__(self, backend: "PocketBackend") -> None:
+    def __init__(self, backend: PocketBackend) -> None:
         self._b = backend
         self._system_prompt = backend.system_prompt
         self._history: ChatMessages = []
@@ -132,7 +132,8 @@ class PocketDuplexSession(DuplexSession):
         heard_s = sum(a.size for a in self._heard) / INPUT_SAMPLE_RATE
         metrics["state"] = "hearing" if self._heard else "listening"
         end_of_speech = self._heard and (
-            self._silent_after_speech >= self._b.silence_chunks or heard_s >= self._b.max_utterance_s
+            self._silent_after_speech >= self._b.silence_chunks
+            or heard_s >= self._b.max_utterance_s
         )
         if not end_of_speech:
             return DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
@@ -167,8 +168,12 @@ class PocketDuplexSession(DuplexSession):
         """Background thread: LLM tokens -> sentences -> speech, onto ``reply.out``."""
         try:
             for piece in respond(
-                self._b.llm, self._b.speaker, messages, self._b.duplex_max_new_tokens,
-                reply.stats, reply.cancel.is_set,
+                self._b.llm,
+                self._b.speaker,
+                messages,
+                self._b.duplex_max_new_tokens,
+                reply.stats,
+                reply.cancel.is_set,
             ):
                 if piece.audio is not None:
                     reply.out.put((piece.sentence, piece.audio))
@@ -226,7 +231,12 @@ class PocketDuplexSession(DuplexSession):
                 metrics["state"] = "listening"
             return DuplexStep(listen=True, kv_cache_length=kv, end_of_turn=last, metrics=metrics)
         return DuplexStep(
-            listen=False, kv_cache_length=kv, text=text, audio=audio, end_of_turn=last, metrics=metrics
+            listen=False,
+            kv_cache_length=kv,
+            text=text,
+            audio=audio,
+            end_of_turn=last,
+            metrics=metrics,
         )
 
     def _finish_reply(self, reply: _Reply) -> None:

@@ -6,9 +6,9 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from inference.pocket.assets import require
 
@@ -46,7 +46,9 @@ def _quiet_gguf_progress() -> Iterator[None]:
 class LanguageModel:
     """Greedy, token-by-token chat generation with a chat template and a KV cache."""
 
-    def __init__(self, gguf_path: str | Path, threads: int = 2, repetition_penalty: float = 1.15) -> None:
+    def __init__(
+        self, gguf_path: str | Path, threads: int = 2, repetition_penalty: float = 1.15
+    ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
@@ -71,7 +73,10 @@ class LanguageModel:
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
-        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
             if isinstance(source, int):
                 ids.add(source)
             elif source:
@@ -121,7 +126,9 @@ class LanguageModel:
                     seen = torch.tensor(sorted(set(generated)))
                     scores = logits[seen]
                     logits[seen] = torch.where(
-                        scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty
+                        scores > 0,
+                        scores / self.repetition_penalty,
+                        scores * self.repetition_penalty,
                     )
                 token = int(torch.argmax(logits))
                 if token in self.eos_ids:
@@ -130,7 +137,11 @@ class LanguageModel:
                 generated.append(token)
                 stats.generated_tokens = len(generated)
                 text = self.tokenizer.decode(generated, skip_special_tokens=True)
-                if not text.endswith("\ufffd") and len(text) > len(emitted) and text.startswith(emitted):
+                if (
+                    not text.endswith("\ufffd")
+                    and len(text) > len(emitted)
+                    and text.startswith(emitted)
+                ):
                     delta, emitted = text[len(emitted) :], text
                     stats.decode_s = time.perf_counter() - t1
                     yield delta
@@ -145,4 +156,6 @@ class LanguageModel:
 
     def _forward(self, input_ids, past):  # type: ignore[no-untyped-def]
         with self._torch.inference_mode():
-            return self.model(input_ids=input_ids, past_key_values=past, use_cache=True, logits_to_keep=1)
+            return self.model(
+                input_ids=input_ids, past_key_values=past, use_cache=True, logits_to_keep=1
+            )

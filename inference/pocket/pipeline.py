@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -39,12 +39,16 @@ class TurnStats:
         return {
             "llm_s": round(self.llm_s, 4),
             "llm_prefill_s": round(self.llm.prefill_s, 4),
-            "llm_first_token_s": None if self.first_token_s is None else round(self.first_token_s, 4),
+            "llm_first_token_s": None
+            if self.first_token_s is None
+            else round(self.first_token_s, 4),
             "llm_input_tokens": self.llm.input_tokens,
             "llm_tokens": self.llm.generated_tokens,
             "tts_s": round(self.tts_s, 4),
             "tts_audio_s": round(self.tts_audio_s, 4),
-            "reply_first_audio_s": None if self.first_audio_s is None else round(self.first_audio_s, 4),
+            "reply_first_audio_s": None
+            if self.first_audio_s is None
+            else round(self.first_audio_s, 4),
         }
 
 
@@ -80,6 +84,7 @@ def respond(
     if speaker is not None and not cancelled():
         for sentence in splitter.flush():
             yield from _speak(speaker, sentence, stats, start)
+
 
 def _speak(speaker: Speaker, sentence: str, stats: TurnStats, start: float) -> Iterator[Piece]:
     t0 = time.perf_counter()

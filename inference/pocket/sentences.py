@@ -24,7 +24,10 @@ class SentenceSplitter:
             match = _END.search(self._buffer)
             if match is None:
                 break
-            sentence, self._buffer = self._buffer[: match.end()].strip(), self._buffer[match.end() :]
+            sentence, self._buffer = (
+                self._buffer[: match.end()].strip(),
+                self._buffer[match.end() :],
+            )
             if sentence:
                 out.append(sentence)
         if not out and not self._started and self._first_clause_words:
@@ -34,7 +37,10 @@ class SentenceSplitter:
                 out.append(self._buffer[: comma + 1].strip())
                 self._buffer = self._buffer[comma + 2 :]
         if len(self._buffer) > self._max_chars:  # a run-on: cut at the last comma or space
-            cut = max(self._buffer.rfind(", ", 0, self._max_chars), self._buffer.rfind(" ", 0, self._max_chars))
+            cut = max(
+                self._buffer.rfind(", ", 0, self._max_chars),
+                self._buffer.rfind(" ", 0, self._max_chars),
+            )
             if cut > 0:
                 out.append(self._buffer[: cut + 1].strip())
                 self._buffer = self._buffer[cut + 1 :]

@@ -19,7 +19,9 @@ _UNSPOKEN = re.compile(r"[*_#`~>|\[\]{}<>]+")
 class Speaker:
     """Speaks English text with a Piper voice; output is mono float32 at 24 kHz."""
 
-    def __init__(self, voice_path: str | Path, threads: int = 2, length_scale: float | None = None) -> None:
+    def __init__(
+        self, voice_path: str | Path, threads: int = 2, length_scale: float | None = None
+    ) -> None:
         piper = require("piper", "piper-tts")
         ort = require("onnxruntime", "onnxruntime")
         self._soxr = require("soxr", "soxr")
@@ -30,9 +32,15 @@ class Speaker:
         options.inter_op_num_threads = 1
         # no busy-waiting between runs: the LLM needs those cores right after each sentence
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(str(voice_path), sess_options=options, providers=["CPUExecutionProvider"])
-        config = piper.config.PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
-        self._voice = piper.PiperVoice(session=session, config=config, download_dir=voice_path.parent)
+        session = ort.InferenceSession(
+            str(voice_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        config = piper.config.PiperConfig.from_dict(
+            json.loads(config_path.read_text(encoding="utf-8"))
+        )
+        self._voice = piper.PiperVoice(
+            session=session, config=config, download_dir=voice_path.parent
+        )
         self._syn = piper.SynthesisConfig(length_scale=length_scale) if length_scale else None
         self.native_rate = int(config.sample_rate)
         self._lock = threading.Lock()
@@ -43,7 +51,9 @@ class Speaker:
         if not any(ch.isalnum() for ch in clean):
             return np.zeros(0, dtype=np.float32)
         with self._lock:
-            parts = [c.audio_float_array for c in self._voice.synthesize(clean, syn_config=self._syn)]
+            parts = [
+                c.audio_float_array for c in self._voice.synthesize(clean, syn_config=self._syn)
+            ]
         if not parts:
             return np.zeros(0, dtype=np.float32)
         audio = np.concatenate(parts).astype(np.float32)
@@ -56,4 +66,6 @@ def resample(audio: np.ndarray, src_rate: int, dst_rate: int, soxr_module=None) 
     if src_rate == dst_rate:
         return np.asarray(audio, dtype=np.float32)
     soxr = soxr_module or require("soxr", "soxr")
-    return np.asarray(soxr.resample(np.asarray(audio, dtype=np.float32), src_rate, dst_rate), dtype=np.float32)
+    return np.asarray(
+        soxr.resample(np.asarray(audio, dtype=np.float32), src_rate, dst_rate), dtype=np.float32
+    )

@@ -21,7 +21,8 @@ backend gives a loader.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ SPEECH = ["Hello", " there,", " how can I help?"]
 OUT_RATE = 24_000
 
 #: every model created by ``load`` in this process (tests look at the last one)
-INSTANCES: list["FakeMiniCPMO"] = []
+INSTANCES: list[FakeMiniCPMO] = []
 _lock = threading.Lock()
 
 
@@ -88,8 +89,14 @@ def _wave(seconds: float, freq: float = 220.0) -> np.ndarray:
 class FakeDuplex:
     """Mirrors ``MiniCPMODuplex``: prepare / streaming_prefill / streaming_generate / as_simplex."""
 
-    def __init__(self, model: "FakeMiniCPMO", generate_audio: bool = True, force_listen_count: int = 0,
-                 tts_temperature: float = 0.8, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: FakeMiniCPMO,
+        generate_audio: bool = True,
+        force_listen_count: int = 0,
+        tts_temperature: float = 0.8,
+        **kwargs: Any,
+    ) -> None:
         self.model = model
         self.generate_audio = generate_audio
         self.force_listen_count = force_listen_count
@@ -134,11 +141,21 @@ class FakeDuplex:
         self.session_stopped = True
         self.break_set = True
 
-    def prepare(self, prefix_system_prompt: str | None = None, suffix_system_prompt: str | None = None,
-                ref_audio: np.ndarray | None = None, prompt_wav_path: str | None = None,
-                context_previous_marker: str = "\n\nprevious: ") -> str:
-        self._log("prepare", prefix_system_prompt=prefix_system_prompt, suffix_system_prompt=suffix_system_prompt,
-                  ref_audio=None if ref_audio is None else int(len(ref_audio)), prompt_wav_path=prompt_wav_path)
+    def prepare(
+        self,
+        prefix_system_prompt: str | None = None,
+        suffix_system_prompt: str | None = None,
+        ref_audio: np.ndarray | None = None,
+        prompt_wav_path: str | None = None,
+        context_previous_marker: str = "\n\nprevious: ",
+    ) -> str:
+        self._log(
+            "prepare",
+            prefix_system_prompt=prefix_system_prompt,
+            suffix_system_prompt=suffix_system_prompt,
+            ref_audio=None if ref_audio is None else len(ref_audio),
+            prompt_wav_path=prompt_wav_path,
+        )
         self.clear_break_event()
         self.clear_session_stop()
         self._reset_streaming_state()
@@ -152,17 +169,28 @@ class FakeDuplex:
             self.model.tts.audio_tokenizer.stream_cache = {"flow": prompt_wav_path}
             self.prompt_wav_path = prompt_wav_path
             self.token2wav_initialized = True
-        self.decoder.cache_length += _tokens(prefix_system_prompt or "") + _tokens(suffix_system_prompt or "")
+        self.decoder.cache_length += _tokens(prefix_system_prompt or "") + _tokens(
+            suffix_system_prompt or ""
+        )
         if ref_audio is not None:
             self.decoder.cache_length += max(1, len(ref_audio) // 1600)
         return (prefix_system_prompt or "") + (suffix_system_prompt or "")
 
-    def streaming_prefill(self, audio_waveform: np.ndarray | None = None, frame_list: list | None = None,
-                          text_list: list | None = None, max_slice_nums: int | list[int] = 1,
-                          batch_vision_feed: bool = False) -> dict[str, Any]:
+    def streaming_prefill(
+        self,
+        audio_waveform: np.ndarray | None = None,
+        frame_list: list | None = None,
+        text_list: list | None = None,
+        max_slice_nums: int | list[int] = 1,
+        batch_vision_feed: bool = False,
+    ) -> dict[str, Any]:
         n_frames = len(frame_list or [])
-        self._log("streaming_prefill", audio=None if audio_waveform is None else int(len(audio_waveform)),
-                  frames=n_frames, max_slice_nums=max_slice_nums)
+        self._log(
+            "streaming_prefill",
+            audio=None if audio_waveform is None else len(audio_waveform),
+            frames=n_frames,
+            max_slice_nums=max_slice_nums,
+        )
         if self.session_stopped:
             raise RuntimeError("streaming_prefill after session stop")
         if self.pending:
@@ -178,27 +206,58 @@ class FakeDuplex:
         self.pending = True
         return {"success": True, "cost_vision_process": 0.0, "cost_audio_process": 0.0}
 
-    def streaming_generate(self, prompt_wav_path: str | None = None, max_new_speak_tokens_per_chunk: int = 20,
-                           decode_mode: str = "sampling", temperature: float = 0.7, top_k: int = 20,
-                           top_p: float = 0.8, listen_prob_scale: float = 1.0, listen_top_k: int | None = None,
-                           text_repetition_penalty: float = 1.05, text_repetition_window_size: int = 512,
-                           length_penalty: float = 1.0, force_listen_override: bool = False) -> dict[str, Any]:
-        self._log("streaming_generate", prompt_wav_path=prompt_wav_path,
-                  max_new_speak_tokens_per_chunk=max_new_speak_tokens_per_chunk, decode_mode=decode_mode,
-                  temperature=temperature, top_k=top_k, top_p=top_p, listen_prob_scale=listen_prob_scale,
-                  length_penalty=length_penalty, force_listen_override=force_listen_override)
+    def streaming_generate(
+        self,
+        prompt_wav_path: str | None = None,
+        max_new_speak_tokens_per_chunk: int = 20,
+        decode_mode: str = "sampling",
+        temperature: float = 0.7,
+        top_k: int = 20,
+        top_p: float = 0.8,
+        listen_prob_scale: float = 1.0,
+        listen_top_k: int | None = None,
+        text_repetition_penalty: float = 1.05,
+        text_repetition_window_size: int = 512,
+        length_penalty: float = 1.0,
+        force_listen_override: bool = False,
+    ) -> dict[str, Any]:
+        self._log(
+            "streaming_generate",
+            prompt_wav_path=prompt_wav_path,
+            max_new_speak_tokens_per_chunk=max_new_speak_tokens_per_chunk,
+            decode_mode=decode_mode,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            listen_prob_scale=listen_prob_scale,
+            length_penalty=length_penalty,
+            force_listen_override=force_listen_override,
+        )
         if not self.pending:
             raise RuntimeError("streaming_generate without streaming_prefill")
         self.pending = False
         forced = self._streaming_generate_count < self.force_listen_count or force_listen_override
         self._streaming_generate_count += 1
-        base = {"current_time": self._streaming_generate_count, "cost_llm": 0.001, "cost_tts_prep": 0.0,
-                "cost_tts": 0.0, "cost_token2wav": 0.0, "cost_all": 0.001, "n_tts_tokens": 0}
+        base = {
+            "current_time": self._streaming_generate_count,
+            "cost_llm": 0.001,
+            "cost_tts_prep": 0.0,
+            "cost_tts": 0.0,
+            "cost_token2wav": 0.0,
+            "cost_all": 0.001,
+            "n_tts_tokens": 0,
+        }
         if forced or self.break_set:
             self.speech_index = -1
             self.decoder.cache_length += 1
-            return {**base, "is_listen": True, "text": "", "audio_waveform": _wave(1.0, 0.0) * 0,
-                    "end_of_turn": self.break_set, "n_tokens": 1}
+            return {
+                **base,
+                "is_listen": True,
+                "text": "",
+                "audio_waveform": _wave(1.0, 0.0) * 0,
+                "end_of_turn": self.break_set,
+                "n_tokens": 1,
+            }
         loud = self.last_rms > 0.05
         if self.speech_index < 0:
             if loud:
@@ -208,8 +267,14 @@ class FakeDuplex:
                 self.speech_index = 0
         if self.speech_index < 0:
             self.decoder.cache_length += 1
-            return {**base, "is_listen": True, "text": "", "audio_waveform": _wave(1.0, 0.0) * 0,
-                    "end_of_turn": False, "n_tokens": 1}
+            return {
+                **base,
+                "is_listen": True,
+                "text": "",
+                "audio_waveform": _wave(1.0, 0.0) * 0,
+                "end_of_turn": False,
+                "n_tokens": 1,
+            }
         text = SPEECH[self.speech_index]
         self.speech_index += 1
         end = self.speech_index >= len(SPEECH)
@@ -222,11 +287,18 @@ class FakeDuplex:
             if prompt_wav_path is None or not self.token2wav_initialized:
                 raise RuntimeError("speech requested without a prompt_wav_path")
             audio = _wave(0.6 if end else 1.0)
-        return {**base, "is_listen": False, "text": text, "audio_waveform": audio, "end_of_turn": end,
-                "n_tokens": n_tokens, "n_tts_tokens": 25 if audio is not None else 0,
-                "cost_tts": 0.002 if audio is not None else 0.0}
+        return {
+            **base,
+            "is_listen": False,
+            "text": text,
+            "audio_waveform": audio,
+            "end_of_turn": end,
+            "n_tokens": n_tokens,
+            "n_tts_tokens": 25 if audio is not None else 0,
+            "cost_tts": 0.002 if audio is not None else 0.0,
+        }
 
-    def as_simplex(self, reset_session: bool = True) -> "FakeMiniCPMO":
+    def as_simplex(self, reset_session: bool = True) -> FakeMiniCPMO:
         self._log("as_simplex", reset_session=reset_session)
         self.model.duplex_open = False
         if reset_session:
@@ -262,16 +334,23 @@ class FakeMiniCPMO:
         return [name for name, _ in self.calls]
 
     # --- loading
-    def eval(self) -> "FakeMiniCPMO":
+    def eval(self) -> FakeMiniCPMO:
         return self
 
-    def to(self, device: str) -> "FakeMiniCPMO":
+    def to(self, device: str) -> FakeMiniCPMO:
         self.device = device
         return self
 
-    def init_tts(self, streaming: bool = False, model_dir: str | None = None, enable_float16: bool = False,
-                 n_timesteps: int = 10) -> FakeAudioTokenizer:
-        self._log("init_tts", streaming=streaming, enable_float16=enable_float16, n_timesteps=n_timesteps)
+    def init_tts(
+        self,
+        streaming: bool = False,
+        model_dir: str | None = None,
+        enable_float16: bool = False,
+        n_timesteps: int = 10,
+    ) -> FakeAudioTokenizer:
+        self._log(
+            "init_tts", streaming=streaming, enable_float16=enable_float16, n_timesteps=n_timesteps
+        )
         self.tts.audio_tokenizer = FakeAudioTokenizer()
         return self.tts.audio_tokenizer
 
@@ -285,18 +364,25 @@ class FakeMiniCPMO:
             self.token2wav_cache: dict[str, Any] | None = None
 
     def init_token2wav_cache(self, prompt_speech_16k: np.ndarray) -> None:
-        self._log("init_token2wav_cache", samples=int(len(prompt_speech_16k)))
+        self._log("init_token2wav_cache", samples=len(prompt_speech_16k))
         assert self.tts.audio_tokenizer is not None, "init_tts was not called"
-        self.token2wav_cache = {"flow_cache_base": int(len(prompt_speech_16k))}
+        self.token2wav_cache = {"flow_cache_base": len(prompt_speech_16k)}
 
     def _get_kv_cache_length(self, cache: Any = None) -> int:
         return int(self.llm_past_key_values or 0)
 
     @staticmethod
-    def get_sys_prompt(ref_audio: np.ndarray | None = None, mode: str = "default", language: str = "en",
-                       ref_audio_max_ms: int | None = None) -> dict[str, Any]:
+    def get_sys_prompt(
+        ref_audio: np.ndarray | None = None,
+        mode: str = "default",
+        language: str = "en",
+        ref_audio_max_ms: int | None = None,
+    ) -> dict[str, Any]:
         if ref_audio is not None:
-            return {"role": "system", "content": ["Use the voice in the audio prompt.", ref_audio, "You are helpful."]}
+            return {
+                "role": "system",
+                "content": ["Use the voice in the audio prompt.", ref_audio, "You are helpful."],
+            }
         return {"role": "system", "content": ["You are a helpful assistant."]}
 
     # --- chat
@@ -311,20 +397,45 @@ class FakeMiniCPMO:
                     last = " ".join(texts)
         return f"echo: {last}".strip()
 
-    def chat(self, image: Any = None, msgs: list[dict[str, Any]] | None = None, vision_hidden_states: Any = None,
-             max_new_tokens: int = 4096, min_new_tokens: int = 0, do_sample: bool = True, max_inp_length: int = 8192,
-             stream: bool = False, stream_input: bool = False, max_slice_nums: int | None = None,
-             use_image_id: bool | None = None, enable_thinking: bool = False, use_tts_template: bool = False,
-             generate_audio: bool = False, output_audio_path: str | None = None, omni_mode: bool = False,
-             return_prompt: bool = False, **kwargs: Any) -> str | tuple[str, str]:
+    def chat(
+        self,
+        image: Any = None,
+        msgs: list[dict[str, Any]] | None = None,
+        vision_hidden_states: Any = None,
+        max_new_tokens: int = 4096,
+        min_new_tokens: int = 0,
+        do_sample: bool = True,
+        max_inp_length: int = 8192,
+        stream: bool = False,
+        stream_input: bool = False,
+        max_slice_nums: int | None = None,
+        use_image_id: bool | None = None,
+        enable_thinking: bool = False,
+        use_tts_template: bool = False,
+        generate_audio: bool = False,
+        output_audio_path: str | None = None,
+        omni_mode: bool = False,
+        return_prompt: bool = False,
+        **kwargs: Any,
+    ) -> str | tuple[str, str]:
         assert msgs, "msgs is empty"
-        self._log("chat", n_msgs=len(msgs), max_new_tokens=max_new_tokens, do_sample=do_sample,
-                  generate_audio=generate_audio, omni_mode=omni_mode, max_slice_nums=max_slice_nums, **kwargs)
+        self._log(
+            "chat",
+            n_msgs=len(msgs),
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            generate_audio=generate_audio,
+            omni_mode=omni_mode,
+            max_slice_nums=max_slice_nums,
+            **kwargs,
+        )
         answer = self._answer(msgs)
         words = answer.split()[:max_new_tokens]
         answer = " ".join(words)
         if return_prompt:  # the real chat() keeps no token statistics; it can return its prompt
-            prompt = "".join(f"<|im_start|>{m['role']}\n{FakeMiniCPMO._text(m)}<|im_end|>\n" for m in msgs)
+            prompt = "".join(
+                f"<|im_start|>{m['role']}\n{FakeMiniCPMO._text(m)}<|im_end|>\n" for m in msgs
+            )
             return answer, prompt + "<|im_start|>assistant\n"
         return answer
 
@@ -333,16 +444,31 @@ class FakeMiniCPMO:
         content = msg["content"] if isinstance(msg["content"], list) else [msg["content"]]
         return " ".join(c if isinstance(c, str) else "<media>" for c in content)
 
-    def streaming_prefill(self, session_id: str, msgs: list[dict[str, Any]], omni_mode: bool = True,
-                          max_slice_nums: int | None = None, use_tts_template: bool = True,
-                          enable_thinking: bool = False, is_last_chunk: bool = False, **kwargs: Any) -> str:
+    def streaming_prefill(
+        self,
+        session_id: str,
+        msgs: list[dict[str, Any]],
+        omni_mode: bool = True,
+        max_slice_nums: int | None = None,
+        use_tts_template: bool = True,
+        enable_thinking: bool = False,
+        is_last_chunk: bool = False,
+        **kwargs: Any,
+    ) -> str:
         assert session_id is not None, "session_id cannot be None"
         assert len(msgs) == 1, "streaming_prefill takes one message"
         msg = msgs[0]
         audios = [c for c in msg["content"] if isinstance(c, np.ndarray)]
         assert len(audios) <= 1, "streaming mode only supports single audio"
-        self._log("streaming_prefill", session_id=session_id, role=msg["role"], n_items=len(msg["content"]),
-                  omni_mode=omni_mode, is_last_chunk=is_last_chunk, use_tts_template=use_tts_template)
+        self._log(
+            "streaming_prefill",
+            session_id=session_id,
+            role=msg["role"],
+            n_items=len(msg["content"]),
+            omni_mode=omni_mode,
+            is_last_chunk=is_last_chunk,
+            use_tts_template=use_tts_template,
+        )
         if self.session_id != session_id:
             self.reset_session(reset_token2wav_cache=False)
             self.session_id = session_id
@@ -356,25 +482,47 @@ class FakeMiniCPMO:
             limit_ms = self.FIRST_CHUNK_MS if self.audio_chunk_idx == 0 else self.CHUNK_MS
             limit = limit_ms * self.SAMPLE_RATE // 1000
             if len(audios[0]) > limit:
-                raise RuntimeError(f"The expanded size of the tensor must match: audio chunk of {len(audios[0])} samples > {limit}")
+                raise RuntimeError(
+                    f"The expanded size of the tensor must match: audio chunk of {len(audios[0])} samples > {limit}"
+                )
             if self._short_chunk_open:
-                raise RuntimeError("Kernel size can't be greater than actual input size (short audio chunk mid-stream)")
+                raise RuntimeError(
+                    "Kernel size can't be greater than actual input size (short audio chunk mid-stream)"
+                )
             full = self.CHUNK_MS * self.SAMPLE_RATE // 1000
             self._short_chunk_open = len(audios[0]) < full and not is_last_chunk
             self.audio_chunk_idx += 1
         self._prefilled.append(msg)
-        self.llm_past_key_values = int(self.llm_past_key_values or 0) + 5 + 10 * len(audios) + sum(
-            64 for c in msg["content"] if not isinstance(c, (str, np.ndarray))
+        self.llm_past_key_values = (
+            int(self.llm_past_key_values or 0)
+            + 5
+            + 10 * len(audios)
+            + sum(64 for c in msg["content"] if not isinstance(c, (str, np.ndarray)))
         )
         return "<prompt>"
 
-    def streaming_generate(self, session_id: str, bos_input: Any = None, generate_audio: bool = True,
-                           audio_token_chunk_size: int = 25, tts_sampling_params: Any = None,
-                           max_new_tokens: int = 256, enable_thinking: bool = False, use_tts_template: bool = True,
-                           do_sample: bool = True, enable_speculative_snapshot: bool = False,
-                           **kwargs: Any) -> Iterator[tuple[Any, Any]]:
-        self._log("streaming_generate", session_id=session_id, generate_audio=generate_audio,
-                  max_new_tokens=max_new_tokens, do_sample=do_sample, **kwargs)
+    def streaming_generate(
+        self,
+        session_id: str,
+        bos_input: Any = None,
+        generate_audio: bool = True,
+        audio_token_chunk_size: int = 25,
+        tts_sampling_params: Any = None,
+        max_new_tokens: int = 256,
+        enable_thinking: bool = False,
+        use_tts_template: bool = True,
+        do_sample: bool = True,
+        enable_speculative_snapshot: bool = False,
+        **kwargs: Any,
+    ) -> Iterator[tuple[Any, Any]]:
+        self._log(
+            "streaming_generate",
+            session_id=session_id,
+            generate_audio=generate_audio,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            **kwargs,
+        )
         assert session_id == self.session_id, "generate for a session that was not prefilled"
         if generate_audio:
             assert self.token2wav_cache is not None, "generate_audio without init_token2wav_cache"
@@ -385,7 +533,9 @@ class FakeMiniCPMO:
         for i, word in enumerate(words):
             delta = word if i == 0 else " " + word
             if generate_audio:
-                self._streaming_generated_token_ids = getattr(self, "_streaming_generated_token_ids", [])
+                self._streaming_generated_token_ids = getattr(
+                    self, "_streaming_generated_token_ids", []
+                )
                 self._streaming_generated_token_ids.append(i)
             self.llm_past_key_values = int(self.llm_past_key_values or 0) + 1
             if generate_audio:

@@ -133,7 +133,9 @@ class MockLlamaOmniServer:
         session_id = request.path_params["session_id"]
         session = self.active
         if session is None or session.session_id != session_id or session.closing:
-            return JSONResponse({"error": {"message": "session not found", "type": "not_found"}}, status_code=404)
+            return JSONResponse(
+                {"error": {"message": "session not found", "type": "not_found"}}, status_code=404
+            )
         session.closing = True
         self.active = None
         self.closed_sessions.append((session_id, "client_closed"))
@@ -159,7 +161,11 @@ class MockLlamaOmniServer:
         self.history.append(msg)
         payload = msg.get("payload") if isinstance(msg, dict) else None
         mode = payload.get("mode", "full_duplex") if isinstance(payload, dict) else None
-        if msg.get("type") != "session.init" or not isinstance(payload, dict) or mode not in ("turn_based", "full_duplex"):
+        if (
+            msg.get("type") != "session.init"
+            or not isinstance(payload, dict)
+            or mode not in ("turn_based", "full_duplex")
+        ):
             await ws.close()
             return
         async with self.lock:
@@ -172,8 +178,10 @@ class MockLlamaOmniServer:
             session = Session(session_id=f"sess_{self.counter}", mode=mode, ws=ws, config=config)
             self.active = session
         voice = payload.get("voice") if isinstance(payload.get("voice"), dict) else {}
-        for key, reason in (("ref_audio_base64", "voice_audio_decode_failed"),
-                            ("tts_ref_audio_base64", "tts_voice_audio_decode_failed")):
+        for key, reason in (
+            ("ref_audio_base64", "voice_audio_decode_failed"),
+            ("tts_ref_audio_base64", "tts_voice_audio_decode_failed"),
+        ):
             if voice.get(key):
                 try:
                     _pcm(voice[key])
@@ -184,8 +192,12 @@ class MockLlamaOmniServer:
         if delay:
             await asyncio.sleep(delay)
         if mode == "full_duplex":
-            session.kv = 40 + len(str(payload.get("system_prompt") or "").split()) + (20 if voice else 0)
-        await self.send(session, {"type": "session.created", "mode": mode, "metrics": self.metrics(session)})
+            session.kv = (
+                40 + len(str(payload.get("system_prompt") or "").split()) + (20 if voice else 0)
+            )
+        await self.send(
+            session, {"type": "session.created", "mode": mode, "metrics": self.metrics(session)}
+        )
         try:
             await self.loop(session)
         except (WebSocketDisconnect, RuntimeError):
@@ -195,7 +207,9 @@ class MockLlamaOmniServer:
                 self.active = None
                 self.closed_sessions.append((session.session_id, "client_disconnected"))
                 with contextlib.suppress(Exception):
-                    await self.send(session, {"type": "session.closed", "reason": "client_disconnected"})
+                    await self.send(
+                        session, {"type": "session.closed", "reason": "client_disconnected"}
+                    )
 
     async def loop(self, session: Session) -> None:
         seq = 0
@@ -244,7 +258,11 @@ class MockLlamaOmniServer:
                 if isinstance(content, str):
                     last = content
                 elif isinstance(content, list):
-                    texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+                    texts = [
+                        p.get("text", "")
+                        for p in content
+                        if isinstance(p, dict) and p.get("type") == "text"
+                    ]
                     last = "\n".join(t for t in texts if t) or last
                     for p in content:
                         if isinstance(p, dict) and p.get("type") == "audio":
@@ -265,21 +283,45 @@ class MockLlamaOmniServer:
             delta = word if i == 0 else " " + word
             session.kv += 1
             if streaming:
-                await self.send(session, {"type": "response.output.delta", "kind": "text", "response_id": rid,
-                                          "text": delta, "metrics": self.metrics(session, prefill_ms=prefill_ms)})
+                await self.send(
+                    session,
+                    {
+                        "type": "response.output.delta",
+                        "kind": "text",
+                        "response_id": rid,
+                        "text": delta,
+                        "metrics": self.metrics(session, prefill_ms=prefill_ms),
+                    },
+                )
         if tts:
             for _ in range(max(1, len(words) // 2)):
                 wave = _wave(0.5)
                 if streaming:
-                    await self.send(session, {"type": "response.output.delta", "kind": "audio", "response_id": rid,
-                                              "audio": _b64(wave), "metrics": self.metrics(session)})
+                    await self.send(
+                        session,
+                        {
+                            "type": "response.output.delta",
+                            "kind": "audio",
+                            "response_id": rid,
+                            "audio": _b64(wave),
+                            "metrics": self.metrics(session),
+                        },
+                    )
                 else:
                     full_audio.append(wave)
-        await self.send(session, {
-            "type": "response.done", "response_id": rid, "text": " ".join(words), "reason": "turn_end",
-            "audio": _b64(np.concatenate(full_audio)) if full_audio else None,
-            "metrics": self.metrics(session, prefill_ms=prefill_ms, generate_ms=3.0, n_tokens=len(words)),
-        })
+        await self.send(
+            session,
+            {
+                "type": "response.done",
+                "response_id": rid,
+                "text": " ".join(words),
+                "reason": "turn_end",
+                "audio": _b64(np.concatenate(full_audio)) if full_audio else None,
+                "metrics": self.metrics(
+                    session, prefill_ms=prefill_ms, generate_ms=3.0, n_tokens=len(words)
+                ),
+            },
+        )
         return True
 
     async def chunk(self, session: Session, rid: str, data: dict[str, Any]) -> bool:
@@ -298,11 +340,20 @@ class MockLlamaOmniServer:
         session.kv += int(cfg.get("mock_kv_per_chunk", 12)) + 66 * len(frames)
         if n in (cfg.get("mock_silent_chunks") or []):
             return True
-        metrics = lambda **kw: self.metrics(session, prefill_ms=4.0, vision_slices=len(frames) and 1, **kw)  # noqa: E731
+        metrics = lambda **kw: self.metrics(
+            session, prefill_ms=4.0, vision_slices=len(frames) and 1, **kw
+        )
         if data.get("force_listen"):
             session.speech_index = -1
-            await self.send(session, {"type": "response.output.delta", "kind": "listen", "response_id": rid,
-                                      "metrics": metrics()})
+            await self.send(
+                session,
+                {
+                    "type": "response.output.delta",
+                    "kind": "listen",
+                    "response_id": rid,
+                    "metrics": metrics(),
+                },
+            )
             return True
         rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) if audio.size else 0.0
         if session.speech_index < 0:
@@ -313,28 +364,75 @@ class MockLlamaOmniServer:
                 session.speech_index = 0
         if session.speech_index < 0:
             session.kv += 1
-            await self.send(session, {"type": "response.output.delta", "kind": "listen", "response_id": rid,
-                                      "metrics": metrics(generate_ms=1.0)})
+            await self.send(
+                session,
+                {
+                    "type": "response.output.delta",
+                    "kind": "listen",
+                    "response_id": rid,
+                    "metrics": metrics(generate_ms=1.0),
+                },
+            )
             return True
         text = SPEECH[session.speech_index]
         session.speech_index += 1
         end = session.speech_index >= len(SPEECH)
         session.kv += len(text.split()) + 2
-        await self.send(session, {"type": "response.output.delta", "kind": "text", "response_id": rid,
-                                  "text": text, "metrics": metrics(generate_ms=2.0)})
+        await self.send(
+            session,
+            {
+                "type": "response.output.delta",
+                "kind": "text",
+                "response_id": rid,
+                "text": text,
+                "metrics": metrics(generate_ms=2.0),
+            },
+        )
         late = end and bool(cfg.get("mock_late_audio"))
         if not late:
-            await self.send(session, {"type": "response.output.delta", "kind": "audio", "response_id": rid,
-                                      "audio": _b64(_wave(0.6 if end else 1.0)), "metrics": metrics()})
+            await self.send(
+                session,
+                {
+                    "type": "response.output.delta",
+                    "kind": "audio",
+                    "response_id": rid,
+                    "audio": _b64(_wave(0.6 if end else 1.0)),
+                    "metrics": metrics(),
+                },
+            )
         if end:
             session.speech_index = -1
-            await self.send(session, {"type": "response.output.delta", "kind": "listen", "response_id": rid,
-                                      "metrics": metrics(generate_ms=2.0)})
+            await self.send(
+                session,
+                {
+                    "type": "response.output.delta",
+                    "kind": "listen",
+                    "response_id": rid,
+                    "metrics": metrics(generate_ms=2.0),
+                },
+            )
             if late:  # TTS finishing after the LLM switched to listen, as the real server can
-                await self.send(session, {"type": "response.output.delta", "kind": "audio", "response_id": rid,
-                                          "audio": _b64(_wave(0.6)), "metrics": metrics()})
-        await self.send(session, {"type": "response.done", "response_id": rid, "text": text, "reason": "turn_end",
-                                  "audio": None, "metrics": metrics(generate_ms=2.0)})
+                await self.send(
+                    session,
+                    {
+                        "type": "response.output.delta",
+                        "kind": "audio",
+                        "response_id": rid,
+                        "audio": _b64(_wave(0.6)),
+                        "metrics": metrics(),
+                    },
+                )
+        await self.send(
+            session,
+            {
+                "type": "response.done",
+                "response_id": rid,
+                "text": text,
+                "reason": "turn_end",
+                "audio": None,
+                "metrics": metrics(generate_ms=2.0),
+            },
+        )
         return True
 
 
@@ -352,15 +450,19 @@ class RunningServer:
         sock.bind((host, port))
         self.host, self.port = sock.getsockname()[:2]
         self._sock = sock
-        config = uvicorn.Config(self.mock.app, log_level="warning", ws="websockets-sansio", lifespan="off")
+        config = uvicorn.Config(
+            self.mock.app, log_level="warning", ws="websockets-sansio", lifespan="off"
+        )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
@@ -378,12 +480,21 @@ class RunningServer:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description="mock llama-omni-server (/backend WebSocket protocol)")
+    parser = argparse.ArgumentParser(
+        description="mock llama-omni-server (/backend WebSocket protocol)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=22500)
     args = parser.parse_args(argv)
     mock = MockLlamaOmniServer()
-    uvicorn.run(mock.app, host=args.host, port=args.port, log_level="warning", lifespan="off", ws="websockets-sansio")
+    uvicorn.run(
+        mock.app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
+        ws="websockets-sansio",
+    )
 
 
 if __name__ == "__main__":
