@@ -15,8 +15,8 @@ from api.connection import authorised, choose_subprotocol
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
 from api.realtime import ChatSession, DuplexSession, serve_realtime
-from omniserve import __version__
-from omniserve.settings import Settings, get_settings
+from omnicore import __version__
+from omnicore.settings import Settings, get_settings
 
 log = logging.getLogger("omniserve.gateway")
 

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from api.queueing import QueueManager
-from omniserve.settings import Settings
+from omnicore.settings import Settings
 from streaming.admission import Admission
 from streaming.input import InputWriter
 from streaming.keys import CHAT_TASK, DUPLEX_TASK, Keys, slot_worker, worker_queue

@@ -6,8 +6,6 @@ Every problem raises ProtocolError with the documented code and a message naming
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,7 +14,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from api.errors import INVALID_PAYLOAD, MISSING_FIELD, ProtocolError
-from omniserve.audio import AudioFormatError, decode_wav, is_wav
+from omnicore.audio import AudioFormatError, b64_decode, is_wav, read_audio
 
 MIN_INPUT_SAMPLES = 4000
 MAX_SLICE_NUMS = 9
@@ -25,8 +23,8 @@ Number = float | int
 
 def _b64(value: str, where: str) -> bytes:
     try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
+        return b64_decode(value)
+    except AudioFormatError:
         raise ProtocolError(INVALID_PAYLOAD, f"{where}: base64 decode failed", where) from None
 
 
@@ -51,7 +49,7 @@ def check_voice(value: str, where: str) -> str:
     raw = _b64(value, where)
     if is_wav(raw):
         try:
-            decode_wav(raw)
+            read_audio(raw)
         except AudioFormatError as exc:
             raise ProtocolError(INVALID_PAYLOAD, f"{where}: {exc}", where) from None
     elif len(raw) % 4:

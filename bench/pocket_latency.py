@@ -29,7 +29,7 @@ import numpy as np
 
 from inference.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, DuplexConfig, DuplexInput
 from inference.pocket import PocketBackend
-from inference.pocket.tts import resample
+from omnicore.audio import resample
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -1,3 +1,5 @@
-"""omniserve: a horizontally scalable Realtime API server for MiniCPM-o."""
+"""omniserve: the command line and process wiring on top of the gateway, workers and backends."""
 
-__version__ = "0.1.0"
+from omnicore import __version__
+
+__all__ = ["__version__"]

@@ -32,7 +32,7 @@ def _env_from_args(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if value is not None:
             os.environ[var] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-    from omniserve.settings import get_settings
+    from omnicore.settings import get_settings
 
     get_settings.cache_clear()
 
@@ -65,8 +65,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     from api.app import create_app
     from api.server import GatewayServer
-    from omniserve.logs import setup_logging
-    from omniserve.settings import get_settings
+    from omnicore.logs import setup_logging
+    from omnicore.settings import get_settings
 
     s = get_settings()
     setup_logging(s.log_level)
@@ -92,8 +92,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if getattr(args, "backend", None):
         args.backend = resolve_backend(args.backend)
     _env_from_args(args)
-    from omniserve.logs import setup_logging
-    from omniserve.settings import get_settings
+    from omnicore.logs import setup_logging
+    from omnicore.settings import get_settings
 
     s = get_settings()
     setup_logging(s.log_level)
@@ -150,8 +150,8 @@ def _wait_http(url: str, timeout: float) -> bool:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the whole stack on this machine and keep it running until Ctrl-C."""
+    from omnicore.settings import get_settings
     from omniserve.redis_server import reachable, start_embedded
-    from omniserve.settings import get_settings
 
     if args.backend:
         args.backend = resolve_backend(args.backend)

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import websockets
 
-from omniserve.audio import decode_wav, encode_wav, resample
+from omnicore.audio import read_audio, resample, wav_bytes
 
 
 async def _recv(ws: websockets.ClientConnection, timeout: float = 120.0) -> dict:
@@ -69,7 +69,7 @@ async def chat(url: str, text: str, tts_out: str | None = None) -> int:
                 return 1
         await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
     if tts_out and audio:
-        Path(tts_out).write_bytes(encode_wav(np.concatenate(audio), 24_000))
+        Path(tts_out).write_bytes(wav_bytes(np.concatenate(audio), 24_000))
         print(f"speech written to {tts_out}", file=sys.stderr)
     return 0
 
@@ -83,7 +83,7 @@ async def audio(
     tail_s: float = 8.0,
 ) -> int:
     """Play a WAV file into a duplex session (1 s chunks), then silence; save the spoken reply."""
-    samples, rate = decode_wav(Path(wav_in).read_bytes())
+    samples, rate = read_audio(Path(wav_in).read_bytes())
     pcm = resample(samples, rate, 16_000)
     chunks = [pcm[i : i + 16_000] for i in range(0, pcm.size, 16_000)]
     chunks = [np.pad(c, (0, 16_000 - c.size)) for c in chunks]
@@ -142,6 +142,6 @@ async def audio(
             task.cancel()
     print()
     reply = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
-    Path(wav_out).write_bytes(encode_wav(reply, 24_000))
+    Path(wav_out).write_bytes(wav_bytes(reply, 24_000))
     print(f"{reply.size / 24_000:.1f} s of speech written to {wav_out}", file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ import threading
 import redis
 from celery import signals
 
-from omniserve.settings import get_settings
+from omnicore.settings import get_settings
 from streaming.keys import Keys
 from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
 

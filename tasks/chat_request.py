@@ -20,13 +20,11 @@ from inference import (
     UnsupportedInput,
     VideoPart,
 )
-from omniserve.audio import pcm_or_wav_to_16k, resample
+from omnicore.audio import INPUT_RATE, b64_to_pcm, pcm_or_wav_to_16k, resample
 
 
 def _audio(data: str, sample_rate: int) -> np.ndarray:
-    raw = base64.b64decode(data)
-    samples = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-    return resample(samples, sample_rate, 16_000)
+    return resample(b64_to_pcm(data), sample_rate, INPUT_RATE)
 
 
 def decode_video(data: bytes, fps: float = 1.0) -> tuple[list[bytes], list[np.ndarray]]:

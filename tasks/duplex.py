@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
 from typing import Any
@@ -16,8 +15,7 @@ from inference import (
     InferenceError,
     UnsupportedInput,
 )
-from omniserve.audio import pcm_or_wav_to_16k
-from streaming.codec import bytes_to_pcm
+from omnicore.audio import b64_decode, bytes_to_pcm, pcm_or_wav_to_16k
 from streaming.input import AudioChunk
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
@@ -33,7 +31,7 @@ GATEWAY_CHECK_S = 2.0
 def _voice(b64: str | None) -> np.ndarray | None:
     if not b64:
         return None
-    return pcm_or_wav_to_16k(base64.b64decode(b64))
+    return pcm_or_wav_to_16k(b64_decode(b64))
 
 
 def duplex_config(init: dict[str, Any], public_mode: str) -> DuplexConfig:

@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from inference import Backend, create_backend
-from omniserve.settings import Settings, get_settings
+from omnicore.settings import Settings, get_settings
 from streaming.keys import Keys, worker_queue
 from streaming.slots import WorkerRegistry
 

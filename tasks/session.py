@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from streaming.codec import pcm_to_b64
+from omnicore.audio import pcm_to_b64
 from streaming.input import InputReader
 from streaming.output import OutputPublisher
 from tasks.bootstrap import install_child_sigterm

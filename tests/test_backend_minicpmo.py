@@ -30,7 +30,7 @@ from inference import (
     VideoPart,
     create_backend,
 )
-from inference.minicpmo.audio import write_wav
+from omnicore.audio import write_wav
 from tests.standins import fake_minicpmo
 
 LOADER = "tests.standins.fake_minicpmo:load"

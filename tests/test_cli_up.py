@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from omniserve.audio import decode_wav, encode_wav
+from omnicore.audio import read_audio, wav_bytes
 from omniserve.redis_server import free_port
 from tests.stack import ROOT
 
@@ -65,7 +65,7 @@ def test_up_then_probe(tmp_path) -> None:
         assert "up and running" in chat.stdout
         t = np.arange(32000) / 16000
         (tmp_path / "q.wav").write_bytes(
-            encode_wav((0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32), 16000)
+            wav_bytes((0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32), 16000)
         )
         audio = omniserve(
             "probe",
@@ -81,7 +81,7 @@ def test_up_then_probe(tmp_path) -> None:
         )
         assert audio.returncode == 0, audio.stderr
         assert "Hello from the scripted backend." in audio.stdout
-        reply, rate = decode_wav((tmp_path / "a.wav").read_bytes())
+        reply, rate = read_audio((tmp_path / "a.wav").read_bytes())
         assert rate == 24000 and reply.size >= 24000
     finally:
         os.killpg(up.pid, signal.SIGINT)

@@ -336,11 +336,11 @@ async def test_binary_frame_closes_1003(shared_service: Stack) -> None:
 
 
 def wav_b64(seconds: float = 0.5, rate: int = 22050) -> str:
-    from omniserve.audio import encode_wav
+    from omnicore.audio import wav_bytes
 
     t = np.arange(int(rate * seconds)) / rate
     return base64.b64encode(
-        encode_wav((0.1 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), rate)
+        wav_bytes((0.1 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), rate)
     ).decode()
 
 

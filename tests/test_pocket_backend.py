@@ -56,7 +56,7 @@ from inference.base import (  # noqa: E402
 )
 from inference.pocket import PocketBackend  # noqa: E402
 from inference.pocket.assets import require  # noqa: E402
-from inference.pocket.tts import resample  # noqa: E402
+from omnicore.audio import resample  # noqa: E402
 
 SILENCE = np.zeros(INPUT_SAMPLE_RATE, dtype=np.float32)
 

@@ -27,7 +27,8 @@ except Exception as exc:
 
 from inference.pocket.asr import SpeechRecognizer
 from inference.pocket.assets import default_piper_voice, default_whisper_dir
-from inference.pocket.tts import Speaker, resample
+from inference.pocket.tts import Speaker
+from omnicore.audio import resample
 
 pytestmark = [pytest.mark.pocket, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ from inference import (
     TextPart,
     create_backend,
 )
-from omniserve.audio import decode_wav, encode_wav, pcm_or_wav_to_16k, resample
+from omnicore.audio import pcm_or_wav_to_16k, read_audio, resample, wav_bytes
 from streaming.keys import Keys, slot_worker, ticket_gateway, worker_queue
 from tasks.audio_chunks import AudioChunker
 
@@ -67,7 +67,7 @@ def _wav(samples: np.ndarray, rate: int, fmt: int, bits: int, channels: int = 1)
 @pytest.mark.parametrize("fmt,bits", [(1, 16), (1, 32), (3, 32)])
 def test_wav_formats(fmt: int, bits: int) -> None:
     x = (0.5 * np.sin(np.linspace(0, 20, 800))).astype(np.float32)
-    samples, rate = decode_wav(_wav(x, 8000, fmt, bits))
+    samples, rate = read_audio(_wav(x, 8000, fmt, bits))
     assert rate == 8000 and samples.size == 800
     assert np.allclose(samples, x, atol=1e-3)
 
@@ -80,7 +80,7 @@ def test_stereo_wav_is_mixed_down_and_resampled() -> None:
 
 def test_encode_decode_round_trip_and_resample() -> None:
     x = np.linspace(-0.9, 0.9, 2400).astype(np.float32)
-    y, rate = decode_wav(encode_wav(x, 24000))
+    y, rate = read_audio(wav_bytes(x, 24000))
     assert rate == 24000 and np.allclose(x, y, atol=1e-4)
     assert resample(x, 24000, 16000).size == 1600
 

@@ -58,7 +58,7 @@ from inference.base import (
     UnsupportedInput,
     VideoPart,
 )
-from inference.minicpmo.audio import load_voice, to_mono_float32, write_wav
+from omnicore.audio import load_voice, to_mono_float32, write_wav
 
 log = logging.getLogger("omniserve.inference.minicpmo")
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from inference.base import OUTPUT_SAMPLE_RATE
 from inference.pocket.assets import require
+from omnicore.audio import resample
 
 # Markdown and symbols a small LLM likes to emit that should not be read aloud.
 _UNSPOKEN = re.compile(r"[*_#`~>|\[\]{}<>]+")
@@ -24,7 +25,6 @@ class Speaker:
     ) -> None:
         piper = require("piper", "piper-tts")
         ort = require("onnxruntime", "onnxruntime")
-        self._soxr = require("soxr", "soxr")
         voice_path = Path(voice_path)
         config_path = Path(f"{voice_path}.json")
         options = ort.SessionOptions()
@@ -57,15 +57,5 @@ class Speaker:
         if not parts:
             return np.zeros(0, dtype=np.float32)
         audio = np.concatenate(parts).astype(np.float32)
-        audio = resample(audio, self.native_rate, OUTPUT_SAMPLE_RATE, self._soxr)
+        audio = resample(audio, self.native_rate, OUTPUT_SAMPLE_RATE)
         return np.clip(audio, -1.0, 1.0, out=audio)  # resampling can overshoot full scale a little
-
-
-def resample(audio: np.ndarray, src_rate: int, dst_rate: int, soxr_module=None) -> np.ndarray:
-    """Resample mono float32 audio (soxr, high quality)."""
-    if src_rate == dst_rate:
-        return np.asarray(audio, dtype=np.float32)
-    soxr = soxr_module or require("soxr", "soxr")
-    return np.asarray(
-        soxr.resample(np.asarray(audio, dtype=np.float32), src_rate, dst_rate), dtype=np.float32
-    )
