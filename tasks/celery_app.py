@@ -32,6 +32,10 @@ def make_app() -> Celery:
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A pool process sends "up" only after its backend loaded (worker_process_init); Celery
+        # kills one that is silent for longer (default 4 s), so a respawned child loading a big
+        # model was killed forever. Wait as long as a model may take to load.
+        worker_proc_alive_timeout=s.model_load_timeout_s,
     )
     return app
 
