@@ -71,8 +71,6 @@ class Stack:
                 "OMNISERVE_REDIS_URL": self.redis_url,
                 "OMNISERVE_KEY_PREFIX": self.prefix,
                 "OMNISERVE_LOG_LEVEL": "info",
-                "OMNISERVE_LEASE_TTL_S": "3",
-                "OMNISERVE_HEARTBEAT_INTERVAL_S": "0.5",
                 "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "1",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": str(ROOT),
