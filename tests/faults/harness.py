@@ -204,13 +204,13 @@ class DuplexProbe:
 
 
 async def served_end_to_end(url: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """A new audio session: init, speech, silence, until the scripted answer's last delta."""
+    """A new audio session: init, speech, silence, until the scripted answer's first text."""
     client = await Client.connect(url, query="?mode=audio")
     try:
         await client.until("session.queue_done", timeout=timeout)
         await client.send({"type": "session.init", "payload": {}})
         await client.until("session.created", timeout=timeout)
-        for audio in (speech(), silence(), silence(), silence()):
+        for audio in (speech(), silence()):
             await client.send({"type": "input.append", "input": {"audio": audio}})
         frames = await client.collect_until("response.output.delta", timeout=timeout)
         while not any(f.get("kind") == "text" for f in frames):
