@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import signal
 import subprocess
@@ -114,9 +113,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     env.pop("REDIS_URL", None)
     exe = [sys.executable, "-m", "omniserve"]
     children: list[subprocess.Popen[bytes]] = []
+
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
-    spawn = functools.partial(subprocess.Popen, env=env, start_new_session=True)
+    def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, env=env, start_new_session=True)
+
     try:
         children.append(
             spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])

@@ -20,8 +20,8 @@ def last_seq(client: redis.Redis, keys: Keys, session_id: str) -> int:
     entries = client.xrevrange(keys.output_log(session_id), "+", "-", count=1)
     if not entries:
         return 0
-    entry_id = entries[0][0]
-    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    raw = entries[0][0]
+    entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
     return int(entry_id.split("-", 1)[0])
 
 

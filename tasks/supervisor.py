@@ -132,7 +132,7 @@ class PoolSupervisor:
         told = []
         for kind, sid in running.values():
             owner = self.redis.get(k.session_lease(sid))
-            if owner is None or owner.decode() != worker_id:
+            if not isinstance(owner, bytes) or owner.decode() != worker_id:
                 continue  # it had ended (or the watchdog already told its client)
             finish_output(
                 self.redis,

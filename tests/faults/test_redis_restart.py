@@ -68,13 +68,17 @@ async def test_redis_restart_empty_while_sessions_run(
         # the waiting client was not forgotten: its ticket went back into the queue
         done = await waiting.until("session.queue_done", timeout=RESTORED_S + 10)
         assert done["session_id"]
+        admitted = time.monotonic() - t_back
         await waiting.send({"type": "session.init", "payload": {}})
         await waiting.until("session.created", timeout=15)
         await waiting.send({"type": "session.close"})
         await waiting.until("session.closed", timeout=15)
         # a new session works end to end within 10 s of Redis answering
         frames = await served_end_to_end(stack.url(), timeout=RESTORED_S)
-        assert time.monotonic() - t_back <= RESTORED_S + 5  # the two sessions above included
+        took = time.monotonic() - t_back
+        print(f"Redis back: queued client admitted after {admitted:.1f} s, new session")
+        print(f"served after {took:.1f} s (the queued one included)")
+        assert admitted <= RESTORED_S and took <= RESTORED_S
         assert any(f.get("kind") == "text" for f in frames if f["type"] == "response.output.delta")
     finally:
         for p in probes:

@@ -52,6 +52,7 @@ async def test_kill9_worker_clients_told_and_pool_refills(stack: Stack) -> None:
         alive = [p for p in probes if p.closed_at is None]
         assert len(lost) == 2 and len(alive) == 2
         delays = [told(p, t_kill) for p in lost]
+        print(f"worker kill -9: clients told after {', '.join(f'{d:.2f}' for d in delays)} s")
         assert max(delays) <= NOTICE_S, delays
         assert all(p.close_code == 1011 for p in lost)
         # its slots left the pool: only the other worker's two are live
@@ -83,6 +84,7 @@ async def test_kill9_pool_process_during_session_recovers(stack: Stack) -> None:
         await await_for(lambda: probe.deltas_after(0) > 0, 30, "first delta")
         t_kill = kill9(child)
         await await_for(lambda: probe.closed_at is not None, 10, "the session to end")
+        print(f"pool process kill -9: client told after {told(probe, t_kill):.2f} s")
         assert told(probe, t_kill) <= NOTICE_S
         # the dead process's slot left the pool at once; its replacement registers as loading
         assert stack.live_slots() == 0
