@@ -107,18 +107,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw: Gateway = app.state.gateway
         try:
             await gw.redis.ping()
-            slots = await gw.worker_count()
+            cap = await gw.admission.capacity()
             snap = await gw.admission.snapshot()
             redis_ok = True
-        except Exception:  # noqa: BLE001
-            slots, redis_ok, snap = 0, False, None
+        except Exception:  # noqa: BLE001 - Redis unreachable: not ready
+            cap, redis_ok, snap = None, False, None
+        ready = cap.ready if cap else 0
+        loading = cap.loading if cap else 0
+        if ready:
+            status = "ok"
+        elif loading:
+            status = "loading"  # clients are queued until a worker has loaded its model
+        else:
+            status = "degraded"
         body = {
-            "status": "ok" if redis_ok and slots > 0 else "degraded",
+            "status": status,
             "gateway_id": gw.gateway_id,
             "redis": redis_ok,
-            "worker_slots": slots,
+            "worker_slots": ready,
+            "loading_slots": loading,
             "queue_length": snap.length if snap else None,
             "sessions": len(gw.sessions),
+            "notes": cap.notes if cap else [],
             "version": __version__,
         }
         return JSONResponse(body, status_code=200 if redis_ok else 503)

@@ -41,7 +41,11 @@ class Gateway:
         self.redis.auto_close_connection_pool = True
         self.admission = Admission(self.redis, self.keys)
         self.queue = QueueManager(
-            self.admission, self.gateway_id, settings.max_queue, settings.queue_update_interval_s
+            self.admission,
+            self.gateway_id,
+            settings.max_queue,
+            settings.queue_update_interval_s,
+            settings.capacity_wait_s,
         )
         self.bus = OutputBus(self.redis, self.keys, on_queue_event=self.queue.on_event)
         self.inputs = InputWriter(
@@ -106,7 +110,7 @@ class Gateway:
         await self.redis.set(
             self.keys.gateway_alive(self.gateway_id),
             b"1",
-            px=int(self.settings.lease_ttl_s * 1000),
+            px=int(self.settings.gateway_lease_ttl_s * 1000),
         )
 
     async def _lease_loop(self) -> None:
@@ -151,13 +155,17 @@ class Gateway:
         return bool(await self.redis.exists(self.keys.session_lease(session_id)))
 
     async def worker_count(self) -> int:
-        """Live slots in the pool."""
+        """Live slots in the pool that serve now."""
         return await self.admission.live_slot_count()
 
     async def has_workers(self) -> bool:
-        """Whether any live worker slot exists (cached for a second)."""
+        """Whether any live worker slot exists or is loading (cached for a second).
+
+        A worker still loading its model is coming capacity: clients queue for it.
+        """
         now = time.monotonic()
         if now - self._slots_checked_at > 1.0:
-            self._live_slots = await self.worker_count()
+            cap = await self.admission.capacity()
+            self._live_slots = cap.ready + cap.loading
             self._slots_checked_at = now
         return self._live_slots > 0

@@ -12,6 +12,14 @@ from typing import Any
 
 from streaming.admission import Admission, QueueFull, QueueSnapshot
 
+REENQUEUE_LIMIT = 2**31  # a lost ticket goes back whatever the queue length
+LOST_AFTER_S = 2.0  # a ticket missing from the queue, unassigned, this long was lost: re-enqueue
+
+
+class NoCapacity(Exception):
+    """No worker slot became ready while this client waited ``capacity_wait_s``."""
+
+
 log = logging.getLogger("omniserve.gateway")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
@@ -27,14 +35,21 @@ class Waiter:
     enqueued_at: float = field(default_factory=time.monotonic)
     last_position: int | None = None
     last_sent: float = 0.0
+    missing_since: float | None = None  # when the ticket was first seen missing, unassigned
 
 
 class QueueManager:
     """Takes tickets, resolves them when dispatch assigns a slot, pushes position updates."""
 
     def __init__(
-        self, admission: Admission, gateway_id: str, max_queue: int, update_interval_s: float
+        self,
+        admission: Admission,
+        gateway_id: str,
+        max_queue: int,
+        update_interval_s: float,
+        capacity_wait_s: float = 0.0,
     ) -> None:
+        self.capacity_wait_s = capacity_wait_s
         self.admission = admission
         self.gateway_id = gateway_id
         self.max_queue = max_queue
@@ -113,17 +128,44 @@ class QueueManager:
         finally:
             self.waiters.pop(ticket, None)
 
-    async def _claim(self, ticket: str) -> None:
+    async def _claim(self, ticket: str) -> bool:
         waiter = self.waiters.get(ticket)
         if waiter is None or waiter.future.done():
-            return
+            return True
         slot = await self.admission.take_assignment(ticket)
         if slot is None:
-            return
+            return False
         if waiter.future.done() or ticket not in self.waiters:
             await self.admission.release(slot)
-            return
+            return True
         waiter.future.set_result(slot)
+        return True
+
+    async def _recover(self, waiter: Waiter, now: float) -> None:
+        """A waiting ticket is neither queued nor assigned: Redis lost it (a restart, a
+        failover, or our lease lapsed). Put it back once it has been missing a while."""
+        if waiter.missing_since is None:
+            waiter.missing_since = now
+            return
+        if now - waiter.missing_since < LOST_AFTER_S or waiter.future.done():
+            return
+        waiter.missing_since = None
+        log.warning("ticket %s was lost from the queue; enqueued again", waiter.ticket_id)
+        await self.admission.enqueue(waiter.ticket_id, REENQUEUE_LIMIT)
+
+    def _give_up(self, pending: list[Waiter], snap: QueueSnapshot, now: float) -> list[Waiter]:
+        """Fail the waiters that waited ``capacity_wait_s`` while no slot was ready."""
+        if self.capacity_wait_s <= 0 or snap.live_slots > 0:
+            return pending
+        keep = []
+        for w in pending:
+            if now - w.enqueued_at > self.capacity_wait_s:
+                w.future.set_exception(
+                    NoCapacity(f"no worker became ready within {self.capacity_wait_s:.0f} s")
+                )
+            else:
+                keep.append(w)
+        return keep
 
     async def _dispatch(self) -> None:
         pairs = await self.admission.dispatch()
@@ -163,14 +205,16 @@ class QueueManager:
         snap = await self.admission.snapshot()
         now = time.monotonic()
         sends = []
-        for w in pending:
-            if w.last_position is None:
-                continue  # acquire() has not sent session.queued yet; it comes first
+        for w in self._give_up(pending, snap, now):
             pos = snap.order.get(w.ticket_id)
             if pos is None:
-                # gone from the queue: either assigned (claim it) or its lease lapsed
-                await self._claim(w.ticket_id)
+                # gone from the queue: assigned (claim it), or lost (put it back)
+                if not await self._claim(w.ticket_id):
+                    await self._recover(w, now)
                 continue
+            w.missing_since = None
+            if w.last_position is None:
+                continue  # acquire() has not sent session.queued yet; it comes first
             if pos != w.last_position or now - w.last_sent >= self.update_interval_s:
                 sends.append(self._send(w, snap, pos))
         if sends:
@@ -192,4 +236,4 @@ class QueueManager:
             await asyncio.sleep(0.02)  # coalesce bursts of events
 
 
-__all__ = ["QueueFull", "QueueManager", "Waiter"]
+__all__ = ["NoCapacity", "QueueFull", "QueueManager", "Waiter"]

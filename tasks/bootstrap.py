@@ -1,11 +1,15 @@
 """Worker bootstrap through Celery's own signals: one backend per worker process.
 
 - prefork pool (the default for GPU backends, concurrency 1): the backend loads in the child
-  (``worker_process_init``), never in the parent that forks;
+  (``worker_process_init``), never in the parent that forks. The parent waits for a (re)started
+  child as long as a model may take to load (``worker_proc_alive_timeout``) and watches its
+  children (``tasks/supervisor.py``): a child that dies has its sessions ended for their clients
+  and its slots withdrawn at once, and its replacement loads the backend again;
 - threads/solo pool (``--slots N`` for the scripted backend): it loads in the worker process once
   the consumer is ready (``worker_ready``).
-On a warm shutdown (``worker_shutting_down``) a drain flag tells running sessions to end with
-``server_shutdown``; the slots leave the registry.
+Either way the process registers as ``loading`` before the model loads (clients queue for it)
+and offers its slots once it is ready. On a warm shutdown (``worker_shutting_down``) a drain flag
+tells running sessions to end with ``server_shutdown``; the slots leave the registry.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from celery import signals
 from omnicore.settings import get_settings
 from streaming.keys import Keys
 from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
+from tasks.supervisor import PoolSupervisor
 
 log = logging.getLogger("omniserve.worker")
 
 _state: dict[str, object] = {"node": None, "pool": "prefork", "slots": 1}
+_supervisor: dict[str, PoolSupervisor] = {}
 
 
 @signals.celeryd_init.connect
@@ -51,15 +57,19 @@ def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: o
 def _boot(slots: int) -> None:
     node = str(_state["node"] or f"omni@{os.uname().nodename}")
     rt = WorkerRuntime(node, slots)
+    rt.restart_on_hang = _state["pool"] == "prefork"
+    set_runtime(rt)
+    rt.announce()
     try:
         rt.load_backend()
     except Exception as exc:  # noqa: BLE001 - report and refuse to serve
-        log.critical("backend %r failed to load: %s", rt.settings.backend, exc)
+        log.critical("backend %r failed to load: %s", rt.backend_name, exc)
         print(
-            f"omniserve worker: backend {rt.settings.backend!r} failed to load: {exc}",
+            f"omniserve worker: backend {rt.backend_name!r} failed to load: {exc}",
             file=sys.stderr,
             flush=True,
         )
+        rt.leave_now()
         os._exit(3)
     cap = rt.backend.max_concurrency if rt.backend else 1
     if len(rt.slot_ids) > cap:
@@ -69,9 +79,9 @@ def _boot(slots: int) -> None:
             file=sys.stderr,
             flush=True,
         )
+        rt.leave_now()
         os._exit(3)
     rt.start()
-    set_runtime(rt)
 
 
 @signals.worker_process_init.connect
@@ -87,9 +97,12 @@ def install_child_sigterm() -> None:
     resets signal handlers after ``worker_process_init``, so this is installed when a session
     starts.
     """
-    if _state["pool"] == "prefork" and threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGTERM) is not _child_sigterm:
-            signal.signal(signal.SIGTERM, _child_sigterm)
+    if (
+        _state["pool"] == "prefork"
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is not _child_sigterm
+    ):
+        signal.signal(signal.SIGTERM, _child_sigterm)
 
 
 def _child_sigterm(signum: int, _frame: object) -> None:
@@ -107,13 +120,30 @@ def _child_sigterm(signum: int, _frame: object) -> None:
 
 
 @signals.worker_ready.connect
-def _on_ready(**_: object) -> None:
+def _on_ready(sender: object = None, **_: object) -> None:
     if _state["pool"] != "prefork":
         _boot(int(_state["slots"]))
+        return
+    pool = getattr(sender, "pool", None)
+    if pool is not None:
+        sup = PoolSupervisor(str(_state["node"]), pool, get_settings())
+        sup.known = sup.pids()
+        sup.start()
+        _supervisor["pool"] = sup
+
+
+@signals.task_received.connect
+def _on_task_received(request: object = None, **_: object) -> None:
+    sup = _supervisor.get("pool")
+    if sup is not None:
+        sup.track(request)
 
 
 @signals.worker_shutting_down.connect
 def _on_shutting_down(**_: object) -> None:
+    sup = _supervisor.pop("pool", None)
+    if sup is not None:
+        sup.stop()  # pool processes now end on purpose
     s = get_settings()
     node = _state["node"]
     try:

@@ -13,7 +13,12 @@ __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 def make_app() -> Celery:
     """A Celery app configured for long pinned sessions (see docs/ARCHITECTURE.md)."""
     s = get_settings()
-    app = Celery("omniserve", broker=s.redis_url, include=["tasks.duplex", "tasks.chat"])
+    app = Celery(
+        "omniserve",
+        broker=s.redis_url,
+        include=["tasks.duplex", "tasks.chat"],
+        amqp="tasks.broker:WorkerAMQP",  # reconnect every 0.5-2 s after a Redis restart
+    )
     app.conf.update(
         task_ignore_result=True,
         result_backend=None,
@@ -25,6 +30,7 @@ def make_app() -> Celery:
         # Longer than any session, so the broker never re-delivers an unacked session task.
         broker_transport_options={"visibility_timeout": 4 * 3600},
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a worker outlives any Redis outage
         task_default_queue="omni.default",
         task_serializer="json",
         accept_content=["json"],
@@ -32,6 +38,10 @@ def make_app() -> Celery:
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A pool process sends "up" only after its backend loaded (worker_process_init); Celery
+        # kills one that is silent for longer (default 4 s), so a respawned child loading a big
+        # model was killed forever. Wait as long as a model may take to load.
+        worker_proc_alive_timeout=s.model_load_timeout_s,
     )
     return app
 

@@ -12,6 +12,7 @@ from inference import ChatDelta, ChatDone, ChatPrefilled, InferenceError, Unsupp
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import CHAT_TASK, app
 from tasks.chat_request import build_chat_request
+from tasks.endings import CHAT
 from tasks.session import SessionContext, audio_b64, running_session
 
 log = logging.getLogger("omniserve.worker")
@@ -52,7 +53,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     first_delta_s: float | None = None
     next_check = time.monotonic() + CANCEL_CHECK_S
     try:
-        for ev in backend.chat(req):
+        for ev in ctx.rt.watchdog.guarded(ctx, CHAT, backend.chat(req)):
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CANCEL_CHECK_S
                 reason = _cancelled(ctx)

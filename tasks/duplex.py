@@ -19,6 +19,7 @@ from omnicore.audio import b64_decode, bytes_to_pcm, pcm_or_wav_to_16k
 from streaming.input import AudioChunk
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
+from tasks.endings import DUPLEX
 from tasks.session import SessionContext, audio_b64, new_id, running_session
 
 log = logging.getLogger("omniserve.worker")
@@ -125,7 +126,8 @@ class DuplexRunner:
         try:
             config = duplex_config(control, self.public_mode)
             session = self.backend.open_duplex()
-            prompt_length = session.prepare(config)
+            with ctx.rt.watchdog.guard(ctx, DUPLEX, "prepare"):
+                prompt_length = session.prepare(config)
         except UnsupportedInput as exc:
             ctx.error(
                 "invalid_payload",
@@ -170,7 +172,8 @@ class DuplexRunner:
         )
         t0 = time.perf_counter()
         try:
-            result = self.session.step(step_in)
+            with ctx.rt.watchdog.guard(ctx, DUPLEX):
+                result = self.session.step(step_in)
         except UnsupportedInput as exc:
             ctx.error(
                 "invalid_payload",

@@ -12,25 +12,36 @@ from typing import Any
 import redis
 
 from inference import Backend, create_backend
+from inference.registry import choose_backend
 from omnicore.settings import Settings, get_settings
 from streaming.keys import Keys, worker_queue
-from streaming.slots import WorkerRegistry
+from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
+from tasks.watchdog import StepWatchdog
 
 log = logging.getLogger("omniserve.worker")
 
+#: what a backend loads, for the progress line while it does
+LOADING_WHAT = {
+    "pocket": "pocket models (Whisper, SmolLM2, Piper)",
+    "minicpmo": "the MiniCPM-o model",
+    "llama_omni": "the llama-omni-server client",
+    "scripted": "the scripted backend (deterministic, model-free)",
+}
 
-def backend_options(s: Settings) -> dict[str, Any]:
+
+def backend_options(s: Settings, name: str | None = None) -> dict[str, Any]:
     """Constructor options for the configured backend, from the settings."""
-    if s.backend == "scripted":
+    name = name or s.backend
+    if name == "scripted":
         opts: dict[str, Any] = {
             "reply": s.scripted_reply,
             "token_delay_s": s.scripted_token_delay_s,
             "step_delay_s": s.scripted_step_delay_s,
             "tokens_per_step": s.scripted_tokens_per_step,
         }
-    elif s.backend == "minicpmo":
+    elif name == "minicpmo":
         opts = {"model_path": s.model_path, "device": s.device}
-    elif s.backend == "llama_omni":
+    elif name == "llama_omni":
         opts = {"backend_url": s.backend_url}
     else:
         opts = {}
@@ -39,7 +50,12 @@ def backend_options(s: Settings) -> dict[str, Any]:
 
 
 class WorkerRuntime:
-    """Everything one worker process holds: backend, Redis client, slots and sessions."""
+    """Everything one worker process holds: backend, Redis client, slots and sessions.
+
+    Lifecycle: ``announce`` (registered as loading: coming capacity, heartbeat running),
+    ``load_backend``, ``start`` (ready: slots offered), ``stop``. The heartbeat thread survives
+    every error and rewrites what this process owns in Redis on every beat.
+    """
 
     def __init__(self, node_name: str, slots: int, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
@@ -47,60 +63,103 @@ class WorkerRuntime:
         self.worker_id = f"{node_name}#{os.getpid()}"
         self.queue = worker_queue(self.worker_id)
         self.keys = Keys(self.settings.key_prefix)
+        self.backend_name, self.backend_note = choose_backend(self.settings.backend)
         # Every session thread may hold a connection in XREAD BLOCK: size the pool for all of
-        # them, and give the heartbeat its own client so a busy pool can never starve it.
+        # them, and give the heartbeat its own client so a busy pool can never starve it. Socket
+        # timeouts: a Redis that vanished mid-command must not hang a thread forever.
         pool = redis.BlockingConnectionPool.from_url(
             self.settings.redis_url,
             max_connections=slots + 8,
             timeout=20,
             health_check_interval=30,
+            socket_connect_timeout=5,
+            socket_timeout=10,  # longer than any XREAD BLOCK (250 ms)
+            socket_keepalive=True,
         )
         self.redis = redis.Redis(connection_pool=pool)
-        self.beat_redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=30)
+        self.beat_redis = redis.Redis.from_url(
+            self.settings.redis_url,
+            health_check_interval=30,
+            socket_timeout=5,
+            socket_connect_timeout=2,
+        )
         self.registry = WorkerRegistry(
             self.beat_redis, self.keys, self.worker_id, self.settings.lease_ttl_s
         )
         self.slot_ids = self.registry.slot_ids(slots)
         self.active: dict[str, str] = {}  # slot -> session id
+        self.quarantined: set[str] = set()  # slots whose backend step hung: never offered
         self.lock = threading.Lock()
         self.shutting_down = threading.Event()
+        self.ready = threading.Event()
         self.backend: Backend | None = None
+        self.watchdog = StepWatchdog(self, self.settings.step_timeout_s)
+        self.restart_on_hang = False  # prefork: a hung step restarts the process (set by bootstrap)
+        self.counters: dict[str, int] = {"backend_step_timeouts_total": 0}
         self._beat: threading.Thread | None = None
+        self._beat_failing_since: float | None = None
+        self.beats = 0
         self.stopped = False
         self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
+    def announce(self) -> None:
+        """Register as loading (clients may queue for this capacity) and start the heartbeat."""
+        expected = None
+        try:
+            expected = expected_load_s(self.beat_redis, self.keys, self.backend_name)
+        except redis.RedisError:
+            pass
+        info: dict[str, Any] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "node": self.node_name,
+            "queue": self.queue,
+            "slots": len(self.slot_ids),
+            "state": "loading",
+            "loading": LOADING_WHAT.get(self.backend_name, self.backend_name),
+            "loading_since": time.time(),
+            "expected_load_s": expected,
+            "backend": {"backend": self.backend_name},
+        }
+        if self.backend_note:
+            info["note"] = self.backend_note
+            log.warning("%s", self.backend_note)
+        try:
+            self.registry.register(info)
+        except redis.RedisError:
+            self.registry.info = {**info, "worker_id": self.worker_id}  # the heartbeat writes it
+            log.warning("could not register %s yet; the heartbeat will", self.worker_id)
+        self._beat = threading.Thread(target=self._heartbeat, name="omni-heartbeat", daemon=True)
+        self._beat.start()
+
     def load_backend(self) -> Backend:
         """Create the configured backend (once)."""
         if self.backend is None:
-            s = self.settings
+            name = self.backend_name
             t0 = time.perf_counter()
-            log.info("loading backend %r in pid %d", s.backend, os.getpid())
-            self.backend = create_backend(s.backend, **backend_options(s))
-            log.info(
-                "backend %r ready in %.1fs: %s",
-                s.backend,
-                time.perf_counter() - t0,
-                self.backend.info(),
-            )
+            log.info("loading %s in pid %d", LOADING_WHAT.get(name, name), os.getpid())
+            self.backend = create_backend(name, **backend_options(self.settings, name))
+            took = time.perf_counter() - t0
+            log.info("backend %r ready in %.1fs: %s", name, took, self.backend.info())
+            try:
+                record_load_time(self.beat_redis, self.keys, name, took)
+            except redis.RedisError:
+                pass
         return self.backend
 
     def start(self) -> None:
-        """Register in Redis, offer the slots and start the heartbeat thread."""
+        """The backend is loaded: become ready, offer the slots, start the step watchdog."""
         assert self.backend is not None, "load_backend() first"
-        self.registry.register(
-            {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "node": self.node_name,
-                "queue": self.queue,
-                "slots": len(self.slot_ids),
-                "backend": self.backend.info(),
-            }
-        )
-        self.registry.heartbeat(self.slot_ids, {})
-        self._beat = threading.Thread(target=self._heartbeat, name="omni-heartbeat", daemon=True)
-        self._beat.start()
+        info = {"state": "ready", "ready_at": time.time(), "backend": self.backend.info()}
+        self.ready.set()
+        try:
+            self.registry.update(**info)
+            self.beat_once()
+        except redis.RedisError:
+            self.registry.info.update(info)
+            log.warning("could not offer slots yet; the heartbeat will", exc_info=True)
+        self.watchdog.start()
         log.info(
             "worker %s serving %d slot(s) on queue %s",
             self.worker_id,
@@ -117,27 +176,60 @@ class WorkerRuntime:
         except redis.RedisError:
             log.warning("could not unregister %s", self.worker_id, exc_info=True)
 
+    def leave_now(self) -> None:
+        """This process is about to exit abnormally: its slots leave the pool at once."""
+        self.stopped = True
+        try:
+            forget_worker(self.beat_redis, self.keys, self.worker_id, self.slot_ids)
+        except redis.RedisError:
+            log.warning("could not withdraw %s", self.worker_id, exc_info=True)
+
+    # ------------------------------------------------------------------ heartbeat
     def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval_s
-        drain_key = f"{self.keys.prefix}:drain:{self.node_name}"
         while not self.stopped:
+            started = time.monotonic()
             try:
-                if not self.shutting_down.is_set() and self.beat_redis.exists(drain_key):
-                    log.info("worker %s draining: ending sessions", self.worker_id)
-                    self.shutting_down.set()
-                with self.lock:
-                    active = dict(self.active)
-                idle = [s for s in self.slot_ids if s not in active]
-                if self.shutting_down.is_set():
-                    self.registry.withdraw(idle)
-                    self.registry.heartbeat([], active)
+                self.beat_once()
+                if self._beat_failing_since is not None:
+                    log.warning(
+                        "heartbeat: Redis answers again after %.1f s; %s re-announced",
+                        time.monotonic() - self._beat_failing_since,
+                        self.worker_id,
+                    )
+                    self._beat_failing_since = None
+            except Exception as exc:  # this thread must outlive any error
+                if self._beat_failing_since is None:
+                    self._beat_failing_since = time.monotonic()
+                    log.warning("heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
                 else:
-                    self.registry.heartbeat(idle, active)
-            except redis.RedisError:
-                log.warning("heartbeat failed", exc_info=True)
-            time.sleep(interval)
-            if self.stopped:
-                return
+                    log.debug("heartbeat failed again", exc_info=True)
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    def beat_once(self) -> None:
+        """Renew everything this process owns in Redis (and notice a drain request)."""
+        drain_key = f"{self.keys.prefix}:drain:{self.node_name}"
+        if not self.shutting_down.is_set() and self.beat_redis.exists(drain_key):
+            log.info("worker %s draining: ending sessions", self.worker_id)
+            self.shutting_down.set()
+        with self.lock:
+            active = dict(self.active)
+            blocked = set(active) | self.quarantined
+        idle = [s for s in self.slot_ids if s not in blocked]
+        if self.shutting_down.is_set():
+            self.registry.withdraw(idle)
+            rewritten = self.registry.heartbeat([], active)
+        else:
+            rewritten = self.registry.heartbeat(idle if self.ready.is_set() else [], active)
+        self.beats += 1
+        if rewritten and self.beats > 1:
+            log.warning(
+                "registry entry of %s was gone (Redis restarted empty?): registered again, "
+                "%d idle slot(s) offered, %d session lease(s) renewed",
+                self.worker_id,
+                len(idle) if self.ready.is_set() else 0,
+                len(active),
+            )
 
     # ------------------------------------------------------------------ sessions
     def claim(self, session_id: str) -> bool:
@@ -161,6 +253,8 @@ class WorkerRuntime:
         """A session ended: free its slot and its keys."""
         with self.lock:
             self.active.pop(slot_id, None)
+            # a hung step came back: the backend answers again, so the slot may serve again
+            self.quarantined.discard(slot_id)
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(self.keys.session_lease(session_id))
@@ -172,7 +266,26 @@ class WorkerRuntime:
                 self.registry.release(slot_id)
             self.registry.record_hold(held_s)
         except redis.RedisError:
-            log.error("could not release slot %s", slot_id, exc_info=True)
+            log.exception("could not release slot %s", slot_id)
+
+    def quarantine(self, slot_id: str, session_id: str) -> None:
+        """A session's step hung: stop renewing its lease and never offer its slot meanwhile."""
+        with self.lock:
+            if self.active.get(slot_id) == session_id:
+                self.active.pop(slot_id)
+            self.quarantined.add(slot_id)
+        try:
+            self.beat_redis.delete(self.keys.session_lease(session_id))
+        except redis.RedisError:
+            log.warning("could not drop the lease of %s", session_id, exc_info=True)
+
+    def count(self, name: str) -> None:
+        """Add one to a worker counter, here and in Redis (it outlives a restarted process)."""
+        self.counters[name] = self.counters.get(name, 0) + 1
+        try:
+            self.beat_redis.hincrby(self.keys.worker_counters, name, 1)
+        except redis.RedisError:
+            log.warning("could not count %s in Redis", name)
 
     def gateway_alive(self, gateway_id: str) -> bool:
         """Whether the gateway relaying a session still holds its lease."""

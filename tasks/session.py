@@ -34,10 +34,16 @@ class SessionContext:
     deadline_ts: float
     out: OutputPublisher
     inputs: InputReader
+    silenced: bool = False  # the step watchdog ended this session; nothing more goes out
 
     def emit(self, event: dict) -> None:
         """Send one internal event to the gateway."""
-        self.out.emit(event)
+        if not self.silenced:
+            self.out.emit(event)
+
+    def silence(self) -> None:
+        """Drop every later event (the session was already ended for the client)."""
+        self.silenced = True
 
     def error(self, code: str, message: str, recoverable: bool = True, **extra: object) -> None:
         """Send an error event."""

@@ -71,8 +71,6 @@ class Stack:
                 "OMNISERVE_REDIS_URL": self.redis_url,
                 "OMNISERVE_KEY_PREFIX": self.prefix,
                 "OMNISERVE_LOG_LEVEL": "info",
-                "OMNISERVE_LEASE_TTL_S": "3",
-                "OMNISERVE_HEARTBEAT_INTERVAL_S": "0.5",
                 "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "1",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": str(ROOT),
@@ -134,14 +132,18 @@ class Stack:
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url)
 
-    def live_slots(self) -> int:
+    def live_slots(self, state: str = "ready") -> int:
+        """Slots of live workers in ``state`` (``ready``: serving; ``loading``: coming)."""
+        import orjson
+
         r = self.redis()
         total = 0
         for wid, info in r.hgetall(f"{self.prefix}:workers").items():
+            entry = orjson.loads(info)
+            if entry.get("state", "ready") != state:
+                continue
             if r.exists(f"{self.prefix}:wk:{wid.decode()}:alive"):
-                import orjson
-
-                total += int(orjson.loads(info).get("slots", 1))
+                total += int(entry.get("slots", 1))
         return total
 
     def free_slots(self) -> int:

