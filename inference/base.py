@@ -68,7 +68,8 @@ class AudioPart:
 
 @dataclass(slots=True)
 class VideoPart:
-    """A video, already split into frames (encoded JPEG bytes) and 1 s audio segments (16 kHz)."""
+    """A video, split into frames (encoded JPEG bytes, ``stack_frames`` per second of video) and
+    1 s audio segments (16 kHz)."""
 
     frames: list[bytes]
     audio_segments: list[np.ndarray]
