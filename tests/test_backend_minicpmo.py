@@ -73,6 +73,8 @@ def test_one_wrapper_and_one_init_tts_with_the_backends_settings():
     assert inits == [{"enable_float16": True, "n_timesteps": 5}]
     assert model.tts.audio_tokenizer.n_timesteps == 5
     wrapper = b.duplex_wrapper
+    built = wrapper.init_kwargs  # built as the demo builds it (init_unified's duplex_config)
+    assert (built["force_listen_count"], built["top_k"], built["generate_audio"]) == (3, 20, True)
     for _ in range(3):
         s = b.open_duplex()
         s.prepare(DuplexConfig(ref_audio=voice()))

@@ -37,6 +37,14 @@ from omnicore.audio import load_voice
 log = logging.getLogger("omniserve.inference.minicpmo")
 
 PROMPT_FORMATS = ("auto", "raw", "wrapped")
+#: settings the demo passes when it builds its wrapper (``init_unified(duplex_config=...)``)
+WRAPPER_DEFAULTS = (
+    "force_listen_count",
+    "max_new_speak_tokens_per_chunk",
+    "temperature",
+    "top_k",
+    "top_p",
+)
 
 
 class MiniCPMOBackend(Backend):
@@ -102,7 +110,11 @@ class MiniCPMOBackend(Backend):
             tts_float16=bool(tts_float16),
             tts_n_timesteps=tts_n_timesteps,
             duplex_generate_audio=self.duplex_generate_audio,
-            duplex_options=dict(duplex_options or {}),
+            # the wrapper's own defaults become the demo's, as its worker builds it
+            duplex_options={
+                **{k: self.duplex_defaults[k] for k in WRAPPER_DEFAULTS},
+                **(duplex_options or {}),
+            },
             loader=compat.resolve_loader(model_loader),
             loader_options=dict(loader_options or {}),
         )

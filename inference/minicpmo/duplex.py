@@ -224,11 +224,15 @@ class MiniCPMODuplexSession(DuplexSession):
         if force_listen:
             if compat.explicit(fn, "force_listen_override"):
                 kwargs["force_listen_override"] = True  # the model closes its turn itself
-            else:
+            elif hasattr(duplex, "force_listen_count") and hasattr(
+                duplex, "_streaming_generate_count"
+            ):
                 compat.close_turn(duplex)
                 # this revision forces only the first N calls: make this call one of them
                 saved_count = duplex.force_listen_count
                 duplex.force_listen_count = int(duplex._streaming_generate_count) + 1
+            else:
+                log.warning("this duplex wrapper cannot be forced to listen; generating normally")
         try:
             result = compat.call(fn, **kwargs)
         except Exception as exc:
