@@ -130,7 +130,9 @@ class Connection:
             self._closed_by_server(event)
             raise self.close_error  # type: ignore[misc]
         if event.get("type") == "error":
-            err = event.get("error") if isinstance(event.get("error"), dict) else {}
+            err = event.get("error")
+            if not isinstance(err, dict):
+                err = {}
             raise InferenceError(f"llama-omni-server error: {err.get('message') or event}")
         return event
 

@@ -160,10 +160,11 @@ class MiniCPMODuplexSession(DuplexSession):
         self._check_open()
         b = self._backend
         audio = as_float_audio(chunk.audio, "audio")
-        if audio.size != b.unit_samples:
+        unit = b.loaded.unit_samples
+        if audio.size != unit:
             raise UnsupportedInput(
-                f"a MiniCPM-o duplex step takes exactly {b.unit_samples} samples "
-                f"({b.unit_samples / INPUT_SAMPLE_RATE:g} s), got {audio.size}",
+                f"a MiniCPM-o duplex step takes exactly {unit} samples "
+                f"({unit / INPUT_SAMPLE_RATE:g} s), got {audio.size}",
                 "audio",
             )
         frames, slices = self._frames(chunk)
