@@ -340,3 +340,23 @@ def test_chat_waits_for_duplex_and_backend_close():
     b.close()
     with pytest.raises(BackendError):
         list(b.chat(ChatRequest(messages=[user("x")])))
+
+
+def test_minicpmo_extra_pins_what_the_models_code_supports():
+    """Issue #10.7: torch/torchaudio pinned to the model README's range (<= 2.8.0)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = {
+        r.name: r for r in map(Requirement, project["project"]["optional-dependencies"]["minicpmo"])
+    }
+    for name in ("torch", "torchaudio"):
+        assert extra[name].specifier.contains("2.8.0") and extra[name].specifier.contains("2.3.0")
+        assert not extra[name].specifier.contains("2.9.0") and not extra[name].specifier.contains(
+            "2.2.0"
+        )
+    assert str(extra["transformers"].specifier) == "==4.51.0"
+    package_data = project["tool"]["setuptools"]["package-data"]["omniserve"]
+    assert "data/*.wav" in package_data  # the doctor's speech sample ships with the package
