@@ -184,7 +184,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         children.append(
             spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
         )
-        children.extend(spawn([*exe, "worker"]) for _ in range(args.workers))
+        for _ in range(args.workers):
+            children.append(spawn([*exe, "worker"]))
         if flower:
             children.append(
                 spawn(
