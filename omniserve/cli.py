@@ -264,14 +264,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Load the backend here and check chat, speech and duplex (see omniserve/doctor.py)."""
-    _env_from_args(args)
-    from omnicore.logs import setup_logging
-    from omnicore.settings import get_settings
     from omniserve import doctor
 
-    s = get_settings()
-    setup_logging("info" if args.verbose else "warning")
-    return doctor.main(s, args.units, args.voice, args.json)
+    return doctor.cli(args)
 
 
 def cmd_test(args: argparse.Namespace) -> int:

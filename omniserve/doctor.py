@@ -228,6 +228,32 @@ def report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+def settings_for(args: Any) -> Settings:
+    """The settings (``OMNISERVE_*``) with the command line's backend options on top."""
+    from omnicore.settings import get_settings
+
+    overrides = {
+        field_name: getattr(args, attr)
+        for attr, field_name in (
+            ("backend", "backend"),
+            ("model", "model_path"),
+            ("backend_url", "backend_url"),
+            ("device", "device"),
+            ("backend_options", "backend_options"),
+        )
+        if getattr(args, attr, None) is not None
+    }
+    return get_settings().model_copy(update=overrides)
+
+
+def cli(args: Any) -> int:
+    """``omniserve doctor`` (arguments parsed by omniserve/cli.py)."""
+    from omnicore.logs import setup_logging
+
+    setup_logging("info" if args.verbose else "warning")
+    return main(settings_for(args), args.units, args.voice, args.json)
+
+
 def main(s: Settings, n_units: int, voice_path: str | None, as_json: bool) -> int:
     """Run, print, and return the exit status (0: every check passed or was skipped)."""
     if n_units < 1:
