@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 
@@ -68,7 +68,8 @@ class AudioPart:
 
 @dataclass(slots=True)
 class VideoPart:
-    """A video, already split into frames (encoded JPEG bytes) and 1 s audio segments (16 kHz)."""
+    """A video, split into frames (encoded JPEG bytes, ``stack_frames`` per second of video) and
+    1 s audio segments (16 kHz)."""
 
     frames: list[bytes]
     audio_segments: list[np.ndarray]
@@ -76,7 +77,7 @@ class VideoPart:
     type: Literal["video"] = "video"
 
 
-ContentPart = Union[TextPart, ImagePart, AudioPart, VideoPart]
+ContentPart = TextPart | ImagePart | AudioPart | VideoPart
 
 
 @dataclass(slots=True)
@@ -145,7 +146,7 @@ class ChatDone:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-ChatEvent = Union[ChatPrefilled, ChatDelta, ChatDone]
+ChatEvent = ChatPrefilled | ChatDelta | ChatDone
 
 
 # --------------------------------------------------------------------------- duplex sessions
@@ -164,7 +165,7 @@ class DuplexConfig:
 
 @dataclass(slots=True)
 class DuplexInput:
-    """About one second of input."""
+    """One step's input: a client chunk, or exactly ``Backend.unit_samples`` when set."""
 
     audio: np.ndarray  # 16 kHz float32
     frames: list[bytes] = field(default_factory=list)  # encoded JPEG frames (video mode)
@@ -195,7 +196,7 @@ class DuplexSession(abc.ABC):
     def step(self, chunk: DuplexInput) -> DuplexStep:
         """Consume one input chunk and decide: listen, or speak."""
 
-    def interrupt(self) -> None:
+    def interrupt(self) -> None:  # noqa: B027 - an optional hook
         """Stop speaking at once (force_listen arrived between steps). Default: nothing to do."""
 
     @abc.abstractmethod
@@ -212,6 +213,9 @@ class Backend(abc.ABC):
     max_concurrency: int = 1
     #: context window; a duplex session stops when its KV cache reaches it
     max_context_tokens: int = MAX_CONTEXT_TOKENS
+    #: input samples (16 kHz) one duplex ``step`` consumes, exactly; the worker buffers client
+    #: chunks of any length into such units. None: any chunk as it comes.
+    unit_samples: int | None = None
 
     @abc.abstractmethod
     def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
@@ -225,5 +229,5 @@ class Backend(abc.ABC):
         """What this backend is, for health checks and logs."""
         return {"backend": self.name}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook
         """Release the model (worker shutdown)."""

@@ -1,4 +1,4 @@
-"""The ``omniserve`` command: up, gateway, worker, probe, bench."""
+"""The ``omniserve`` command: up, gateway, worker, probe, doctor, bench."""
 
 from __future__ import annotations
 
@@ -149,6 +149,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Load the backend here and check chat, speech and duplex (see omniserve/doctor.py)."""
+    from omniserve import doctor
+
+    return doctor.cli(args)
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     """Run the whole test suite (pytest); tests start their own Redis, gateways and workers."""
     import pytest
@@ -221,6 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--fast", action="store_true", help="do not pace chunks in real time")
     pa.add_argument("--tail", type=float, default=8.0, help="seconds of silence after the input")
     pr.set_defaults(func=cmd_probe)
+
+    dr = sub.add_parser("doctor", help="load a backend here and check chat, speech and duplex")
+    dr.add_argument("--backend", help="minicpmo, llama_omni, pocket or scripted")
+    dr.add_argument("--model", help="model directory (minicpmo)")
+    dr.add_argument("--backend-url", dest="backend_url", help="llama-omni-server URL")
+    dr.add_argument("--device")
+    dr.add_argument("--backend-options", dest="backend_options", type=json.loads)
+    dr.add_argument("--voice", help="reference voice WAV (default: the bundled speech sample)")
+    dr.add_argument("--units", type=int, default=10, help="duplex units to run (default 10)")
+    dr.add_argument("--json", action="store_true", help="print the report as JSON")
+    dr.add_argument("--verbose", action="store_true", help="show the backend's logs")
+    dr.set_defaults(func=cmd_doctor)
 
     te = sub.add_parser("test", help="run the full test suite (pytest arguments may follow)")
     te.add_argument("rest", nargs=argparse.REMAINDER)

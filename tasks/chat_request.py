@@ -51,8 +51,10 @@ def decode_video(data: bytes, fps: float = 1.0) -> tuple[list[bytes], list[np.nd
             if container.streams.audio:
                 resampler = av.AudioResampler(format="flt", layout="mono", rate=16_000)
                 for frame in container.decode(audio=0):
-                    for out in resampler.resample(frame):
-                        audio.append(out.to_ndarray().reshape(-1).astype(np.float32))
+                    audio.extend(
+                        out.to_ndarray().reshape(-1).astype(np.float32)
+                        for out in resampler.resample(frame)
+                    )
     except av.error.FFmpegError as exc:  # type: ignore[attr-defined]
         raise UnsupportedInput(
             f"video could not be decoded: {exc}", "messages[].content[].data"
@@ -71,10 +73,9 @@ def _part(item: Any) -> ContentPart:
     if kind == "audio":
         return AudioPart(samples=_audio(item["data"], int(item.get("sample_rate") or 16_000)))
     if kind == "video":
-        frames, segments = decode_video(base64.b64decode(item["data"]))
-        return VideoPart(
-            frames=frames, audio_segments=segments, stack_frames=int(item.get("stack_frames") or 1)
-        )
+        stack_frames = int(item.get("stack_frames") or 1)  # frames per second of video
+        frames, segments = decode_video(base64.b64decode(item["data"]), fps=stack_frames)
+        return VideoPart(frames=frames, audio_segments=segments, stack_frames=stack_frames)
     raise UnsupportedInput(f"unknown content type {kind!r}", "messages[].content[].type")
 
 

@@ -21,6 +21,7 @@ from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
 from tasks.endings import DUPLEX
 from tasks.session import SessionContext, audio_b64, new_id, running_session
+from tasks.units import Unit, UnitAssembler
 
 log = logging.getLogger("omniserve.worker")
 
@@ -57,6 +58,9 @@ class DuplexRunner:
         self.backend = ctx.rt.backend
         self.session: DuplexSession | None = None
         self.chunker = AudioChunker()
+        self.units = UnitAssembler(
+            getattr(self.backend, "unit_samples", None), ctx.rt.settings.max_video_frames
+        )
         self.response_id: str | None = None
         self.failures = 0
         self.dropped = 0
@@ -109,6 +113,7 @@ class DuplexRunner:
         if kind == "force_listen":
             if self.session is not None:
                 self.session.interrupt()
+            self.units.interrupt()  # the unit being filled listens, however little it holds
             self.end_response(interrupted=True)
             return False
         if kind == "init":
@@ -161,11 +166,22 @@ class DuplexRunner:
 
     # ------------------------------------------------------------------ steps
     def chunk(self, chunk: AudioChunk) -> bool:
-        """Run one step; True when the session is over."""
+        """Buffer one client chunk, step each unit it completes; True when the session is over."""
+        done = self.units.push(
+            bytes_to_pcm(chunk.audio),
+            chunk.input_id,
+            chunk.frames,
+            chunk.force_listen,
+            chunk.max_slice_nums,
+        )
+        return any(self.step(unit) for unit in done)
+
+    def step(self, chunk: Unit) -> bool:
+        """Run one backend step on one unit; True when the session is over."""
         ctx = self.ctx
         assert self.session is not None and self.backend is not None
         step_in = DuplexInput(
-            audio=bytes_to_pcm(chunk.audio),
+            audio=chunk.audio,
             frames=chunk.frames,
             force_listen=chunk.force_listen,
             max_slice_nums=chunk.max_slice_nums,
@@ -297,5 +313,5 @@ def duplex_session(
             try:
                 ctx.error("backend_error", f"session failed: {exc}", recoverable=False)
                 ctx.closed("error")
-            except Exception:  # noqa: BLE001 - nothing more can be told
-                pass
+            except Exception:  # nothing more can be told
+                log.debug("session %s: could not report the failure", session_id, exc_info=True)

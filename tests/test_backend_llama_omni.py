@@ -37,7 +37,7 @@ from inference import (  # noqa: E402
     VideoPart,
     create_backend,
 )
-from inference.llama_omni import LlamaOmniSessionClosed  # noqa: E402
+from inference.llama_omni import LlamaOmniSessionClosed, protocol  # noqa: E402
 from tests.standins.mock_llama_omni_server import SPEECH, RunningServer  # noqa: E402
 
 
@@ -180,19 +180,14 @@ def test_chat_video_unsupported(server):
         list(b.chat(ChatRequest(messages=[user("x", VideoPart(frames=[], audio_segments=[]))])))
 
 
-def test_chat_server_fatal_close_raises(server):
+def test_chat_server_fatal_close_raises(server, monkeypatch):
     b = make_backend(server)
     bad = Message("user", [TextPart("x"), AudioPart(quiet())])
     # corrupt the audio on the wire: the mock answers invalid_input and closes
-    import inference.llama_omni as lo
-
-    real = lo._pcm_b64
-    lo._pcm_b64 = lambda s: "!!notbase64"
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(protocol, "encode_pcm", lambda samples, field_name="audio": "!!notbase64")
         with pytest.raises(LlamaOmniSessionClosed) as info:
             list(b.chat(ChatRequest(messages=[bad])))
-    finally:
-        lo._pcm_b64 = real
     assert info.value.reason == "invalid_input" and info.value.kind == "input"
     assert isinstance(info.value, BackendError)
     assert isinstance(list(b.chat(ChatRequest(messages=[user("ok")])))[-1], ChatDone)
@@ -315,17 +310,12 @@ def test_duplex_fatal_close_is_backend_error(server):
     s2.close()
 
 
-def test_duplex_bad_voice_fatal(server):
+def test_duplex_bad_voice_fatal(server, monkeypatch):
     b = make_backend(server)
-    import inference.llama_omni as lo
-
-    real = lo._pcm_b64
-    lo._pcm_b64 = lambda s: "***"
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(protocol, "encode_pcm", lambda samples, field_name="audio": "***")
         with pytest.raises(LlamaOmniSessionClosed) as info:
             b.open_duplex().prepare(DuplexConfig(ref_audio=quiet()))
-    finally:
-        lo._pcm_b64 = real
     assert info.value.reason == "voice_audio_decode_failed" and info.value.kind == "input"
     s = b.open_duplex()  # the failed session released the backend
     s.prepare(DuplexConfig())

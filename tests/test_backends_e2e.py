@@ -1,13 +1,15 @@
 """The minicpmo and llama_omni backends through the real worker and gateway.
 
-For each backend, with its stand-in (``tests.standins.fake_minicpmo`` loaded by configuration alone;
-the mock ``llama-omni-server`` run as its own process), one real ``omniserve worker`` (Celery) and one
-real ``omniserve gateway`` (uvicorn) share the test run's private Redis, and a client talks to the
-gateway over real WebSockets: chat turns, audio and video duplex sessions, force_listen, the backend's
-fatal close and the 8192-token context stop.
+For each backend, with its stand-in (``tests.standins.fake_minicpmo`` - strict: it faults where
+the model would corrupt its state - loaded by configuration alone; the mock
+``llama-omni-server`` run as its own process), one real ``omniserve worker`` (Celery) and one
+real ``omniserve gateway`` (uvicorn) share the test run's private Redis, and a client talks to
+the gateway over real WebSockets: chat turns, audio and video duplex sessions, force_listen,
+chunks shorter and longer than the model's one-second unit, the backend's fatal close and the
+8192-token context stop.
 
-Every duplex exchange is paced: one ``input.append``, then wait for that chunk's reply (matched by
-``input_id``) before the next, so the worker never drops a chunk and each step is deterministic.
+Every duplex exchange is paced: one second of input, then wait for its reply (matched by
+``input_id``) before the next, so each step is deterministic.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def minicpmo_stack(redis_server: str) -> Iterator[Stack]:
             OMNISERVE_DEVICE="cpu",
             OMNISERVE_BACKEND_OPTIONS=json.dumps(FAKE_MINICPMO_OPTIONS),
         )
-        s.start_gateway()
+        # several quarter-second chunks may be queued while the worker steps: keep them all
+        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="64")
         yield s
     finally:
         s.stop()
@@ -138,7 +141,7 @@ async def connect(stack: Stack, mode: str) -> Client:
 
 
 def voice_b64(seconds: float = 1.0) -> str:
-    """A reference voice: base64 float32 PCM at 16 kHz (the minicpmo stand-in needs one to speak)."""
+    """A reference voice: base64 float32 PCM at 16 kHz (the minicpmo stand-in speaks with it)."""
     t = np.arange(int(16000 * seconds)) / 16000
     return pcm_b64((0.1 * np.sin(2 * np.pi * 180 * t)).astype(np.float32))
 
@@ -337,8 +340,9 @@ async def test_older_dialect_audio_duplex(backend_stack: Stack) -> None:
         await c.send({"type": "input_audio_buffer.append", "audio": audio})
         return await c.until("response.listen", "response.output_audio.delta", "error")
 
-    ev = await append(silence())
-    assert ev["type"] == "response.listen" and ev["kv_cache_length"] > 0, ev
+    for _ in range(2):  # MiniCPM-o listens for the first three units (the demo's default)
+        ev = await append(silence())
+        assert ev["type"] == "response.listen" and ev["kv_cache_length"] > 0, ev
     assert (await append(speech()))["type"] == "response.listen"
     spoken, sizes, ends = "", [], []
     for _ in range(3):
@@ -402,11 +406,104 @@ async def test_minicpmo_video_frame(minicpmo_stack: Stack) -> None:
     kv0 = created["prompt_length"]
     ev = assert_listen_only(await d.step(silence(), video_frames=[jpeg_b64()], max_slice_nums=2))
     assert ev["metrics"]["vision_frames"] == 1
+    # spec/03: the overview and its two slices, 64 tokens each
+    assert (ev["metrics"]["vision_slices"], ev["metrics"]["vision_tokens"]) == (3, 192)
     kv1 = ev["metrics"]["kv_cache_length"]
     assert kv1 - kv0 >= 66 * 3  # one frame at 2 slices (+ the overview) went into the context
     ev = assert_listen_only(await d.step(silence()))  # audio only
     assert ev["metrics"]["vision_frames"] == 0 and ev["metrics"]["kv_cache_length"] < kv1 + 66
+    assert (ev["metrics"]["vision_slices"], ev["metrics"]["vision_tokens"]) == (0, 0)
     await close_session(minicpmo_stack, c)
+
+
+async def send_unit(d: Duplex, audio: np.ndarray, pieces: int, barge_in: bool = False) -> list:
+    """One second of input as ``pieces`` chunks (``force_listen`` on the first when
+    ``barge_in``); returns the deltas up to the reply, which comes for the chunk ending it."""
+    parts = np.array_split(audio, pieces)
+    for i, part in enumerate(parts[:-1]):
+        d.sent += 1
+        fields = {"force_listen": True} if barge_in and i == 0 else {}
+        await d.c.send({"type": "input.append", "input": {"audio": pcm_b64(part), **fields}})
+    return await d.step(pcm_b64(parts[-1]))
+
+
+@pytest.mark.parametrize("pieces", [4, 3])
+async def test_minicpmo_quarter_second_chunks_are_buffered_into_units(
+    minicpmo_stack: Stack, pieces: int
+) -> None:
+    """Issue #10.2/3: the model consumes exactly one second per step; 250 ms (and uneven) chunks
+    are buffered by the worker, and a barge-in in a unit's first chunk closes the speaking turn.
+    A short prefill, or a turn left open, would show in the strict stand-in's replies."""
+    minicpmo_stack.wait_free(1, timeout=20)
+    c, d, _ = await open_duplex(
+        minicpmo_stack, "audio", {"voice": {"ref_audio_base64": voice_b64()}}
+    )
+    quiet = np.zeros(16000, dtype=np.float32)
+    loud = (0.2 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    for audio in (quiet, quiet, loud):  # the start-up guard, then the user speaks
+        ev = assert_listen_only(await send_unit(d, audio, pieces))
+        assert ev["input_id"] == f"input_{d.sent}"  # the chunk that completed the unit
+    text = ""
+    for _ in range(3):
+        frames = await send_unit(d, quiet, pieces)
+        assert [f["kind"] for f in deltas(frames)] == ["text", "audio"], frames
+        text += frames[0]["text"]
+    assert text == SPOKEN
+    # a second turn, interrupted by the user speaking with force_listen
+    assert_listen_only(await send_unit(d, loud, pieces))
+    frames = await send_unit(d, quiet, pieces)
+    assert deltas(frames)[0]["text"] == "Hello"
+    interrupted = frames[0]["response_id"]
+    mark = len(c.received)
+    ev = assert_listen_only(await send_unit(d, loud, pieces, barge_in=True))
+    assert ev["metrics"]["force_listen"] is True
+    frames = await send_unit(d, quiet, pieces)  # answers the barge-in: a new turn from its start
+    assert deltas(frames)[0]["text"] == "Hello", frames
+    assert frames[0]["response_id"] != interrupted
+    assert not [f for f in c.received[mark:] if f.get("response_id") == interrupted]
+    assert not [f for f in c.received if f["type"] == "error"]
+    await close_session(minicpmo_stack, c)
+
+
+async def test_minicpmo_long_chunks_do_not_lag(minicpmo_stack: Stack) -> None:
+    """Issue #10.2: a 1.5 s chunk is one unit and half of the next, never a backlog in the
+    model (the strict stand-in faults when its audio buffer lags the input)."""
+    minicpmo_stack.wait_free(1, timeout=20)
+    c, d, _ = await open_duplex(
+        minicpmo_stack, "audio", {"voice": {"ref_audio_base64": voice_b64()}}
+    )
+    replies = []
+    for n, units in enumerate([1, 2, 1, 2], start=1):  # 4 chunks of 1.5 s: 6 units
+        await c.send({"type": "input.append", "input": {"audio": silence(1.5)}})
+        for _ in range(units):
+            ev = await c.until("response.output.delta", "error")
+            assert ev["type"] == "response.output.delta" and ev["kind"] == "listen", ev
+            replies.append(ev["input_id"])
+        d.sent = n
+    assert replies == ["input_1", "input_2", "input_2", "input_3", "input_4", "input_4"]
+    await close_session(minicpmo_stack, c)
+
+
+async def test_minicpmo_older_dialect_quarter_second_chunks(minicpmo_stack: Stack) -> None:
+    """spec/04 allows 4000-sample appends: four make one step and one reply."""
+    minicpmo_stack.wait_free(1, timeout=20)
+    c = await connect(minicpmo_stack, "audio")
+    await c.until("session.queue_done", timeout=30)
+    await c.send(
+        {"type": "session.update", "session": {"instructions": "hi", "ref_audio": voice_b64()}}
+    )
+    await c.until("session.created")
+    replies = []
+    for quarter in (silence(0.25), silence(0.25), speech(0.25), silence(0.25)):
+        for _ in range(4):
+            await c.send({"type": "input_audio_buffer.append", "audio": quarter})
+        replies.append(await c.until("response.listen", "response.output_audio.delta", "error"))
+    kinds = [r["type"] for r in replies]
+    assert kinds == ["response.listen"] * 3 + ["response.output_audio.delta"], replies
+    assert replies[-1]["text"] == "Hello" and decode_audio(replies[-1]["audio"]).size == 24000
+    await c.send({"type": "session.close", "reason": "user_stop"})
+    assert (await c.until("session.closed"))["reason"] == "stopped"
+    minicpmo_stack.wait_free(1, timeout=10)
 
 
 async def test_minicpmo_context_full_closes_session(minicpmo_stack: Stack) -> None:

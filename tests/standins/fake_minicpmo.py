@@ -1,329 +1,108 @@
-"""A stand-in for the MiniCPM-o 4.5 model object (no torch, no weights).
+"""A strict stand-in for the MiniCPM-o 4.5 model object (no torch, no weights).
 
-It has the method names, signatures and return shapes of the model's remote code
-(``modeling_minicpmo.py``: ``MiniCPMO`` and its duplex wrapper) and records every call, so tests
-can assert the call sequence a real session makes. It produces deterministic output:
+It has the names, signatures and return shapes of the model repository's ``MiniCPMO``
+(``modeling_minicpmo.py``) and behaves as that code does where omniserve could get it wrong:
 
-- chat: the answer is ``"echo: <last user text>"``;
-- duplex: the model listens until it has heard a loud chunk (RMS > 0.05) followed by a quiet one,
-  then speaks ``SPEECH`` over consecutive chunks (one second of 24 kHz audio each), the last one
-  with ``end_of_turn``.
+- ``init_tts`` loads the vocoder; a second call (the real one reloads Token2wav for seconds and
+  replaces its settings) raises ``StandInFault``; without a TTS module (loaded with
+  ``init_tts=False``) it fails as the real one does (AttributeError);
+- ``as_duplex`` builds a wrapper through ``from_existing_model`` (tests/standins/
+  fake_minicpmo_revisions.py), which calls ``init_tts`` itself and overwrites the streaming
+  constants (``CNN_REDUNDANCY_MS`` 20): chat turns record the constants they run with;
+- ``init_token2wav_cache`` writes the voice to a ``NamedTemporaryFile(delete=False)`` it never
+  removes, exactly like the real one;
+- chat: the answer is ``"echo: <last user text>"``; ``streaming_prefill`` takes one message with
+  at most one audio chunk (1035 ms first, then 1000 ms), a short chunk only as the last.
 
-Load it through configuration alone::
+Every call is recorded in ``model.calls``. Load it through configuration alone::
 
-    create_backend("minicpmo", model_path="/anything", model_loader="tests.standins.fake_minicpmo:load")
+    create_backend("minicpmo", model_path="/anything",
+                   model_loader="tests.standins.fake_minicpmo:load")
 
-(``omniserve worker --backend minicpmo --model /anything`` plus the backend option
-``model_loader=tests.standins.fake_minicpmo:load``). ``load`` takes the same keyword options the
-backend gives a loader.
+(or ``--backend-options '{"model_loader": "tests.standins.fake_minicpmo:load"}'``). The
+loader option ``revision`` picks the duplex wrapper: ``published`` (default), ``legacy`` or
+``demo``.
 """
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-SPEECH = ["Hello", " there,", " how can I help?"]
-OUT_RATE = 24_000
+from tests.standins.fake_minicpmo_decoder import QUERY_NUM, SPEECH, StandInFault, wave
+from tests.standins.fake_minicpmo_revisions import REVISIONS
+
+__all__ = ["INSTANCES", "SPEECH", "FakeMiniCPMO", "StandInFault", "load"]
 
 #: every model created by ``load`` in this process (tests look at the last one)
 INSTANCES: list[FakeMiniCPMO] = []
 _lock = threading.Lock()
 
 
-def _tokens(text: str) -> int:
+def _words(text: str) -> int:
     return max(1, len(text.split())) if text else 0
 
 
 class FakeAudioTokenizer:
     """The Token2wav vocoder's live caches (what a session must not leak)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enable_float16: bool, n_timesteps: int) -> None:
+        self.enable_float16 = enable_float16
+        self.n_timesteps = n_timesteps
         self.cache: Any = None
         self.stream_cache: Any = None
         self.hift_cache_dict: Any = None
 
     def set_stream_cache(self, prompt_wav_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        with open(prompt_wav_path, "rb") as fh:
+            if fh.read(4) != b"RIFF":
+                raise ValueError("not a WAV file")
         self.cache = {"prompt": prompt_wav_path}
+        self.stream_cache = {"flow": prompt_wav_path}
         return {"flow": prompt_wav_path}, {"hift": prompt_wav_path}
-
-
-class FakeTTS:
-    def __init__(self) -> None:
-        self.audio_tokenizer: FakeAudioTokenizer | None = None
 
 
 class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(range(_tokens(text)))
+        return list(range(_words(text)))
 
     def decode(self, ids: list[int]) -> str:
         return " ".join("tok" for _ in ids)
 
 
-class FakeProcessor:
-    def __init__(self) -> None:
-        self.tokenizer = FakeTokenizer()
-
-
-class FakeStreamDecoder:
-    def __init__(self) -> None:
-        self.cache_length = 0
-
-    def get_cache_length(self) -> int:
-        return self.cache_length
-
-    def reset(self) -> None:
-        self.cache_length = 0
-
-
-def _wave(seconds: float, freq: float = 220.0) -> np.ndarray:
-    n = int(OUT_RATE * seconds)
-    t = np.arange(n, dtype=np.float32) / OUT_RATE
-    return (0.2 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
-
-
-class FakeDuplex:
-    """Mirrors ``MiniCPMODuplex``: prepare / streaming_prefill / streaming_generate / as_simplex."""
-
-    def __init__(
-        self,
-        model: FakeMiniCPMO,
-        generate_audio: bool = True,
-        force_listen_count: int = 0,
-        tts_temperature: float = 0.8,
-        **kwargs: Any,
-    ) -> None:
-        self.model = model
-        self.generate_audio = generate_audio
-        self.force_listen_count = force_listen_count
-        self.tts_temperature = tts_temperature
-        self.init_kwargs = dict(kwargs)
-        self.decoder = FakeStreamDecoder()
-        # sampling attributes the reference wrapper keeps (and the demo leaks across sessions)
-        self.temperature = 0.7
-        self.top_k = 20
-        self.top_p = 0.8
-        self.listen_prob_scale = 1.0
-        self.max_new_speak_tokens_per_chunk = 20
-        self.text_repetition_penalty = 1.05
-        self.text_repetition_window_size = 512
-        self.break_set = False
-        self.session_stopped = False
-        self._reset_streaming_state()
-
-    def _log(self, name: str, **kwargs: Any) -> None:
-        self.model.calls.append((f"duplex.{name}", kwargs))
-
-    def _reset_streaming_state(self) -> None:
-        self._streaming_generate_count = 0
-        self.pending = False
-        self.heard_voice = False
-        self.last_rms = 0.0
-        self.speech_index = -1
-        self.prompt_wav_path: str | None = None
-        self.token2wav_initialized = False
-
-    def clear_break_event(self) -> None:
-        self.break_set = False
-
-    def clear_session_stop(self) -> None:
-        self.session_stopped = False
-
-    def set_break_event(self) -> None:
-        self.break_set = True
-
-    def set_session_stop(self) -> None:
-        self._log("set_session_stop")
-        self.session_stopped = True
-        self.break_set = True
-
-    def prepare(
-        self,
-        prefix_system_prompt: str | None = None,
-        suffix_system_prompt: str | None = None,
-        ref_audio: np.ndarray | None = None,
-        prompt_wav_path: str | None = None,
-        context_previous_marker: str = "\n\nprevious: ",
-    ) -> str:
-        self._log(
-            "prepare",
-            prefix_system_prompt=prefix_system_prompt,
-            suffix_system_prompt=suffix_system_prompt,
-            ref_audio=None if ref_audio is None else len(ref_audio),
-            prompt_wav_path=prompt_wav_path,
-        )
-        self.clear_break_event()
-        self.clear_session_stop()
-        self._reset_streaming_state()
-        self.decoder.reset()
-        if prompt_wav_path and self.generate_audio:
-            with open(prompt_wav_path, "rb") as fh:  # the real wrapper reads it into the vocoder
-                if fh.read(4) != b"RIFF":
-                    raise ValueError("prompt_wav_path is not a WAV file")
-            assert self.model.tts.audio_tokenizer is not None, "init_tts was not called"
-            self.model.tts.audio_tokenizer.set_stream_cache(prompt_wav_path)
-            self.model.tts.audio_tokenizer.stream_cache = {"flow": prompt_wav_path}
-            self.prompt_wav_path = prompt_wav_path
-            self.token2wav_initialized = True
-        self.decoder.cache_length += _tokens(prefix_system_prompt or "") + _tokens(
-            suffix_system_prompt or ""
-        )
-        if ref_audio is not None:
-            self.decoder.cache_length += max(1, len(ref_audio) // 1600)
-        return (prefix_system_prompt or "") + (suffix_system_prompt or "")
-
-    def streaming_prefill(
-        self,
-        audio_waveform: np.ndarray | None = None,
-        frame_list: list | None = None,
-        text_list: list | None = None,
-        max_slice_nums: int | list[int] = 1,
-        batch_vision_feed: bool = False,
-    ) -> dict[str, Any]:
-        n_frames = len(frame_list or [])
-        self._log(
-            "streaming_prefill",
-            audio=None if audio_waveform is None else len(audio_waveform),
-            frames=n_frames,
-            max_slice_nums=max_slice_nums,
-        )
-        if self.session_stopped:
-            raise RuntimeError("streaming_prefill after session stop")
-        if self.pending:
-            raise RuntimeError("streaming_prefill called twice without streaming_generate")
-        if frame_list:
-            from PIL import Image  # frames must arrive decoded, as PIL images
-
-            assert all(isinstance(f, Image.Image) for f in frame_list)
-        audio = np.asarray(audio_waveform if audio_waveform is not None else [], dtype=np.float32)
-        self.last_rms = float(np.sqrt(np.mean(audio**2))) if audio.size else 0.0
-        slices = max_slice_nums if isinstance(max_slice_nums, int) else max(max_slice_nums)
-        self.decoder.cache_length += 1 + 10 + n_frames * (slices + 1) * 66
-        self.pending = True
-        return {"success": True, "cost_vision_process": 0.0, "cost_audio_process": 0.0}
-
-    def streaming_generate(
-        self,
-        prompt_wav_path: str | None = None,
-        max_new_speak_tokens_per_chunk: int = 20,
-        decode_mode: str = "sampling",
-        temperature: float = 0.7,
-        top_k: int = 20,
-        top_p: float = 0.8,
-        listen_prob_scale: float = 1.0,
-        listen_top_k: int | None = None,
-        text_repetition_penalty: float = 1.05,
-        text_repetition_window_size: int = 512,
-        length_penalty: float = 1.0,
-        force_listen_override: bool = False,
-    ) -> dict[str, Any]:
-        self._log(
-            "streaming_generate",
-            prompt_wav_path=prompt_wav_path,
-            max_new_speak_tokens_per_chunk=max_new_speak_tokens_per_chunk,
-            decode_mode=decode_mode,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            listen_prob_scale=listen_prob_scale,
-            length_penalty=length_penalty,
-            force_listen_override=force_listen_override,
-        )
-        if not self.pending:
-            raise RuntimeError("streaming_generate without streaming_prefill")
-        self.pending = False
-        forced = self._streaming_generate_count < self.force_listen_count or force_listen_override
-        self._streaming_generate_count += 1
-        base = {
-            "current_time": self._streaming_generate_count,
-            "cost_llm": 0.001,
-            "cost_tts_prep": 0.0,
-            "cost_tts": 0.0,
-            "cost_token2wav": 0.0,
-            "cost_all": 0.001,
-            "n_tts_tokens": 0,
-        }
-        if forced or self.break_set:
-            self.speech_index = -1
-            self.decoder.cache_length += 1
-            return {
-                **base,
-                "is_listen": True,
-                "text": "",
-                "audio_waveform": _wave(1.0, 0.0) * 0,
-                "end_of_turn": self.break_set,
-                "n_tokens": 1,
-            }
-        loud = self.last_rms > 0.05
-        if self.speech_index < 0:
-            if loud:
-                self.heard_voice = True
-            elif self.heard_voice:
-                self.heard_voice = False
-                self.speech_index = 0
-        if self.speech_index < 0:
-            self.decoder.cache_length += 1
-            return {
-                **base,
-                "is_listen": True,
-                "text": "",
-                "audio_waveform": _wave(1.0, 0.0) * 0,
-                "end_of_turn": False,
-                "n_tokens": 1,
-            }
-        text = SPEECH[self.speech_index]
-        self.speech_index += 1
-        end = self.speech_index >= len(SPEECH)
-        if end:
-            self.speech_index = -1
-        n_tokens = min(max_new_speak_tokens_per_chunk, _tokens(text) + 2)
-        self.decoder.cache_length += n_tokens
-        audio = None
-        if self.generate_audio:
-            if prompt_wav_path is None or not self.token2wav_initialized:
-                raise RuntimeError("speech requested without a prompt_wav_path")
-            audio = _wave(0.6 if end else 1.0)
-        return {
-            **base,
-            "is_listen": False,
-            "text": text,
-            "audio_waveform": audio,
-            "end_of_turn": end,
-            "n_tokens": n_tokens,
-            "n_tts_tokens": 25 if audio is not None else 0,
-            "cost_tts": 0.002 if audio is not None else 0.0,
-        }
-
-    def as_simplex(self, reset_session: bool = True) -> FakeMiniCPMO:
-        self._log("as_simplex", reset_session=reset_session)
-        self.model.duplex_open = False
-        if reset_session:
-            self.model.reset_session(reset_token2wav_cache=True)
-        return self.model
+class FakeImageProcessor:
+    def get_sliced_grid(self, image_size: Any, max_slice_nums: int, nerver_split: bool = False):
+        """No slicing at 1; else a 1 x N grid (the real one depends on the image size)."""
+        return None if max_slice_nums <= 1 else [1, int(max_slice_nums)]
 
 
 class FakeMiniCPMO:
     """Mirrors ``MiniCPMO`` (the AutoModel object)."""
 
-    #: streaming audio chunking of the real class: one user streaming_prefill call carries at most
-    #: one chunk, FIRST_CHUNK_MS for the first of a session, then CHUNK_MS
-    SAMPLE_RATE = 16_000
-    CHUNK_MS = 1000
-    FIRST_CHUNK_MS = 1035
-
     def __init__(self, model_path: str | None = None, **options: Any) -> None:
         self.model_path = model_path
         self.options = dict(options)
+        self.revision = REVISIONS[options.get("revision", "published")]
+        self.config = SimpleNamespace(_name_or_path=model_path, query_num=QUERY_NUM)
+        self.processor = SimpleNamespace(
+            tokenizer=FakeTokenizer(), image_processor=FakeImageProcessor()
+        )
+        if options.get("init_tts", True):
+            self.tts = SimpleNamespace(audio_tokenizer=None)
         self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.tts = FakeTTS()
-        self.processor = FakeProcessor()
+        self.duplex_wrappers: list[Any] = []
+        self.stream_configs: list[dict[str, Any]] = []
+        self.token2wav_files: list[str] = []
         self.device = options.get("device", "cpu")
-        self.duplex_open = False
-        self.duplex_wrappers: list[FakeDuplex] = []
+        self.SAMPLE_RATE = 16000
+        self.CHUNK_MS = 1000
+        self.FIRST_CHUNK_MS = 1035
+        self.CNN_REDUNDANCY_MS = 0
         self.reset_session(reset_token2wav_cache=True)
         self.calls.clear()
 
@@ -343,30 +122,53 @@ class FakeMiniCPMO:
 
     def init_tts(
         self,
-        streaming: bool = False,
         model_dir: str | None = None,
         enable_float16: bool = False,
         n_timesteps: int = 10,
+        **kwargs: Any,
     ) -> FakeAudioTokenizer:
-        self._log(
-            "init_tts", streaming=streaming, enable_float16=enable_float16, n_timesteps=n_timesteps
+        self._log("init_tts", enable_float16=enable_float16, n_timesteps=n_timesteps)
+        tts = self.tts  # AttributeError without a TTS module, as in the real code
+        if tts.audio_tokenizer is not None:
+            raise StandInFault("init_tts called again: the vocoder is reloaded, settings replaced")
+        tts.audio_tokenizer = FakeAudioTokenizer(enable_float16, n_timesteps)
+        return tts.audio_tokenizer
+
+    def as_duplex(self, device: str | None = None, **kwargs: Any) -> Any:
+        self._log("as_duplex", **kwargs)
+        return self.revision.from_existing_model(model=self, device=device, **kwargs)
+
+    def init_streaming_processor(self) -> None:
+        self.stream_configs.append(
+            {
+                "chunk_ms": self.CHUNK_MS,
+                "first_chunk_ms": self.FIRST_CHUNK_MS,
+                "cnn_redundancy_ms": self.CNN_REDUNDANCY_MS,
+            }
         )
-        self.tts.audio_tokenizer = FakeAudioTokenizer()
-        return self.tts.audio_tokenizer
+        self.audio_chunk_idx = 0
 
     # --- session state
     def reset_session(self, reset_token2wav_cache: bool = True) -> None:
         self._log("reset_session", reset_token2wav_cache=reset_token2wav_cache)
         self.llm_past_key_values: int | None = None
         self.session_id: str | None = None
-        self.new_user_msg = True
         if reset_token2wav_cache:
             self.token2wav_cache: dict[str, Any] | None = None
 
     def init_token2wav_cache(self, prompt_speech_16k: np.ndarray) -> None:
+        from omnicore.audio import write_wav
+
         self._log("init_token2wav_cache", samples=len(prompt_speech_16k))
-        assert self.tts.audio_tokenizer is not None, "init_tts was not called"
-        self.token2wav_cache = {"flow_cache_base": len(prompt_speech_16k)}
+        tokenizer = self.tts.audio_tokenizer
+        if tokenizer is None:
+            raise AttributeError("'NoneType' object has no attribute 'set_stream_cache'")
+        tokenizer.cache = None
+        with tempfile.NamedTemporaryFile(suffix=".wav", delete=False) as tmp:  # never removed
+            write_wav(tmp.name, prompt_speech_16k, 16000)
+            self.token2wav_files.append(tmp.name)
+            flow, hift = tokenizer.set_stream_cache(tmp.name)
+        self.token2wav_cache = {"flow_cache_base": flow, "hift_cache_base": hift}
 
     def _get_kv_cache_length(self, cache: Any = None) -> int:
         return int(self.llm_past_key_values or 0)
@@ -381,7 +183,7 @@ class FakeMiniCPMO:
         if ref_audio is not None:
             return {
                 "role": "system",
-                "content": ["Use the voice in the audio prompt.", ref_audio, "You are helpful."],
+                "content": ["Clone the voice in the provided audio prompt.", ref_audio, "Help."],
             }
         return {"role": "system", "content": ["You are a helpful assistant."]}
 
@@ -401,19 +203,14 @@ class FakeMiniCPMO:
         self,
         image: Any = None,
         msgs: list[dict[str, Any]] | None = None,
-        vision_hidden_states: Any = None,
         max_new_tokens: int = 4096,
-        min_new_tokens: int = 0,
         do_sample: bool = True,
-        max_inp_length: int = 8192,
         stream: bool = False,
-        stream_input: bool = False,
         max_slice_nums: int | None = None,
         use_image_id: bool | None = None,
         enable_thinking: bool = False,
         use_tts_template: bool = False,
         generate_audio: bool = False,
-        output_audio_path: str | None = None,
         omni_mode: bool = False,
         return_prompt: bool = False,
         **kwargs: Any,
@@ -426,23 +223,12 @@ class FakeMiniCPMO:
             do_sample=do_sample,
             generate_audio=generate_audio,
             omni_mode=omni_mode,
-            max_slice_nums=max_slice_nums,
             **kwargs,
         )
-        answer = self._answer(msgs)
-        words = answer.split()[:max_new_tokens]
-        answer = " ".join(words)
-        if return_prompt:  # the real chat() keeps no token statistics; it can return its prompt
-            prompt = "".join(
-                f"<|im_start|>{m['role']}\n{FakeMiniCPMO._text(m)}<|im_end|>\n" for m in msgs
-            )
-            return answer, prompt + "<|im_start|>assistant\n"
+        answer = " ".join(self._answer(msgs).split()[:max_new_tokens])
+        if return_prompt:
+            return answer, "".join(f"<|im_start|>{m['role']}\n..<|im_end|>\n" for m in msgs)
         return answer
-
-    @staticmethod
-    def _text(msg: dict[str, Any]) -> str:
-        content = msg["content"] if isinstance(msg["content"], list) else [msg["content"]]
-        return " ".join(c if isinstance(c, str) else "<media>" for c in content)
 
     def streaming_prefill(
         self,
@@ -460,6 +246,12 @@ class FakeMiniCPMO:
         msg = msgs[0]
         audios = [c for c in msg["content"] if isinstance(c, np.ndarray)]
         assert len(audios) <= 1, "streaming mode only supports single audio"
+        if self.session_id != session_id:
+            self.reset_session(reset_token2wav_cache=False)
+            self.session_id = session_id
+            self.init_streaming_processor()
+            self._prefilled: list[dict[str, Any]] = []
+            self._short_chunk_open = False
         self._log(
             "streaming_prefill",
             session_id=session_id,
@@ -467,52 +259,30 @@ class FakeMiniCPMO:
             n_items=len(msg["content"]),
             omni_mode=omni_mode,
             is_last_chunk=is_last_chunk,
-            use_tts_template=use_tts_template,
+            cnn_redundancy_ms=self.stream_configs[-1]["cnn_redundancy_ms"],
         )
-        if self.session_id != session_id:
-            self.reset_session(reset_token2wav_cache=False)
-            self.session_id = session_id
-            self._prefilled: list[dict[str, Any]] = []
-            self.audio_chunk_idx = 0
-            self._short_chunk_open = False
         if msg["role"] == "user" and audios:
-            # the real streaming path encodes exactly one chunk per call: a longer waveform fails in
-            # get_omni_embedding, a short chunk that is not flushed with is_last_chunk starves the
-            # next one (conv1d "kernel size can't be greater than actual input size")
             limit_ms = self.FIRST_CHUNK_MS if self.audio_chunk_idx == 0 else self.CHUNK_MS
-            limit = limit_ms * self.SAMPLE_RATE // 1000
-            if len(audios[0]) > limit:
-                raise RuntimeError(
-                    f"The expanded size of the tensor must match: audio chunk of {len(audios[0])} samples > {limit}"
-                )
+            if len(audios[0]) > limit_ms * self.SAMPLE_RATE // 1000:
+                raise RuntimeError("The expanded size of the tensor must match (audio too long)")
             if self._short_chunk_open:
-                raise RuntimeError(
-                    "Kernel size can't be greater than actual input size (short audio chunk mid-stream)"
-                )
+                raise RuntimeError("Kernel size can't be greater than actual input size")
             full = self.CHUNK_MS * self.SAMPLE_RATE // 1000
             self._short_chunk_open = len(audios[0]) < full and not is_last_chunk
             self.audio_chunk_idx += 1
         self._prefilled.append(msg)
-        self.llm_past_key_values = (
-            int(self.llm_past_key_values or 0)
-            + 5
-            + 10 * len(audios)
-            + sum(64 for c in msg["content"] if not isinstance(c, (str, np.ndarray)))
-        )
+        media = sum(64 for c in msg["content"] if not isinstance(c, (str, np.ndarray)))
+        self.llm_past_key_values = int(self.llm_past_key_values or 0) + 5 + 10 * len(audios) + media
         return "<prompt>"
 
     def streaming_generate(
         self,
         session_id: str,
-        bos_input: Any = None,
         generate_audio: bool = True,
-        audio_token_chunk_size: int = 25,
-        tts_sampling_params: Any = None,
         max_new_tokens: int = 256,
         enable_thinking: bool = False,
         use_tts_template: bool = True,
         do_sample: bool = True,
-        enable_speculative_snapshot: bool = False,
         **kwargs: Any,
     ) -> Iterator[tuple[Any, Any]]:
         self._log(
@@ -527,31 +297,17 @@ class FakeMiniCPMO:
         if generate_audio:
             assert self.token2wav_cache is not None, "generate_audio without init_token2wav_cache"
         words = self._answer(self._prefilled).split()[:max_new_tokens]
-        # like the real class: the id list is dropped at the start and kept only with audio output
         if hasattr(self, "_streaming_generated_token_ids"):
-            del self._streaming_generated_token_ids
+            del self._streaming_generated_token_ids  # kept only when speaking, like the real one
         for i, word in enumerate(words):
             delta = word if i == 0 else " " + word
-            if generate_audio:
-                self._streaming_generated_token_ids = getattr(
-                    self, "_streaming_generated_token_ids", []
-                )
-                self._streaming_generated_token_ids.append(i)
             self.llm_past_key_values = int(self.llm_past_key_values or 0) + 1
             if generate_audio:
-                yield _wave(1.0), delta
+                ids = getattr(self, "_streaming_generated_token_ids", [])
+                self._streaming_generated_token_ids = [*ids, i]
+                yield wave(1.0), delta
             else:
                 yield delta, i == len(words) - 1
-
-    # --- duplex (as_duplex is in the model repository's remote code; the MiniCPM-o-Demo copy of
-    # modeling_minicpmo.py has none: there MiniCPMODuplex loads its own copy of the weights)
-    def as_duplex(self, device: str | None = None, **kwargs: Any) -> FakeDuplex:
-        self._log("as_duplex", **kwargs)
-        assert not self.duplex_open, "as_duplex while another duplex wrapper is live"
-        self.duplex_open = True
-        wrapper = FakeDuplex(self, **kwargs)
-        self.duplex_wrappers.append(wrapper)
-        return wrapper
 
 
 def load(model_path: str | None, **options: Any) -> FakeMiniCPMO:
