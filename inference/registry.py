@@ -15,6 +15,20 @@ _BACKENDS: dict[str, str] = {
 }
 
 
+#: what a worker says it is loading, for progress lines and the registry
+LOADING_WHAT = {
+    "pocket": "pocket models (Whisper, SmolLM2, Piper)",
+    "minicpmo": "the MiniCPM-o model",
+    "llama_omni": "the llama-omni-server client",
+    "scripted": "the scripted backend (deterministic, model-free)",
+}
+
+
+def loading_what(name: str) -> str:
+    """A person's description of what loading backend ``name`` means."""
+    return LOADING_WHAT.get(name, name)
+
+
 def available_backends() -> list[str]:
     """Names accepted by ``create_backend``."""
     return sorted(_BACKENDS)

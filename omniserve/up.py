@@ -36,7 +36,7 @@ def wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]])
     return False
 
 
-def loading_what(base: str) -> str:
+def workers_loading(base: str) -> str:
     """What the workers say they are loading (from the registry), for the progress line."""
     try:
         workers = httpx.get(base + "/v1/workers", timeout=2.0).json()["workers"]
@@ -54,7 +54,7 @@ def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]
     Returns the last /health body, or None when a component exited or the time ran out.
     """
     t0 = time.monotonic()
-    next_line = t0
+    next_line = t0 + PROGRESS_EVERY_S  # the first line was printed when the workers started
     while time.monotonic() - t0 < timeout:
         if any(c.poll() is not None for c in children):
             return None
@@ -66,7 +66,7 @@ def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]
             return health
         now = time.monotonic()
         if now >= next_line:
-            print(f"loading   {loading_what(base)}... ({now - t0:.0f} s)", flush=True)
+            print(f"loading   {workers_loading(base)}... ({now - t0:.0f} s)", flush=True)
             next_line = now + PROGRESS_EVERY_S
         time.sleep(0.25)
     return None
@@ -90,7 +90,7 @@ def start_redis(url: str) -> tuple[str, object | None]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Start the whole stack on this machine and keep it running until Ctrl-C."""
-    from inference.registry import choose_backend
+    from inference.registry import choose_backend, loading_what
     from omnicore.settings import get_settings
     from omniserve.cli import env_from_args
 
@@ -124,6 +124,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
         )
         children.extend(spawn([*exe, "worker"]) for _ in range(args.workers))
+        print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         if flower:
             children.append(
                 spawn(

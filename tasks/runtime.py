@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from inference import Backend, create_backend
-from inference.registry import choose_backend
+from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming.keys import Keys, worker_queue
 from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
@@ -20,15 +20,8 @@ from tasks.watchdog import StepWatchdog
 
 log = logging.getLogger("omniserve.worker")
 
+
 #: what a backend loads, for the progress line while it does
-LOADING_WHAT = {
-    "pocket": "pocket models (Whisper, SmolLM2, Piper)",
-    "minicpmo": "the MiniCPM-o model",
-    "llama_omni": "the llama-omni-server client",
-    "scripted": "the scripted backend (deterministic, model-free)",
-}
-
-
 def backend_options(s: Settings, name: str | None = None) -> dict[str, Any]:
     """Constructor options for the configured backend, from the settings."""
     name = name or s.backend
@@ -117,7 +110,7 @@ class WorkerRuntime:
             "queue": self.queue,
             "slots": len(self.slot_ids),
             "state": "loading",
-            "loading": LOADING_WHAT.get(self.backend_name, self.backend_name),
+            "loading": loading_what(self.backend_name),
             "loading_since": time.time(),
             "expected_load_s": expected,
             "backend": {"backend": self.backend_name},
@@ -138,7 +131,7 @@ class WorkerRuntime:
         if self.backend is None:
             name = self.backend_name
             t0 = time.perf_counter()
-            log.info("loading %s in pid %d", LOADING_WHAT.get(name, name), os.getpid())
+            log.info("loading %s in pid %d", loading_what(name), os.getpid())
             self.backend = create_backend(name, **backend_options(self.settings, name))
             took = time.perf_counter() - t0
             log.info("backend %r ready in %.1fs: %s", name, took, self.backend.info())
