@@ -151,6 +151,8 @@ async function main() {
       captions: $("captions"),
       level: $("mic-level"),
       sent: $("chunks-sent"),
+      framesSent: $("frames-sent"),
+      received: $("audio-received"),
       played: $("audio-played"),
       speaking: $("speaking"),
       preview: $("camera-preview"),

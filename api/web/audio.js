@@ -23,7 +23,7 @@ export async function audioContext() {
 /** A user-facing sentence for a getUserMedia failure. */
 export function mediaErrorText(err, what) {
   if (!window.isSecureContext) {
-    return `The browser allows ${what} only on https:// pages or on localhost / 127.0.0.1.`;
+    return `The browser allows the ${what} only on secure (https) pages or on localhost.`;
   }
   switch (err?.name) {
     case "NotAllowedError":

@@ -242,7 +242,7 @@ export class ChatView {
       return;
     }
     const content = [{ type: "audio", data: float32ToBase64(pcm), sample_rate: INPUT_RATE }];
-    await this.sendMessage({ role: "user", content }, `🎤 voice message (${seconds.toFixed(1)} s)`);
+    await this.sendMessage({ role: "user", content }, `Voice message (${seconds.toFixed(1)} s)`);
   }
 
   resetTalk() {

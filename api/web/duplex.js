@@ -1,7 +1,7 @@
 // Audio and video full-duplex: the microphone streams 1 s chunks (with a camera frame in video
 // mode) while the model's speech plays and its text shows as captions.
 
-import { Microphone, Player, mediaErrorText } from "./audio.js";
+import { Microphone, OUTPUT_RATE, Player, mediaErrorText } from "./audio.js";
 import { Camera } from "./camera.js";
 import { base64ToFloat32 } from "./pcm.js";
 import { RealtimeClient } from "./realtime.js";
@@ -13,7 +13,8 @@ export class DuplexView {
    * @param {object} opts
    * @param {() => {mode: string, apiKey: string, initPayload: object}} opts.sessionOptions
    * @param {import("./status.js").StatusPanel} opts.status
-   * @param {object} opts.els start, stop, interrupt, captions, level, sent, played, speaking,
+   * @param {object} opts.els start, stop, interrupt, captions, level, sent, framesSent, received,
+   *   played, speaking,
    *   preview (video element), previewBox
    * @param {(busy: boolean) => void} opts.onBusy called when a session starts and ends
    */
@@ -50,8 +51,12 @@ export class DuplexView {
     this.status.reset(opts.mode);
     this.els.captions.replaceChildren();
     this.sentChunks = 0;
+    this.sentFrames = 0;
+    this.receivedS = 0;
+    this.els.received.textContent = "0.0";
     this.forceListen = false;
     this.els.sent.textContent = "0";
+    this.els.framesSent.textContent = "0";
     this.mic = new Microphone({
       onChunk: (pcm) => this.onChunk(pcm),
       onLevel: (level) => {
@@ -105,25 +110,41 @@ export class DuplexView {
     if (c.appendAudio(pcm, { frames, forceListen: this.forceListen })) {
       this.forceListen = false;
       this.sentChunks += 1;
+      this.sentFrames += frames.length;
       this.els.sent.textContent = String(this.sentChunks);
+      this.els.framesSent.textContent = String(this.sentFrames);
     }
   }
 
   onServer(ev) {
     if (ev.type !== "response.output.delta") return;
     if (ev.kind === "listen") {
-      this.player.flush(); // the spec: stop queued playback when the model listens again
+      // The spec: stop queued playback when the model listens again. The one exception is the
+      // listen that follows a response the model finished itself (end_of_turn on a delta of its
+      // own step): that is the announced switch back to listening, and a backend that speaks
+      // faster than real time (pocket) would otherwise lose the rest of every answer. A response
+      // cut short (force_listen, barge-in) ends with a flush delta that names no input.
+      if (!this.finishedTurn) this.player.flush();
+      this.finishedTurn = false;
       this.endCaption();
       this.els.speaking.dataset.speaking = "false";
       this.els.speaking.textContent = "Listening";
     } else if (ev.kind === "text") {
       this.caption(ev.response_id).textContent += ev.text;
     } else if (ev.kind === "audio") {
-      this.player.push(base64ToFloat32(ev.audio));
+      const pcm = base64ToFloat32(ev.audio);
+      this.player.push(pcm);
+      this.receivedS += pcm.length / OUTPUT_RATE;
+      this.els.received.textContent = this.receivedS.toFixed(1);
       this.els.speaking.dataset.speaking = "true";
       this.els.speaking.textContent = "Speaking";
     }
-    if (ev.metrics?.end_of_turn) this.endCaption();
+    if (ev.metrics?.end_of_turn) {
+      this.finishedTurn = ev.input_id != null;
+      this.endCaption();
+    } else {
+      this.finishedTurn = false;
+    }
   }
 
   caption(responseId) {
@@ -153,6 +174,7 @@ export class DuplexView {
   /** Stop the model's speech now: local playback at once, force_listen with the next chunk. */
   interrupt() {
     this.player.flush();
+    this.finishedTurn = false;
     this.forceListen = true;
     this.endCaption();
   }

@@ -1,0 +1,418 @@
+"""The browser client (api/web) in a real headless Chromium against the real stack.
+
+Debian's chromium (installed here when missing) runs with fake media devices: the microphone
+plays a WAV of synthesised speech ("What is the capital of France?", Piper when the pocket
+backend is installed, espeak-ng otherwise) followed by silence, in a loop; the camera is
+Chromium's generated test picture. The stack is one gateway and one worker with a single slot
+(pocket where installed, scripted otherwise). The tests assert on what the page shows.
+
+Screenshots go to ``OMNISERVE_TEST_SCREENSHOTS`` (default: the test log directory); the README's
+pictures are made with ``OMNISERVE_TEST_SCREENSHOTS=docs/img``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from inference.registry import preflight
+from omnicore.audio import read_audio, resample, write_wav
+from tests.stack import LOG_DIR, ROOT, Stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = Path("/usr/bin/chromium")
+QUESTION = "What is the capital of France?"
+SCREENSHOTS = Path(os.environ.get("OMNISERVE_TEST_SCREENSHOTS") or LOG_DIR / "web-screenshots")
+LOOP_SILENCE_S = 16  # after the question, so a reply is heard out before the question repeats
+API_KEY = "web-test-key"
+
+try:
+    preflight("pocket")
+    BACKEND = "pocket"
+except Exception:
+    BACKEND = "scripted"
+
+# The pocket cascade on two shared cores answers within seconds; these bounds are generous.
+ANSWER_TIMEOUT_MS = 180_000
+STATE_TIMEOUT_MS = 60_000
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def _apt_install(*packages: str) -> None:
+    """Install Debian packages (CI starts on a clean machine and runs as root)."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600, check=False)
+    subprocess.run(
+        ["apt-get", "install", "-y", *packages],
+        env=env,
+        capture_output=True,
+        timeout=1800,
+        check=False,
+    )
+
+
+def chromium_path() -> Path:
+    if not CHROMIUM.exists():
+        _apt_install("chromium")
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "Debian's chromium is not installed and could not be installed "
+            "(apt-get install chromium needs root and the Debian archive)"
+        )
+    return CHROMIUM
+
+
+def synthesise_question(rate: int = 16_000) -> tuple[np.ndarray, str]:
+    """The spoken question at ``rate``: Piper's voice when installed, espeak-ng otherwise."""
+    if BACKEND == "pocket":
+        from inference.pocket.assets import default_piper_voice
+        from inference.pocket.tts import Speaker
+
+        speech = Speaker(default_piper_voice()).synthesize(QUESTION)
+        return resample(speech, 24_000, rate).astype(np.float32), "piper"
+    if not shutil.which("espeak-ng"):
+        _apt_install("espeak-ng")
+    if not shutil.which("espeak-ng"):
+        pytest.skip("neither the pocket backend's Piper voice nor espeak-ng is available")
+    wav = subprocess.run(
+        ["espeak-ng", "--stdout", QUESTION], capture_output=True, check=True, timeout=60
+    ).stdout
+    samples, sr = read_audio(wav)
+    return resample(samples, sr, rate).astype(np.float32), "espeak-ng"
+
+
+@pytest.fixture(scope="module")
+def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1 s of silence, the question, then silence: what the fake microphone plays (looped)."""
+    rate = 16_000
+    speech, _voice = synthesise_question(rate)
+    silence = np.zeros(rate, dtype=np.float32)
+    tail = np.zeros(rate * LOOP_SILENCE_S, dtype=np.float32)
+    path = tmp_path_factory.mktemp("web") / "question.wav"
+    write_wav(path, np.concatenate([silence, speech, tail]), rate)
+    return path
+
+
+@pytest.fixture(scope="module")
+def web_stack(redis_server: str) -> Iterator[Stack]:
+    s = Stack(redis_server)
+    try:
+        s.start_worker(backend=BACKEND)
+        s.start_gateway()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(speech_wav: Path) -> Iterator[Any]:
+    exe = chromium_path()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=str(exe),
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={speech_wav}",
+            ],
+        )
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def open_page(browser: Any) -> Iterator[Any]:
+    """Open pages in fresh browser contexts; each page's JS errors fail the test."""
+    contexts: list[Any] = []
+    errors: list[str] = []  # uncaught exceptions and console errors of every page
+
+    def opener(url: str, **context_args: Any) -> Any:
+        ctx = browser.new_context(**{"viewport": {"width": 1280, "height": 800}, **context_args})
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+        page.on(
+            "console",
+            lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None,
+        )
+        page.goto(url)
+        page.wait_for_selector("body[data-ready='true'], body.ops", timeout=STATE_TIMEOUT_MS)
+        return page
+
+    yield opener
+    for ctx in contexts:
+        ctx.close()
+    assert not errors, errors
+
+
+def http(stack: Stack, i: int = 0) -> str:
+    return f"http://127.0.0.1:{stack.gateways[i][1]}"
+
+
+def shot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+
+
+def number(page: Any, selector: str) -> float:
+    return float(page.inner_text(selector))
+
+
+def wait_number(page: Any, selector: str, at_least: float, timeout: int) -> None:
+    page.wait_for_function(
+        "([sel, n]) => Number(document.querySelector(sel).textContent) >= n",
+        arg=[selector, at_least],
+        timeout=timeout,
+    )
+
+
+def start_duplex(page: Any) -> None:
+    page.click("#duplex-start")
+    page.wait_for_selector("#state[data-state='active']", timeout=STATE_TIMEOUT_MS)
+
+
+def stop_duplex(page: Any) -> None:
+    page.click("#duplex-stop")
+    page.wait_for_selector("#close-reason[data-reason='user_stop']", timeout=STATE_TIMEOUT_MS)
+
+
+# --------------------------------------------------------------------------- browser tests
+
+
+def test_audio_duplex_captions_and_speech(web_stack: Stack, open_page: Any) -> None:
+    """Microphone in, captions and played speech out, the session's facts on show."""
+    page = open_page(f"{http(web_stack)}/?mode=audio")
+    assert page.inner_text("#duplex-title") == "Audio duplex"
+    start_duplex(page)
+    page.wait_for_selector(f"#backend[data-backend='{BACKEND}']", timeout=STATE_TIMEOUT_MS)
+    # captions arrive from the model's text deltas
+    page.wait_for_function(
+        "document.querySelector('#captions').textContent.trim().length > 0",
+        timeout=ANSWER_TIMEOUT_MS,
+    )
+    # the 24 kHz speech went through the player worklet to the audio output, all of it: the
+    # listen after a finished answer does not cut it short
+    wait_number(page, "#audio-received", 1.0, ANSWER_TIMEOUT_MS)
+    page.wait_for_function(
+        "Number(document.querySelector('#audio-played').textContent) >= "
+        "Number(document.querySelector('#audio-received').textContent) - 0.2",
+        timeout=STATE_TIMEOUT_MS,
+    )
+    assert number(page, "#audio-played") >= 1.0
+    captions = page.inner_text("#captions")
+    if BACKEND == "pocket":
+        assert "paris" in captions.lower(), captions
+    else:
+        assert "Hello from the scripted backend." in captions
+    assert number(page, "#chunks-sent") >= 2
+    assert number(page, "#frames-sent") == 0
+    assert "tokens" in page.inner_text("#kv-text")
+    assert page.locator("#notice").is_hidden()
+    shot(page, "audio-duplex.png")
+    stop_duplex(page)
+    assert page.inner_text("#close-reason") == "You ended the session."
+    assert page.locator("input[name='mode']:disabled").count() == 0  # the picker is free again
+
+
+def test_chat_turn_text_speech_and_voice_message(web_stack: Stack, open_page: Any) -> None:
+    """A typed question gets a streamed, spoken answer; a held-to-talk question gets one too."""
+    page = open_page(f"{http(web_stack)}/?mode=chat")
+    assert page.is_checked("#tts") and page.is_checked("#streaming")
+    page.fill("#chat-text", QUESTION)
+    page.press("#chat-text", "Enter")
+    answer = page.locator(".bubble.assistant").nth(0)
+    answer.locator(".meta:not(:empty)").wait_for(timeout=ANSWER_TIMEOUT_MS)
+    text = answer.locator(".text").inner_text()
+    if BACKEND == "pocket":
+        assert "paris" in text.lower(), text
+    else:
+        assert text == f"You said: {QUESTION}"
+    assert BACKEND in answer.locator(".meta").inner_text()
+    wait_number(page, "#chat-played", 0.3, ANSWER_TIMEOUT_MS)
+    assert page.inner_text("#state") == "Session active"
+
+    # hold to talk: the fake microphone restarts its file, so 5 s hold the whole question
+    talk = page.locator("#chat-talk")
+    talk.focus()
+    page.keyboard.down(" ")
+    page.wait_for_selector("#chat-talk[aria-pressed='true']")
+    page.wait_for_timeout(5_000)  # the length of the recording, not a wait for the server
+    page.keyboard.up(" ")
+    voice = page.locator(".bubble.user").nth(1)
+    voice.wait_for(timeout=STATE_TIMEOUT_MS)
+    assert "Voice message" in voice.inner_text()
+    second = page.locator(".bubble.assistant").nth(1)
+    second.locator(".meta:not(:empty)").wait_for(timeout=ANSWER_TIMEOUT_MS)
+    reply = second.locator(".text").inner_text()
+    assert reply.strip(), "an empty answer to the voice message"
+    if BACKEND == "pocket":
+        assert "paris" in reply.lower(), reply
+    assert not page.locator(".bubble.failed").count()
+    shot(page, "chat.png")
+    page.click("#chat-end")
+    page.wait_for_selector("#close-reason[data-reason='user_stop']", timeout=STATE_TIMEOUT_MS)
+
+
+def test_queue_position_shows_while_the_only_worker_is_busy(
+    web_stack: Stack, open_page: Any
+) -> None:
+    """A second user waits with a position and an estimate, then gets the slot."""
+    first = open_page(f"{http(web_stack)}/?mode=audio")
+    start_duplex(first)
+    second = open_page(f"{http(web_stack)}/?mode=audio")
+    second.click("#duplex-start")
+    second.wait_for_selector("#queue:not([hidden])", timeout=STATE_TIMEOUT_MS)
+    assert second.inner_text("#queue-position") == "1"
+    assert second.get_attribute("#state", "data-state") == "queued"
+    assert second.inner_text("#queue-wait").endswith(("s", "min"))
+    shot(second, "queued.png")
+
+    ops = open_page(f"{http(web_stack)}/ops")
+    ops.wait_for_selector("body[data-loaded='true']", timeout=STATE_TIMEOUT_MS)
+    ops.wait_for_selector(".slot[data-state='busy']", timeout=STATE_TIMEOUT_MS)
+    ops.wait_for_function(
+        "document.querySelector('#tickets').textContent.includes('ticket_')",
+        timeout=STATE_TIMEOUT_MS,
+    )
+    assert ops.inner_text("#queue-length") == "1"
+    assert "audio" in ops.inner_text("#sessions")
+    shot(ops, "ops.png")
+
+    stop_duplex(first)
+    second.wait_for_selector("#state[data-state='active']", timeout=STATE_TIMEOUT_MS)
+    assert second.locator("#queue").is_hidden()
+    stop_duplex(second)
+
+
+def test_video_duplex_sends_camera_frames(web_stack: Stack, open_page: Any) -> None:
+    """Video mode previews the camera and sends a JPEG frame with every audio chunk."""
+    page = open_page(f"{http(web_stack)}/?mode=video")
+    assert page.inner_text("#duplex-title") == "Video duplex"
+    start_duplex(page)
+    page.wait_for_function(
+        "document.querySelector('#camera-preview').videoWidth > 0", timeout=STATE_TIMEOUT_MS
+    )
+    wait_number(page, "#frames-sent", 3, STATE_TIMEOUT_MS)
+    assert number(page, "#frames-sent") <= number(page, "#chunks-sent")
+    page.wait_for_function(
+        "document.querySelector('#captions').textContent.trim().length > 0",
+        timeout=ANSWER_TIMEOUT_MS,
+    )
+    assert page.locator("#notice").is_hidden()  # the gateway accepted every frame
+    shot(page, "video-duplex.png")
+    stop_duplex(page)
+
+
+def test_phone_screen_and_keyboard(web_stack: Stack, open_page: Any) -> None:
+    """The page fits a phone's width, and the mode picker works from the keyboard."""
+    page = open_page(
+        f"{http(web_stack)}/?mode=chat",
+        viewport={"width": 390, "height": 844},
+        device_scale_factor=2,
+        is_mobile=True,
+        has_touch=True,
+    )
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width}px wide on a 390px screen"
+    page.focus("#mode-chat")
+    page.keyboard.press("ArrowRight")
+    assert page.is_checked("#mode-audio")
+    page.wait_for_selector("#duplex-panel:not([hidden])")
+    assert page.locator("#chat-panel").is_hidden()
+    for control in ("#duplex-start", "#api-key", "#system-prompt", "#voice-file"):
+        label = page.evaluate(
+            "(sel) => { const el = document.querySelector(sel); return el.labels?.[0]"
+            "?.textContent || el.getAttribute('aria-label') || el.textContent; }",
+            control,
+        )
+        assert label and label.strip(), f"{control} has no accessible name"
+    page.keyboard.press("ArrowLeft")
+    shot(page, "phone.png")
+
+
+def test_api_key_refused_then_accepted(web_stack: Stack, open_page: Any) -> None:
+    """Against a gateway that requires a key: a clear refusal without it, a session with it."""
+    web_stack.start_gateway(OMNISERVE_API_KEYS=f'["{API_KEY}"]')
+    page = open_page(f"{http(web_stack, len(web_stack.gateways) - 1)}/?mode=chat")
+    assert page.locator("#api-key-hint").is_visible()
+    page.fill("#chat-text", "Reply with exactly: yes")
+    page.press("#chat-text", "Enter")
+    page.wait_for_selector("#notice[data-code='unauthorized']", timeout=STATE_TIMEOUT_MS)
+    assert "API key" in page.inner_text("#notice")
+    page.wait_for_selector(".bubble.assistant.failed", timeout=STATE_TIMEOUT_MS)
+    page.fill("#api-key", API_KEY)
+    page.fill("#chat-text", "Reply with exactly: yes")
+    page.press("#chat-text", "Enter")
+    answer = page.locator(".bubble.assistant").nth(1)
+    answer.locator(".meta:not(:empty)").wait_for(timeout=ANSWER_TIMEOUT_MS)
+    assert answer.locator(".text").inner_text().strip()
+    assert page.inner_text("#state") == "Session active"
+
+
+# --------------------------------------------------------------------------- HTTP and JS units
+
+
+def test_pages_assets_and_json_endpoints(web_stack: Stack) -> None:
+    base = http(web_stack)
+    index = httpx.get(f"{base}/")
+    assert index.status_code == 200 and "text/html" in index.headers["content-type"]
+    assert 'src="/web/app.js"' in index.text
+    assert "http://" not in index.text and "https://" not in index.text  # no other host
+    assert httpx.get(f"{base}/ops").status_code == 200
+    js = httpx.get(f"{base}/web/worklets/player.js")
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+    assert httpx.get(f"{base}/web/%2e%2e/pages.py").status_code == 404
+    config = httpx.get(f"{base}/web/config").json()
+    assert config["duration_limits_s"] == {"chat": 600.0, "video": 300.0, "audio": 600.0}
+    assert config["context_tokens"] == 8192 and config["api_key_required"] is False
+    overview = httpx.get(f"{base}/v1/admin/overview").json()
+    (worker,) = overview["workers"]
+    assert worker["alive"] and worker["slot_states"][0]["state"] in ("idle", "busy")
+    assert overview["queue"]["live_slots"] == 1
+    assert overview["recordings"] == {"enabled": False, "items": []}
+    assert httpx.get(f"{base}/v1/admin/recordings/chat_123").status_code == 404
+
+
+def test_web_assets_load_nothing_from_another_host() -> None:
+    for path in (ROOT / "api" / "web").rglob("*"):
+        if path.suffix in {".html", ".js", ".css"}:
+            text = path.read_text()
+            for needle in ("http://", "https://", "//cdn", "fonts.googleapis"):
+                assert needle not in text, f"{path.name} refers to another host ({needle})"
+
+
+def test_pcm_and_resampler_units() -> None:
+    """api/web/pcm.js under node's test runner (base64 PCM, band-limited resampling)."""
+    node = shutil.which("node")
+    if not node:
+        pytest.skip("node is not installed")
+    proc = subprocess.run(
+        [node, "--test", str(ROOT / "tests" / "web" / "pcm.test.mjs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# fail 0" in proc.stdout
