@@ -12,8 +12,10 @@ pictures are made with ``OMNISERVE_TEST_SCREENSHOTS=docs/img``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,11 +109,11 @@ def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def web_stack(redis_server: str) -> Iterator[Stack]:
+def web_stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(redis_server)
     try:
         s.start_worker(backend=BACKEND)
-        s.start_gateway()
+        s.start_gateway(OMNISERVE_RECORDINGS_DIR=str(tmp_path_factory.mktemp("recordings")))
         yield s
     finally:
         s.stop()
@@ -275,6 +277,28 @@ def test_chat_turn_text_speech_and_voice_message(web_stack: Stack, open_page: An
     page.wait_for_selector("#close-reason[data-reason='user_stop']", timeout=STATE_TIMEOUT_MS)
 
 
+def test_operator_page_shows_a_recording(web_stack: Stack, open_page: Any) -> None:
+    """A /ws/chat request is recorded; the operator page lists it and shows its answer."""
+    from websockets.sync.client import connect
+
+    with connect(f"{web_stack.url()}/ws/chat", max_size=None) as ws:
+        ws.send(json.dumps({"messages": [{"role": "user", "content": QUESTION}]}))
+        while True:
+            frame = json.loads(ws.recv(timeout=ANSWER_TIMEOUT_MS / 1000))
+            if frame["type"] in ("done", "error"):
+                break
+    assert frame["type"] == "done", frame
+    page = open_page(f"{http(web_stack)}/ops")
+    button = page.locator(f"#recordings button:has-text('{frame['recording_session_id']}')")
+    button.wait_for(timeout=STATE_TIMEOUT_MS)
+    button.click()
+    page.wait_for_selector("#recording:not([hidden])")
+    shown = page.inner_text("#recording-body")
+    assert QUESTION in shown and frame["text"] in shown
+    assert "base64 characters" in shown  # the speech is summarised, not dumped
+    assert page.is_visible("#recording-play")
+
+
 def test_queue_position_shows_while_the_only_worker_is_busy(
     web_stack: Stack, open_page: Any
 ) -> None:
@@ -371,6 +395,144 @@ def test_api_key_refused_then_accepted(web_stack: Stack, open_page: Any) -> None
     assert page.inner_text("#state") == "Session active"
 
 
+def test_dropped_connection_without_resume_ends_clearly(web_stack: Stack, open_page: Any) -> None:
+    """Today's server offers no resume token: a gateway killed mid-session ends the session
+    with a sentence, no reconnection is tried, and the worker slot comes back."""
+    port = web_stack.start_gateway()
+    proc = web_stack.gateways[-1][0]
+    page = open_page(f"http://127.0.0.1:{port}/?mode=audio")
+    start_duplex(page)
+    page.evaluate(
+        """() => { window.seenStates = [];
+        new MutationObserver(() => window.seenStates.push(
+            document.querySelector('#state').dataset.state))
+          .observe(document.querySelector('#state'), {attributes: true}); }"""
+    )
+    proc.stop(signal.SIGKILL)
+    page.wait_for_selector("#state[data-state='closed']", timeout=STATE_TIMEOUT_MS)
+    assert page.get_attribute("#close-reason", "data-reason") == "connection_lost"
+    assert "connection to the server was lost" in page.inner_text("#close-reason")
+    assert "reconnecting" not in page.evaluate("window.seenStates")
+    assert not page.is_disabled("#duplex-start")
+    web_stack.wait_free(1, timeout=30)  # the worker saw its gateway die and ended the session
+
+
+class ResumingServer:
+    """The server side of session resume exactly as issue #12 specifies it, played through
+    Playwright's WebSocket routing: omniserve's gateway does not offer resume yet, so the client's
+    half is checked against the specified exchange. ``answer`` is what the second connection gets
+    for ``session.resume``: ``resumed`` or an error code."""
+
+    SESSION = "rt_1714200000000_resume"
+
+    def __init__(self, answer: str = "resumed") -> None:
+        self.answer = answer
+        self.connections = 0
+        self.resume_requests: list[dict[str, Any]] = []
+
+    def __call__(self, ws: Any) -> None:
+        self.connections += 1
+        n = self.connections
+        ws.on_message(lambda raw: self.on_message(ws, n, json.loads(raw)))
+        if n == 1:
+            self.send(ws, {"type": "session.queue_done", "session_id": self.SESSION})
+
+    @staticmethod
+    def send(ws: Any, event: dict[str, Any]) -> None:
+        ws.send(json.dumps(event))
+
+    def delta(self, seq: int, text: str, end: bool = False) -> dict[str, Any]:
+        return {
+            "type": "response.output.delta",
+            "kind": "text",
+            "session_id": self.SESSION,
+            "response_id": "resp_1",
+            "input_id": f"input_{seq}",
+            "text": text,
+            "metrics": {"kv_cache_length": 100 + seq, "end_of_turn": end},
+            "seq": seq,
+        }
+
+    def on_message(self, ws: Any, n: int, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        if n == 1 and kind == "session.init":
+            self.send(
+                ws,
+                {
+                    "type": "session.created",
+                    "session_id": self.SESSION,
+                    "mode": "full_duplex",
+                    "prompt_length": 64,
+                    "metrics": {"backend": "scripted"},
+                    "resume_token": "token-1",
+                    "seq": 1,
+                },
+            )
+            self.send(ws, self.delta(2, "Hello"))
+            ws.close(code=1012, reason="network blip")  # seq 3 and 4 are produced meanwhile
+        elif n >= 2 and kind == "session.resume":
+            self.resume_requests.append(ev)
+            if self.answer != "resumed":
+                err = {"code": self.answer, "message": "cannot resume", "type": "client_error"}
+                self.send(ws, {"type": "error", "error": err})
+                ws.close(code=1008)
+                return
+            self.send(
+                ws,
+                {"type": "session.resumed", "session_id": self.SESSION, "resume_token": "token-2"},
+            )
+            for seq, text in ((3, " there"), (4, " again.")):
+                self.send(ws, self.delta(seq, text, end=seq == 4))
+        elif kind == "session.close":
+            self.send(
+                ws,
+                {
+                    "type": "session.closed",
+                    "session_id": self.SESSION,
+                    "reason": "user_stop",
+                    "seq": 5,
+                },
+            )
+            ws.close(code=1000)
+
+
+def test_resume_after_a_dropped_connection(open_page: Any, web_stack: Stack) -> None:
+    """With a resume token the client reopens the same mode, sends session.resume with the last
+    seq it saw, and shows the replayed output once, in order."""
+    server = ResumingServer()
+    page = open_page(f"{http(web_stack)}/?mode=audio")
+    page.route_web_socket("**/v1/realtime?mode=audio*", server)
+    start_duplex(page)
+    page.wait_for_function(
+        "document.querySelector('#captions').textContent === 'Hello there again.'",
+        timeout=STATE_TIMEOUT_MS,
+    )
+    assert server.connections == 2
+    assert server.resume_requests == [
+        {
+            "type": "session.resume",
+            "session_id": ResumingServer.SESSION,
+            "resume_token": "token-1",
+            "last_seq": 2,
+        }
+    ]
+    assert page.get_attribute("#state", "data-state") == "active"
+    assert page.inner_text("#kv-text").startswith("104 ")
+    stop_duplex(page)
+
+
+def test_resume_refused_ends_the_session_with_a_sentence(open_page: Any, web_stack: Stack) -> None:
+    server = ResumingServer(answer="resume_expired")
+    page = open_page(f"{http(web_stack)}/?mode=audio")
+    page.route_web_socket("**/v1/realtime?mode=audio*", server)
+    page.click("#duplex-start")  # active, dropped, refused: it ends in "closed"
+    page.wait_for_selector("#state[data-state='closed']", timeout=STATE_TIMEOUT_MS)
+    assert page.get_attribute("#close-reason", "data-reason") == "resume_failed"
+    assert page.get_attribute("#notice", "data-code") == "resume_expired"
+    assert "could not be resumed" in page.inner_text("#close-reason")
+    assert len(server.resume_requests) == 1  # it does not retry a refused resume
+
+
 # --------------------------------------------------------------------------- HTTP and JS units
 
 
@@ -391,7 +553,7 @@ def test_pages_assets_and_json_endpoints(web_stack: Stack) -> None:
     (worker,) = overview["workers"]
     assert worker["alive"] and worker["slot_states"][0]["state"] in ("idle", "busy")
     assert overview["queue"]["live_slots"] == 1
-    assert overview["recordings"] == {"enabled": False, "items": []}
+    assert overview["recordings"]["enabled"] is True
     assert httpx.get(f"{base}/v1/admin/recordings/chat_123").status_code == 404
 
 
@@ -416,3 +578,28 @@ def test_pcm_and_resampler_units() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "# fail 0" in proc.stdout
+
+
+def test_admin_endpoints_follow_the_admin_token() -> None:
+    """Open while no admin token is configured; with one, only its bearer gets through."""
+    from types import SimpleNamespace
+
+    from fastapi import HTTPException
+    from pydantic import SecretStr
+    from starlette.requests import Request
+
+    from api.pages import require_admin
+    from omnicore.settings import Settings
+
+    def request(authorization: str | None = None) -> Request:
+        headers = [(b"authorization", authorization.encode())] if authorization else []
+        return Request({"type": "http", "headers": headers})
+
+    require_admin(request(), Settings())  # no token configured (today's settings): open
+    guarded: Any = SimpleNamespace(admin_token=SecretStr("s3cret"))
+    for bad in (None, "Bearer wrong", "s3cret", "Basic s3cret"):
+        with pytest.raises(HTTPException) as refused:
+            require_admin(request(bad), guarded)
+        assert refused.value.status_code == 401
+    require_admin(request("Bearer s3cret"), guarded)
+    require_admin(request("bearer s3cret"), SimpleNamespace(admin_token="s3cret"))  # type: ignore[arg-type]
