@@ -386,6 +386,8 @@ def test_api_key_refused_then_accepted(web_stack: Stack, open_page: Any) -> None
     page.wait_for_selector("#notice[data-code='unauthorized']", timeout=STATE_TIMEOUT_MS)
     assert "API key" in page.inner_text("#notice")
     page.wait_for_selector(".bubble.assistant.failed", timeout=STATE_TIMEOUT_MS)
+    page.wait_for_selector("#close-reason[data-reason='unauthorized']", timeout=STATE_TIMEOUT_MS)
+    assert page.inner_text("#close-reason") == "The server refused the API key."
     page.fill("#api-key", API_KEY)
     page.fill("#chat-text", "Reply with exactly: yes")
     page.press("#chat-text", "Enter")

@@ -69,6 +69,17 @@ export function closeReasonText(reason, limitS) {
       return "The connection dropped and the session could not be resumed.";
     case "connection_lost":
       return "The connection to the server was lost.";
+    case "server_closed":
+      return "The server closed the connection.";
+    case "unauthorized":
+      return "The server refused the API key.";
+    case "queue_full":
+    case "worker_busy":
+      return "The server was too busy to take the session.";
+    case "service_unavailable":
+      return "The service was not ready.";
+    case "worker_connect_failed":
+      return "No worker started the session.";
     default:
       return reason ? `The session ended (${reason}).` : "The session ended.";
   }

@@ -33,6 +33,15 @@ export const STATES = [
 ];
 
 const RESUME_ERRORS = new Set(["session_not_found", "resume_expired"]);
+// Errors the server sends just before it closes the socket (docs/PROTOCOL.md, close codes).
+const CLOSING_ERRORS = new Set([
+  "unauthorized",
+  "queue_full",
+  "worker_busy",
+  "service_unavailable",
+  "worker_connect_failed",
+  "backend_error",
+]);
 const RESUME_DELAYS_MS = [250, 500, 1000, 2000, 4000, 8000, 8000, 8000];
 
 export class RealtimeClient extends EventTarget {
@@ -55,7 +64,8 @@ export class RealtimeClient extends EventTarget {
     this.resumeToken = null;
     this.lastSeq = 0;
     this.initSent = false;
-    this.closeReason = null; // session.closed reason
+    this.closeReason = null; // session.closed reason, or why the socket closed without one
+    this.closingError = null; // the error code that came just before the server closed
     this.closeCode = null; // WebSocket close code
     this.userClosing = false;
     this.resumeAttempt = 0;
@@ -140,6 +150,7 @@ export class RealtimeClient extends EventTarget {
         this._setState("closed");
         break;
       case "error":
+        if (CLOSING_ERRORS.has(ev.error?.code)) this.closingError = ev.error.code;
         if (this.state === "reconnecting" && RESUME_ERRORS.has(ev.error?.code)) {
           this.resumeToken = null; // the session is gone: stop trying
           this.closeReason = "resume_failed";
@@ -169,7 +180,9 @@ export class RealtimeClient extends EventTarget {
       return;
     }
     this.closeCode = ev.code;
-    this.closeReason ??= this.userClosing ? "user_stop" : "connection_lost";
+    this.closeReason ??= this.userClosing
+      ? "user_stop"
+      : this.closingError || (ev.code === 1006 ? "connection_lost" : "server_closed");
     this._setState("closed");
     this.dispatchEvent(new CustomEvent("socketclosed", { detail: { code: ev.code } }));
   }

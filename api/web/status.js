@@ -108,7 +108,8 @@ export class StatusPanel {
     const c = this.client;
     if (c && this.els.closeReason.textContent === "—") {
       const text = closeReasonText(c.closeReason, this.limitS);
-      const detail = closeCodeText(code);
+      const generic = c.closeReason === "connection_lost" || c.closeReason === "server_closed";
+      const detail = generic ? closeCodeText(code) : "";
       this.els.closeReason.textContent = detail && text !== detail ? `${text} ${detail}` : text;
       this.els.closeReason.dataset.reason = c.closeReason || "";
     }
