@@ -36,6 +36,8 @@ QUESTION = "What is the capital of France?"
 SCREENSHOTS = Path(os.environ.get("OMNISERVE_TEST_SCREENSHOTS") or LOG_DIR / "web-screenshots")
 LOOP_SILENCE_S = 16  # after the question, so a reply is heard out before the question repeats
 API_KEY = "web-test-key"
+WEB_TESTS = ROOT / "tests" / "web"
+AXE = WEB_TESTS / "node_modules" / "axe-core" / "axe.min.js"
 
 try:
     preflight("pocket")
@@ -533,6 +535,37 @@ def test_resume_refused_ends_the_session_with_a_sentence(open_page: Any, web_sta
     assert page.get_attribute("#notice", "data-code") == "resume_expired"
     assert "could not be resumed" in page.inner_text("#close-reason")
     assert len(server.resume_requests) == 1  # it does not retry a refused resume
+
+
+def axe_script() -> Path:
+    """axe-core (the accessibility rules engine), installed from tests/web/package-lock.json."""
+    npm = shutil.which("npm")
+    if not AXE.exists() and npm:
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=WEB_TESTS,
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+    if not AXE.exists():
+        pytest.skip("axe-core could not be installed with npm ci in tests/web")
+    return AXE
+
+
+@pytest.mark.parametrize("path", ["/?mode=chat", "/?mode=audio", "/?mode=video", "/ops"])
+def test_pages_pass_an_accessibility_audit(web_stack: Stack, open_page: Any, path: str) -> None:
+    """axe-core finds no violation (labels, roles, contrast, names, landmarks) on any page."""
+    axe = axe_script()
+    page = open_page(f"{http(web_stack)}{path}")
+    if path == "/ops":
+        page.wait_for_selector("body[data-loaded='true']", timeout=STATE_TIMEOUT_MS)
+    page.add_script_tag(path=str(axe))
+    violations = page.evaluate(
+        """async () => (await axe.run()).violations.map((v) =>
+            `${v.id} (${v.impact}): ${v.help} at ${v.nodes.map((n) => n.target.join(" "))}`)"""
+    )
+    assert violations == []
 
 
 # --------------------------------------------------------------------------- HTTP and JS units

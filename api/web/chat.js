@@ -253,8 +253,8 @@ export class ChatView {
 
   // ------------------------------------------------------------------ transcript
   addBubble(role, text) {
-    const li = document.createElement("li");
-    li.className = `bubble ${role}`;
+    const item = document.createElement("div");
+    item.className = `bubble ${role}`;
     const who = document.createElement("span");
     who.className = "who";
     who.textContent = role === "user" ? "You" : "Assistant";
@@ -263,10 +263,10 @@ export class ChatView {
     body.textContent = text;
     const meta = document.createElement("span");
     meta.className = "meta";
-    li.append(who, body, meta);
-    this.els.transcript.append(li);
+    item.append(who, body, meta);
+    this.els.transcript.append(item);
     this.scroll();
-    return li;
+    return item;
   }
 
   scroll() {
