@@ -12,6 +12,7 @@ pictures are made with ``OMNISERVE_TEST_SCREENSHOTS=docs/img``.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -332,10 +333,60 @@ def test_queue_position_shows_while_the_only_worker_is_busy(
     stop_duplex(second)
 
 
-def test_video_duplex_sends_camera_frames(web_stack: Stack, open_page: Any) -> None:
-    """Video mode previews the camera and sends a JPEG frame with every audio chunk."""
+def record_frames(page: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Every WebSocket frame the page sends ("out") or receives ("in"), in order, as JSON."""
+    log: list[tuple[str, dict[str, Any]]] = []
+
+    def on_socket(ws: Any) -> None:
+        ws.on("framesent", lambda payload: log.append(("out", json.loads(payload))))
+        ws.on("framereceived", lambda payload: log.append(("in", json.loads(payload))))
+
+    page.on("websocket", on_socket)
+    return log
+
+
+def test_wire_frames_follow_the_spec(web_stack: Stack, open_page: Any) -> None:
+    """What the page puts on the wire: init only after queue_done, one second of 16 kHz float32
+    per input.append, and force_listen on the chunk after Interrupt."""
+    page = open_page(f"{http(web_stack)}/?mode=audio")
+    frames = record_frames(page)
+    start_duplex(page)
+    wait_number(page, "#chunks-sent", 2, STATE_TIMEOUT_MS)
+    sent_before = number(page, "#chunks-sent")
+    page.click("#duplex-interrupt")
+    wait_number(page, "#chunks-sent", sent_before + 2, STATE_TIMEOUT_MS)
+    stop_duplex(page)
+
+    kinds = [(d, f.get("type")) for d, f in frames]
+    assert kinds.index(("in", "session.queue_done")) < kinds.index(("out", "session.init"))
+    assert kinds.index(("in", "session.created")) < kinds.index(("out", "input.append"))
+    appends = [f["input"] for d, f in frames if d == "out" and f["type"] == "input.append"]
+    for chunk in appends:
+        pcm = np.frombuffer(base64.b64decode(chunk["audio"]), dtype="<f4")
+        assert pcm.size == 16_000 and np.isfinite(pcm).all()
+        assert "video_frames" not in chunk
+    assert [c.get("force_listen", False) for c in appends].count(True) == 1
+    forced = next(i for i, c in enumerate(appends) if c.get("force_listen"))
+    assert forced >= 2  # sent with a chunk after the click, not before
+    heard = np.concatenate(
+        [np.frombuffer(base64.b64decode(c["audio"]), dtype="<f4") for c in appends]
+    )
+    assert float(np.sqrt(np.mean(heard**2))) > 0.005  # the fake microphone's speech got through
+    assert ("out", "session.close") in kinds
+
+
+def test_video_duplex_sends_camera_frames(
+    web_stack: Stack, open_page: Any, speech_wav: Path
+) -> None:
+    """Video mode previews the camera and sends a JPEG frame with every audio chunk; a reference
+    voice file goes with the init (the gateway validates it)."""
     page = open_page(f"{http(web_stack)}/?mode=video")
     assert page.inner_text("#duplex-title") == "Video duplex"
+    page.set_input_files("#voice-file", str(speech_wav))
+    page.wait_for_function(
+        "document.querySelector('#voice-info').textContent.startsWith('question.wav, ')"
+    )
+    frames = record_frames(page)
     start_duplex(page)
     page.wait_for_function(
         "document.querySelector('#camera-preview').videoWidth > 0", timeout=STATE_TIMEOUT_MS
@@ -349,6 +400,16 @@ def test_video_duplex_sends_camera_frames(web_stack: Stack, open_page: Any) -> N
     assert page.locator("#notice").is_hidden()  # the gateway accepted every frame
     shot(page, "video-duplex.png")
     stop_duplex(page)
+    init = next(f for d, f in frames if d == "out" and f["type"] == "session.init")
+    voice = np.frombuffer(base64.b64decode(init["payload"]["voice"]["ref_audio_base64"]), "<f4")
+    assert abs(voice.size / 16_000 - (1 + LOOP_SILENCE_S + 1.5)) < 2.5  # the file, at 16 kHz
+    jpegs = [
+        j
+        for d, f in frames
+        if d == "out" and f["type"] == "input.append"
+        for j in f["input"].get("video_frames", [])
+    ]
+    assert jpegs and all(base64.b64decode(j)[:2] == b"\xff\xd8" for j in jpegs)
 
 
 def test_phone_screen_and_keyboard(web_stack: Stack, open_page: Any) -> None:
