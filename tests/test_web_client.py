@@ -40,11 +40,20 @@ API_KEY = "web-test-key"
 WEB_TESTS = ROOT / "tests" / "web"
 AXE = WEB_TESTS / "node_modules" / "axe-core" / "axe.min.js"
 
-try:
-    preflight("pocket")
-    BACKEND = "pocket"
-except Exception:
-    BACKEND = "scripted"
+
+def _backend() -> str:
+    """pocket where installed, scripted otherwise; OMNISERVE_TEST_WEB_BACKEND picks one."""
+    wanted = os.environ.get("OMNISERVE_TEST_WEB_BACKEND")
+    if wanted:
+        return wanted
+    try:
+        preflight("pocket")
+    except Exception:
+        return "scripted"
+    return "pocket"
+
+
+BACKEND = _backend()
 
 # The pocket cascade on two shared cores answers within seconds; these bounds are generous.
 ANSWER_TIMEOUT_MS = 180_000
@@ -300,6 +309,29 @@ def test_operator_page_shows_a_recording(web_stack: Stack, open_page: Any) -> No
     assert QUESTION in shown and frame["text"] in shown
     assert "base64 characters" in shown  # the speech is summarised, not dumped
     assert page.is_visible("#recording-play")
+
+
+def test_chat_image_attachment(web_stack: Stack, open_page: Any, tmp_path: Path) -> None:
+    """An attached image goes with the text; a backend that cannot see says so in a sentence."""
+    from PIL import Image
+
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (32, 24), (200, 30, 30)).save(picture)
+    page = open_page(f"{http(web_stack)}/?mode=chat")
+    page.set_input_files("#chat-image", str(picture))
+    assert page.inner_text("#chat-image-name") == "red.png"
+    page.fill("#chat-text", "What is this?")
+    page.click("#chat-send")
+    assert page.locator(".bubble.user .text").inner_text() == "What is this? [image: red.png]"
+    answer = page.locator(".bubble.assistant")
+    if BACKEND == "pocket":  # no vision: refused with invalid_payload, shown as a sentence
+        page.wait_for_selector(".bubble.assistant.failed", timeout=ANSWER_TIMEOUT_MS)
+        text = answer.locator(".text").inner_text()
+        assert text.startswith("The server refused this request:") and "see" in text, text
+    else:
+        answer.locator(".meta:not(:empty)").wait_for(timeout=ANSWER_TIMEOUT_MS)
+        assert answer.locator(".text").inner_text() == "You said: What is this?"
+    assert not page.is_disabled("#chat-send")  # the conversation goes on
 
 
 def test_queue_position_shows_while_the_only_worker_is_busy(
