@@ -176,7 +176,9 @@ export class RealtimeClient extends EventTarget {
     if (canResume) {
       const delay = RESUME_DELAYS_MS[this.resumeAttempt++];
       this._setState("reconnecting");
-      setTimeout(() => this._open(true), delay);
+      setTimeout(() => {
+        if (!this.userClosing && this.state === "reconnecting") this._open(true);
+      }, delay);
       return;
     }
     this.closeCode = ev.code;
