@@ -219,6 +219,7 @@ def test_audio_duplex_captions_and_speech(web_stack: Stack, open_page: Any) -> N
     """Microphone in, captions and played speech out, the session's facts on show."""
     page = open_page(f"{http(web_stack)}/?mode=audio")
     assert page.inner_text("#duplex-title") == "Audio duplex"
+    frames = record_frames(page)
     start_duplex(page)
     page.wait_for_selector(f"#backend[data-backend='{BACKEND}']", timeout=STATE_TIMEOUT_MS)
     # captions arrive from the model's text deltas
@@ -229,11 +230,19 @@ def test_audio_duplex_captions_and_speech(web_stack: Stack, open_page: Any) -> N
     # the 24 kHz speech went through the player worklet to the audio output, all of it: the
     # listen after a finished answer does not cut it short
     wait_number(page, "#audio-received", 1.0, ANSWER_TIMEOUT_MS)
-    page.wait_for_function(
-        "Number(document.querySelector('#audio-played').textContent) >= "
-        "Number(document.querySelector('#audio-received').textContent) - 0.2",
-        timeout=STATE_TIMEOUT_MS,
-    )
+    try:
+        page.wait_for_function(
+            "Number(document.querySelector('#audio-played').textContent) >= "
+            "Number(document.querySelector('#audio-received').textContent) - 0.2",
+            timeout=STATE_TIMEOUT_MS,
+        )
+    except Exception as exc:
+        raise AssertionError(
+            f"played {page.inner_text('#audio-played')} s of "
+            f"{page.inner_text('#audio-received')} s; player "
+            f"{page.evaluate('({...document.querySelector(`#audio-played`).dataset})')}; "
+            f"output: {output_summary(frames)}"
+        ) from exc
     assert number(page, "#audio-played") >= 1.0
     captions = page.inner_text("#captions")
     if BACKEND == "pocket":
@@ -375,6 +384,20 @@ def record_frames(page: Any) -> list[tuple[str, dict[str, Any]]]:
 
     page.on("websocket", on_socket)
     return log
+
+
+def output_summary(frames: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The duplex output a page received, one short line per delta (for failure messages)."""
+    out = []
+    for direction, f in frames:
+        if direction != "in" or f.get("type") != "response.output.delta":
+            continue
+        size = len(base64.b64decode(f["audio"])) // 4 if f.get("audio") else 0
+        end = (f.get("metrics") or {}).get("end_of_turn")
+        out.append(
+            f"{f['kind']} {f.get('input_id')} end={end} samples={size} {f.get('text', '')!r}"
+        )
+    return out
 
 
 def test_wire_frames_follow_the_spec(web_stack: Stack, open_page: Any) -> None:
@@ -659,6 +682,72 @@ def test_pages_pass_an_accessibility_audit(web_stack: Stack, open_page: Any, pat
             `${v.id} (${v.impact}): ${v.help} at ${v.nodes.map((n) => n.target.join(" "))}`)"""
     )
     assert violations == []
+
+
+def test_finished_answers_play_out_and_cut_ones_are_flushed(
+    open_page: Any, web_stack: Stack
+) -> None:
+    """The listen rule, on output shaped as omniserve sends it (docs/PROTOCOL.md): listens after
+    a finished answer let it play out; a listen while an answer is unfinished flushes it."""
+    routes: list[Any] = []
+    sid = "rt_1714200000000_playback"
+
+    def on_message(ws: Any, ev: dict[str, Any]) -> None:
+        if ev["type"] == "session.init":
+            created = {"type": "session.created", "session_id": sid, "mode": "full_duplex"}
+            ws.send(json.dumps({**created, "prompt_length": 32, "metrics": {}}))
+        elif ev["type"] == "session.close":
+            ws.send(
+                json.dumps({"type": "session.closed", "session_id": sid, "reason": "user_stop"})
+            )
+            ws.close(code=1000)
+
+    def handler(ws: Any) -> None:
+        routes.append(ws)
+        ws.on_message(lambda raw: on_message(ws, json.loads(raw)))
+        ws.send(json.dumps({"type": "session.queue_done", "session_id": sid}))
+
+    def delta(kind: str, n: int, end: bool | None = None, **fields: Any) -> str:
+        metrics: dict[str, Any] = {"kv_cache_length": 40 + n}
+        if end is not None:
+            metrics["end_of_turn"] = end
+        frame = {"type": "response.output.delta", "kind": kind, "session_id": sid}
+        return json.dumps({**frame, "input_id": f"input_{n}", "metrics": metrics, **fields})
+
+    def tone(seconds: float) -> str:
+        t = np.arange(int(24_000 * seconds)) / 24_000
+        return base64.b64encode((0.2 * np.sin(2 * np.pi * 330 * t)).astype("<f4")).decode()
+
+    page = open_page(f"{http(web_stack)}/?mode=audio")
+    page.route_web_socket("**/v1/realtime?mode=audio*", handler)
+    start_duplex(page)
+    (ws,) = routes
+    # a finished answer (2 s, all sent at once, as a faster-than-real-time backend does) and
+    # three listens right after it
+    ws.send(delta("text", 5, False, text="One.", response_id="resp_a"))
+    ws.send(delta("audio", 5, False, audio=tone(1.0), response_id="resp_a"))
+    ws.send(delta("audio", 6, True, audio=tone(1.0), response_id="resp_a"))
+    for n in (7, 8, 9):
+        ws.send(delta("listen", n, text=""))
+    page.wait_for_function(
+        "Number(document.querySelector('#audio-played').textContent) >= 1.95",
+        timeout=STATE_TIMEOUT_MS,
+    )
+    assert page.get_attribute("#audio-played", "data-flushes") == "0"
+    # an unfinished answer (3 s queued) cut short by a listen
+    ws.send(delta("text", 10, False, text=" Two", response_id="resp_b"))
+    ws.send(delta("audio", 10, False, audio=tone(3.0), response_id="resp_b"))
+    ws.send(delta("listen", 11, text=""))
+    page.wait_for_selector("#audio-played[data-flushes='1']", timeout=STATE_TIMEOUT_MS)
+    assert page.get_attribute("#audio-played", "data-last-flush").startswith(
+        "listen input_11 after audio input_10"
+    )
+    page.wait_for_selector("#audio-played[data-queued='0.00']", timeout=STATE_TIMEOUT_MS)
+    assert number(page, "#audio-received") == 5.0
+    assert number(page, "#audio-played") < 4.0  # most of the cut answer was dropped
+    captions = page.locator("#captions .caption").all_inner_texts()
+    assert [c.strip() for c in captions] == ["One.", "Two"]
+    stop_duplex(page)
 
 
 # --------------------------------------------------------------------------- HTTP and JS units

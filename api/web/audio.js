@@ -125,7 +125,7 @@ export class Microphone {
 /**
  * Speech playback through the player worklet: push() 24 kHz blocks as they arrive; they play
  * without gaps. flush() stops what is queued (on kind "listen"). onStats({played, queued,
- * playing}) reports progress about ten times a second.
+ * playing, starts, flushes, context, contextTime}) reports progress about ten times a second.
  */
 export class Player {
   constructor({ onStats = () => {} } = {}) {
@@ -142,7 +142,8 @@ export class Player {
       outputChannelCount: [ctx.destination.channelCount >= 2 ? 2 : 1],
       processorOptions: { prebufferS: 0.12 },
     });
-    this.node.port.onmessage = (e) => this.onStats(e.data);
+    this.node.port.onmessage = (e) =>
+      this.onStats({ ...e.data, context: ctx.state, contextTime: ctx.currentTime });
     this.node.connect(ctx.destination);
   }
 

@@ -94,7 +94,7 @@ export class DuplexView {
 
   onState(state) {
     if (state === "active") this.mic.discard(); // speech from before the session is stale
-    if (state === "reconnecting" || state === "recovering") this.player.flush();
+    if (state === "reconnecting" || state === "recovering") this.flushPlayback(state);
     if (state === "closed") this.teardown();
   }
 
@@ -119,13 +119,12 @@ export class DuplexView {
   onServer(ev) {
     if (ev.type !== "response.output.delta") return;
     if (ev.kind === "listen") {
-      // The spec: stop queued playback when the model listens again. The one exception is the
-      // listen that follows a response the model finished itself (end_of_turn on a delta of its
-      // own step): that is the announced switch back to listening, and a backend that speaks
+      // The spec: stop queued playback when the model listens again. The exception is audio of
+      // a response the model finished itself (end_of_turn on a delta of its own step): the
+      // listens after it are the announced switch back to listening, and a backend that speaks
       // faster than real time (pocket) would otherwise lose the rest of every answer. A response
       // cut short (force_listen, barge-in) ends with a flush delta that names no input.
-      if (!this.finishedTurn) this.player.flush();
-      this.finishedTurn = false;
+      if (!this.finishedTurn) this.flushPlayback(`listen ${ev.input_id} after ${this.lastDelta}`);
       this.endCaption();
       this.els.speaking.dataset.speaking = "false";
       this.els.speaking.textContent = "Listening";
@@ -139,12 +138,18 @@ export class DuplexView {
       this.els.speaking.dataset.speaking = "true";
       this.els.speaking.textContent = "Speaking";
     }
-    if (ev.metrics?.end_of_turn) {
-      this.finishedTurn = ev.input_id != null;
-      this.endCaption();
-    } else {
-      this.finishedTurn = false;
+    if (ev.kind !== "listen") {
+      // whether what is queued now belongs to a response its model finished
+      this.finishedTurn = Boolean(ev.metrics?.end_of_turn) && ev.input_id != null;
+      this.lastDelta = `${ev.kind} ${ev.input_id} end=${ev.metrics?.end_of_turn}`;
     }
+    if (ev.metrics?.end_of_turn) this.endCaption();
+  }
+
+  /** Stop queued playback; the reason is kept on the page for inspection (data-last-flush). */
+  flushPlayback(reason) {
+    this.player.flush();
+    this.els.played.dataset.lastFlush = reason;
   }
 
   caption(responseId) {
@@ -169,11 +174,18 @@ export class DuplexView {
 
   onPlayerStats(s) {
     this.els.played.textContent = s.played.toFixed(1);
+    // for tests and for anyone debugging playback in the browser's inspector
+    Object.assign(this.els.played.dataset, {
+      queued: s.queued.toFixed(2),
+      starts: s.starts,
+      flushes: s.flushes,
+      context: `${s.context} ${s.contextTime.toFixed(1)}`,
+    });
   }
 
   /** Stop the model's speech now: local playback at once, force_listen with the next chunk. */
   interrupt() {
-    this.player.flush();
+    this.flushPlayback("interrupt");
     this.finishedTurn = false;
     this.forceListen = true;
     this.endCaption();

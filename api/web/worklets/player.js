@@ -15,6 +15,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.waited = 0; // samples of time spent waiting for the pre-buffer
     this.played = 0; // samples played since the node was created
     this.starts = 0; // how often playback (re)started after running dry
+    this.flushes = 0;
     this.sinceReport = 0;
     this.port.onmessage = (e) => {
       const msg = e.data;
@@ -22,6 +23,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
         this.queue.push(msg.pcm);
         this.queued += msg.pcm.length;
       } else if (msg.type === "flush") {
+        if (this.queued > 0) this.flushes += 1;
         this.queue = [];
         this.offset = 0;
         this.queued = 0;
@@ -38,6 +40,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
       queued: this.queued / sampleRate,
       playing: this.playing,
       starts: this.starts,
+      flushes: this.flushes,
     });
   }
 
