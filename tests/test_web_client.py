@@ -243,7 +243,7 @@ def test_audio_duplex_captions_and_speech(web_stack: Stack, open_page: Any) -> N
             f"{page.evaluate('({...document.querySelector(`#audio-played`).dataset})')}; "
             f"output: {output_summary(frames)}"
         ) from exc
-    assert number(page, "#audio-played") >= 1.0
+    wait_number(page, "#audio-played", 1.0, STATE_TIMEOUT_MS)
     captions = page.inner_text("#captions")
     if BACKEND == "pocket":
         assert "paris" in captions.lower(), captions
