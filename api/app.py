@@ -14,6 +14,7 @@ from api import errors as E
 from api.connection import authorised, choose_subprotocol
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
+from api.pages import install_pages
 from api.realtime import ChatSession, DuplexSession, serve_realtime
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings
@@ -159,4 +160,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lines.append(f"omniserve_queue_updates_total {gw.queue.updates_sent}")
         return PlainTextResponse("\n".join(lines) + "\n")
 
+    install_pages(app, settings)
     return app
