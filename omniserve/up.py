@@ -148,6 +148,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
         print(f"gateway   {base}  (health: {base}/health)", flush=True)
+        print(f"web       {base}/  (browser client; operator page: {base}/ops)")
         print(f"realtime  {ws}/v1/realtime?mode=chat|video|audio")
         print(f"legacy    {ws}/ws/chat")
         if flower:
