@@ -124,7 +124,6 @@ def cmd_up(args: argparse.Namespace) -> int:
             spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
         )
         children.extend(spawn([*exe, "worker"]) for _ in range(args.workers))
-        print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         if flower:
             children.append(
                 spawn(
@@ -138,6 +137,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"backend   {backend}{label}", flush=True)
         if note:
             print(f"note      {note}", flush=True)
+        print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not wait_http(base + "/health", 60, children):
             print("gateway did not come up", file=sys.stderr)
