@@ -10,13 +10,17 @@ import orjson
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api import errors as E
-from api.connection import authorised, choose_subprotocol
+from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
+
+from api.connection import authorised, choose_subprotocol, refuse, refuse_with_error
+from api.dialects import legacy_error
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
-from api.realtime import ChatSession, DuplexSession, serve_realtime
+from api.realtime_chat import ChatSession
+from api.realtime_duplex import DuplexSession
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings
+from streaming.events import ErrorCode
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -44,63 +48,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         if not authorised(ws, settings.api_keys):
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "error": {
-                        "code": E.UNAUTHORIZED,
-                        "message": "missing or invalid API key",
-                        "type": "client_error",
-                    },
-                }
+            return await refuse_with_error(
+                ws, ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
             )
-            await ws.close(E.CLOSE_POLICY)
-            return
         if mode not in MODES:
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "error": {
-                        "code": E.INVALID_PAYLOAD,
-                        "message": "mode must be chat, video or audio",
-                        "type": "client_error",
-                        "field": "mode",
-                    },
-                }
+            return await refuse_with_error(
+                ws,
+                ErrorCode.INVALID_PAYLOAD,
+                "mode must be chat, video or audio",
+                WS_1008_POLICY_VIOLATION,
+                field="mode",
             )
-            await ws.close(E.CLOSE_POLICY)
-            return
         if gw.shutting_down:
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "error": {
-                        "code": E.SERVICE_UNAVAILABLE,
-                        "message": "server is shutting down",
-                        "type": "server_error",
-                    },
-                }
+            return await refuse_with_error(
+                ws,
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "server is shutting down",
+                WS_1013_TRY_AGAIN_LATER,
             )
-            await ws.close(E.CLOSE_TRY_AGAIN)
-            return
         session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
-        await serve_realtime(gw, ws, session)
+        await session.serve()
 
     @app.websocket("/ws/chat")
     async def legacy_chat(ws: WebSocket) -> None:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         if not authorised(ws, settings.api_keys):
-            await ws.send_json({"type": "error", "error": "missing or invalid API key"})
-            await ws.close(E.CLOSE_POLICY)
-            return
-        handler = LegacyChat(gw, ws)
-        gw.counters["connections_total"] += 1
-        try:
-            await handler.run()
-        except Exception:
-            log.exception("legacy chat failed")
-            await handler.fail("internal error", E.CLOSE_INTERNAL)
+            return await refuse(
+                ws, legacy_error("missing or invalid API key"), WS_1008_POLICY_VIOLATION
+            )
+        await LegacyChat(gw, ws).serve()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -110,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             slots = await gw.worker_count()
             snap = await gw.admission.snapshot()
             redis_ok = True
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any failure to read Redis means "not ready"
             slots, redis_ok, snap = 0, False, None
         body = {
             "status": "ok" if redis_ok and slots > 0 else "degraded",

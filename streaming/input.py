@@ -8,14 +8,23 @@ stream that is never trimmed by that policy.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from streaming.codec import dumps, loads
+from streaming.controls import (
+    BadControl,
+    Control,
+    ForceListenControl,
+    decode_control,
+    encode_control,
+)
 from streaming.keys import Keys
+
+log = logging.getLogger(__name__)
 
 CONTROL_MAXLEN = 100_000  # a memory bound only; a 10-minute session sends far fewer controls
 
@@ -35,7 +44,9 @@ class AudioChunk:
 class InputWriter:
     """Gateway side (asyncio client)."""
 
-    def __init__(self, redis_client: aioredis.Redis, keys: Keys, max_pending: int, ttl_s: float):
+    def __init__(
+        self, redis_client: aioredis.Redis, keys: Keys, max_pending: int, ttl_s: float
+    ) -> None:
         self.redis = redis_client
         self.keys = keys
         self.max_pending = max_pending
@@ -58,7 +69,7 @@ class InputWriter:
             if chunk.force_listen:
                 pipe.xadd(
                     self.keys.input_control(session_id),
-                    {"e": dumps({"type": "force_listen", "input_id": chunk.input_id})},
+                    {"e": encode_control(ForceListenControl(input_id=chunk.input_id))},
                     maxlen=CONTROL_MAXLEN,
                     approximate=True,
                 )
@@ -67,11 +78,11 @@ class InputWriter:
                 pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
-    async def control(self, session_id: str, event: dict[str, Any]) -> None:
+    async def control(self, session_id: str, control: Control) -> None:
         """Send a control event (never dropped)."""
         key = self.keys.input_control(session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"e": dumps(event)}, maxlen=CONTROL_MAXLEN, approximate=True)
+            pipe.xadd(key, {"e": encode_control(control)}, maxlen=CONTROL_MAXLEN, approximate=True)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
@@ -80,7 +91,7 @@ class InputWriter:
 class InputBatch:
     """What one read returned: control events first, then audio chunks in order."""
 
-    controls: list[dict[str, Any]]
+    controls: list[Control]
     chunks: list[AudioChunk]
     dropped: int  # chunks that were trimmed before the worker could read them
 
@@ -102,16 +113,18 @@ class InputReader:
             {self.control_key: self.last_control, self.audio_key: self.last_audio},
             block=block_ms,
         )
-        controls: list[dict[str, Any]] = []
+        controls: list[Control] = []
         chunks: list[AudioChunk] = []
         dropped = 0
         for stream, entries in got or []:
-            name = stream.decode() if isinstance(stream, bytes) else stream
+            name = _text(stream)
             for entry_id, fields in entries:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                eid = _text(entry_id)
                 if name == self.control_key:
                     self.last_control = eid
-                    controls.append(loads(fields[b"e"]))
+                    control = _control(fields)
+                    if control is not None:
+                        controls.append(control)
                 else:
                     self.last_audio = eid
                     chunk = _chunk(fields)
@@ -121,9 +134,33 @@ class InputReader:
                     chunks.append(chunk)
         return InputBatch(controls=controls, chunks=chunks, dropped=dropped)
 
+    def poll_controls(self) -> list[Control]:
+        """Control events that arrived since the last read, without waiting (chat turns)."""
+        got = self.client.xread({self.control_key: self.last_control}, count=10)
+        controls: list[Control] = []
+        for _stream, entries in got or []:
+            for entry_id, fields in entries:
+                self.last_control = _text(entry_id)
+                control = _control(fields)
+                if control is not None:
+                    controls.append(control)
+        return controls
+
     def discard(self) -> None:
         """Delete the input streams (the session is over)."""
         self.client.delete(self.audio_key, self.control_key)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _control(fields: dict[bytes, bytes]) -> Control | None:
+    try:
+        return decode_control(fields[b"e"])
+    except (KeyError, BadControl):
+        log.warning("ignoring a malformed control event: %r", fields)
+        return None
 
 
 def _chunk(fields: dict[bytes, bytes]) -> AudioChunk:
