@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
-
 from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 
 from api.connection import authorised, choose_subprotocol, refuse, refuse_with_error
@@ -106,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         raw = await gw.redis.hgetall(gw.keys.workers)
         out = []
         for wid, info in raw.items():
-            wid_s = wid.decode()
+            wid_s = wid.decode() if isinstance(wid, bytes) else str(wid)
             alive = bool(await gw.redis.exists(gw.keys.worker_alive(wid_s)))
             out.append({**orjson.loads(info), "alive": alive})
         return JSONResponse({"workers": out})

@@ -7,7 +7,7 @@ timeout, lease watch, replay catch-up, gaps) until ``TurnEnd``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from api.gateway import Gateway
@@ -36,7 +36,7 @@ class ChatTurn:
         self.request = request
         self.deadline_ts = deadline_ts
 
-    async def events(self, stopping: Callable[[], bool]) -> AsyncIterator[Event]:
+    async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
         """The turn's events in order, up to (not including) ``TurnEnd``.
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started

@@ -74,8 +74,9 @@ class LegacyChat(Connection):
     # ------------------------------------------------------------------ the turn
     async def run(self) -> None:
         gone = asyncio.ensure_future(self.gone.wait())
+        waits: set[asyncio.Future[Any]] = {self.request, gone}
         done, _ = await asyncio.wait(
-            {self.request, gone}, timeout=REQUEST_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+            waits, timeout=REQUEST_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
         )
         gone.cancel()
         if self.request not in done:

@@ -187,7 +187,7 @@ class DuplexSession(RealtimeSession):
     async def _tell_worker(self, reason: CloseReason) -> None:
         try:
             await self.gw.inputs.control(self.session_id, CloseControl(reason=reason))
-        except Exception:  # noqa: BLE001 - Redis trouble: the worker also sees our lease lapse
+        except Exception:
             log.warning("could not stop %s", self.session_id, exc_info=True)
 
     async def shutdown(self) -> None:

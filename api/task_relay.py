@@ -64,7 +64,7 @@ class TaskRelay:
             raise TaskNotStarted(str(exc)) from exc
         self._start_by = time.monotonic() + self.gw.settings.task_start_timeout_s
 
-    async def next(self, timeout: float) -> list[Event]:
+    async def next(self, timeout: float) -> list[Event]:  # noqa: ASYNC109 - see SessionOutput.get
         """The events that arrived within ``timeout`` seconds, in order (``Started`` is consumed).
 
         Raises TaskNotStarted, or WorkerLost on the call after the one that returned what the

@@ -113,7 +113,7 @@ async def _session(
 
 
 async def run_load(url: str, n: int, seconds: float, warmup: float = 2.0) -> LoadResult:
-    """Start ``n`` sessions, stream for ``warmup + seconds``, keep records of the last ``seconds``."""
+    """Start ``n`` sessions and stream for ``warmup + seconds``; keep the last ``seconds``."""
     res = LoadResult()
     ready = asyncio.Barrier(n + 1)
     go = asyncio.Event()

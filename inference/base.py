@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 
@@ -76,7 +76,7 @@ class VideoPart:
     type: Literal["video"] = "video"
 
 
-ContentPart = Union[TextPart, ImagePart, AudioPart, VideoPart]
+ContentPart = TextPart | ImagePart | AudioPart | VideoPart
 
 
 @dataclass(slots=True)
@@ -145,7 +145,7 @@ class ChatDone:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-ChatEvent = Union[ChatPrefilled, ChatDelta, ChatDone]
+ChatEvent = ChatPrefilled | ChatDelta | ChatDone
 
 
 # --------------------------------------------------------------------------- duplex sessions
@@ -195,7 +195,7 @@ class DuplexSession(abc.ABC):
     def step(self, chunk: DuplexInput) -> DuplexStep:
         """Consume one input chunk and decide: listen, or speak."""
 
-    def interrupt(self) -> None:
+    def interrupt(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Stop speaking at once (force_listen arrived between steps). Default: nothing to do."""
 
     @abc.abstractmethod
@@ -225,5 +225,5 @@ class Backend(abc.ABC):
         """What this backend is, for health checks and logs."""
         return {"backend": self.name}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Release the model (worker shutdown)."""

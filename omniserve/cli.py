@@ -104,7 +104,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
         print(f"omniserve worker: cannot start backend {s.backend!r}: {exc}", file=sys.stderr)
         return 2
-    import tasks.bootstrap  # noqa: F401 - connects the worker signals
+    import tasks.bootstrap  # noqa: F401 - imported for its side effect: the worker signals
     from tasks.celery_app import app
 
     node = s.worker_name or f"omni-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
@@ -184,8 +184,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         children.append(
             spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
         )
-        for _ in range(args.workers):
-            children.append(spawn([*exe, "worker"]))
+        children.extend(spawn([*exe, "worker"]) for _ in range(args.workers))
         if flower:
             children.append(
                 spawn(

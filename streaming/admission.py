@@ -28,7 +28,7 @@ class QueueSnapshot:
     def estimated_wait_s(self, position: int) -> int:
         """Wait estimate for a position: whole rounds of the slot pool times the mean hold."""
         rounds = math.ceil(position / max(1, self.live_slots))
-        return int(round(rounds * self.mean_hold_s))
+        return round(rounds * self.mean_hold_s)
 
 
 class Admission:
@@ -73,7 +73,7 @@ class Admission:
             args=[k.prefix, self.assignment_ttl_s],
         )
         items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
-        return list(zip(items[0::2], items[1::2]))
+        return list(zip(items[0::2], items[1::2], strict=True))
 
     async def take_assignment(self, ticket_id: str) -> str | None:
         """Claim the slot dispatched to a ticket (once)."""
@@ -108,7 +108,7 @@ class Admission:
             mean_hold_s=float(ema) if ema else 30.0,
         )
 
-    async def live_slot_count(self, workers: dict | None = None) -> int:
+    async def live_slot_count(self, workers: dict[bytes | str, bytes | str] | None = None) -> int:
         """Total slots of the workers whose alive key exists."""
         k = self.keys
         if workers is None:
@@ -121,7 +121,7 @@ class Admission:
                 pipe.exists(k.worker_alive(wid))
             alive = await pipe.execute()
         total = 0
-        for wid, raw, ok in zip(ids, workers.values(), alive):
+        for raw, ok in zip(workers.values(), alive, strict=True):
             if ok:
                 total += int(loads(raw).get("slots", 1))
         return total
@@ -135,7 +135,7 @@ class Admission:
         async with self.redis.pipeline(transaction=False) as pipe:
             for wid in owners:
                 pipe.exists(k.worker_alive(wid))
-            alive = dict(zip(owners, await pipe.execute()))
+            alive = dict(zip(owners, await pipe.execute(), strict=True))
         dead = [s for s in busy if not alive[slot_worker(s)]]
         gone = [w for w in workers if not alive[w]]
         if dead:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from streaming.controls import (
     BadControl,
@@ -54,7 +55,7 @@ class InputWriter:
 
     async def append(self, session_id: str, chunk: AudioChunk) -> None:
         """Queue one chunk for the worker (dropping the oldest beyond ``max_pending``)."""
-        fields: dict[str, Any] = {
+        fields: dict[FieldT, EncodableT] = {
             "seq": chunk.seq,
             "input_id": chunk.input_id,
             "audio": chunk.audio,
@@ -109,14 +110,16 @@ class InputReader:
 
     def read(self, block_ms: int) -> InputBatch:
         """Wait up to ``block_ms`` for input; return everything pending."""
-        got = self.client.xread(
-            {self.control_key: self.last_control, self.audio_key: self.last_audio},
-            block=block_ms,
+        got = _stream_reply(
+            self.client.xread(
+                {self.control_key: self.last_control, self.audio_key: self.last_audio},
+                block=block_ms,
+            )
         )
         controls: list[Control] = []
         chunks: list[AudioChunk] = []
         dropped = 0
-        for stream, entries in got or []:
+        for stream, entries in got:
             name = _text(stream)
             for entry_id, fields in entries:
                 eid = _text(entry_id)
@@ -136,9 +139,9 @@ class InputReader:
 
     def poll_controls(self) -> list[Control]:
         """Control events that arrived since the last read, without waiting (chat turns)."""
-        got = self.client.xread({self.control_key: self.last_control}, count=10)
+        got = _stream_reply(self.client.xread({self.control_key: self.last_control}, count=10))
         controls: list[Control] = []
-        for _stream, entries in got or []:
+        for _stream, entries in got:
             for entry_id, fields in entries:
                 self.last_control = _text(entry_id)
                 control = _control(fields)
@@ -149,6 +152,14 @@ class InputReader:
     def discard(self) -> None:
         """Delete the input streams (the session is over)."""
         self.client.delete(self.audio_key, self.control_key)
+
+
+StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+def _stream_reply(reply: object) -> list[tuple[bytes, StreamEntries]]:
+    """XREAD's reply as redis-py returns it without decoding (its stubs say ``Any``)."""
+    return cast("list[tuple[bytes, StreamEntries]]", reply or [])
 
 
 def _text(value: bytes | str) -> str:

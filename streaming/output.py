@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import redis
 import redis.asyncio as aioredis
@@ -136,7 +137,10 @@ async def read_log(
     An entry that is not a valid event is left out (the reader then reports it as a gap).
     """
     end = "+" if last is None else f"{last}-1"
-    entries = await redis_client.xrange(keys.output_log(session_id), f"{first}-1", end)
+    entries = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]",
+        await redis_client.xrange(keys.output_log(session_id), f"{first}-1", end) or [],
+    )
     out: list[Event] = []
     for entry_id, fields in entries:
         try:
@@ -164,7 +168,7 @@ class SessionOutput:
         """An event arrived on the live channel (called by the bus)."""
         self.queue.put_nowait(event)
 
-    async def get(self, timeout: float | None = None) -> list[Event]:  # noqa: ASYNC109
+    async def get(self, timeout: float | None = None) -> list[Event]:  # noqa: ASYNC109 - see below
         """Wait up to ``timeout`` for the next event; returns it with any gap before it filled.
 
         (The timeout covers only the wait: a caller's cancel scope around the log catch-up
@@ -245,7 +249,7 @@ class OutputBus:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.pubsub.aclose()
+        await self.pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
     async def open(self, session_id: str, after: int = 0) -> SessionOutput:
         """Subscribe to a session's channel (before its worker can emit anything).

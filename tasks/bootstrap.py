@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any, TypedDict
 
 import redis
 from celery import signals
@@ -25,11 +26,20 @@ from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
 
 log = logging.getLogger("omniserve.worker")
 
-_state: dict[str, object] = {"node": None, "pool": "prefork", "slots": 1}
+
+class _BootState(TypedDict):
+    node: str | None
+    pool: str
+    slots: int
+
+
+_state: _BootState = {"node": None, "pool": "prefork", "slots": 1}
 
 
 @signals.celeryd_init.connect
-def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: object) -> None:
+def _on_celeryd_init(
+    sender: str | None = None, instance: Any = None, conf: Any = None, **_: object
+) -> None:
     node = sender or f"omni@{os.uname().nodename}"
     _state["node"] = node
     # `omniserve worker` runs prefork with one child for one slot, a threads pool for several.
@@ -87,9 +97,12 @@ def install_child_sigterm() -> None:
     resets signal handlers after ``worker_process_init``, so this is installed when a session
     starts.
     """
-    if _state["pool"] == "prefork" and threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGTERM) is not _child_sigterm:
-            signal.signal(signal.SIGTERM, _child_sigterm)
+    if (
+        _state["pool"] == "prefork"
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is not _child_sigterm
+    ):
+        signal.signal(signal.SIGTERM, _child_sigterm)
 
 
 def _child_sigterm(signum: int, _frame: object) -> None:

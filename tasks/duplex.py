@@ -239,7 +239,7 @@ class DuplexRunner:
         """Emit one speaking step as protocol-sized pieces (text rides on the first)."""
         if self.response_id is None:
             self.response_id = new_id("resp")
-        pieces = self.chunker.push(audio)
+        pieces: list[np.ndarray | None] = list(self.chunker.push(audio))
         if end_of_turn:
             rest = self.chunker.flush()
             if rest is not None:
@@ -294,5 +294,5 @@ def duplex_session(
             try:
                 ctx.error(ErrorCode.BACKEND_ERROR, f"session failed: {exc}", recoverable=False)
                 ctx.closed(CloseReason.ERROR)
-            except Exception:  # noqa: BLE001 - nothing more can be told; the failure is logged
-                log.warning("session %s: could not report its failure", session_id)
+            except Exception:
+                log.warning("session %s: could not report its failure", session_id, exc_info=True)

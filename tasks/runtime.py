@@ -137,7 +137,7 @@ class WorkerRuntime:
                 log.warning("heartbeat failed", exc_info=True)
             time.sleep(interval)
             if self.stopped:
-                return
+                return  # type: ignore[unreachable]  # stop() sets it from another thread
 
     # ------------------------------------------------------------------ sessions
     def claim(self, session_id: str) -> bool:
@@ -172,7 +172,7 @@ class WorkerRuntime:
                 self.registry.release(slot_id)
             self.registry.record_hold(held_s)
         except redis.RedisError:
-            log.error("could not release slot %s", slot_id, exc_info=True)
+            log.exception("could not release slot %s", slot_id)
 
     def gateway_alive(self, gateway_id: str) -> bool:
         """Whether the gateway relaying a session still holds its lease."""

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference import (  # noqa: E402
+from inference import (  # noqa: E402 - after the sys.path entry above
     AudioPart,
     BackendError,
     ChatDelta,
@@ -37,8 +37,8 @@ from inference import (  # noqa: E402
     VideoPart,
     create_backend,
 )
-from inference.llama_omni import LlamaOmniSessionClosed  # noqa: E402
-from tests.standins.mock_llama_omni_server import SPEECH, RunningServer  # noqa: E402
+from inference.llama_omni import LlamaOmniSessionClosed  # noqa: E402 - after the sys.path entry above
+from tests.standins.mock_llama_omni_server import SPEECH, RunningServer  # noqa: E402 - after the sys.path entry above
 
 
 @pytest.fixture()

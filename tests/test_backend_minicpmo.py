@@ -73,7 +73,10 @@ def user(text, *parts):
 def test_import_is_light():
     import subprocess
 
-    code = "import inference.registry, inference.minicpmo, sys; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = (
+        "import inference.registry, inference.minicpmo, sys; "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
     )
@@ -130,7 +133,7 @@ def test_chat_streaming_text():
     assert events[-1].generated_tokens == 3
     names = b.model.call_names()
     assert names.index("streaming_prefill") < names.index("streaming_generate")
-    gen_kw = [kw for n, kw in b.model.calls if n == "streaming_generate"][0]
+    gen_kw = next(kw for n, kw in b.model.calls if n == "streaming_generate")
     assert gen_kw["generate_audio"] is False and gen_kw["max_new_tokens"] == 64
     assert gen_kw["length_penalty"] == 1.1 and gen_kw["temperature"] == 0.7
     assert names[-1] == "reset_session"  # state cleared after the turn
@@ -176,7 +179,7 @@ def test_chat_non_streaming_text_uses_chat():
     events = list(b.chat(ChatRequest(messages=[user("hello")], streaming=False)))
     assert [type(e) for e in events] == [ChatPrefilled, ChatDone]
     assert events[-1].text == "echo: hello" and events[-1].generated_tokens == 2
-    chat_kw = [kw for n, kw in b.model.calls if n == "chat"][0]
+    chat_kw = next(kw for n, kw in b.model.calls if n == "chat")
     assert chat_kw["generate_audio"] is False and chat_kw["temperature"] == 0.7
 
 
@@ -240,7 +243,7 @@ def test_chat_non_streaming_input_tokens_from_returned_prompt():
     b = make_backend()
     events = list(b.chat(ChatRequest(messages=[user("hello")], streaming=False)))
     assert events[0].input_tokens > 0 and events[-1].input_tokens == events[0].input_tokens
-    chat_kw = [kw for n, kw in b.model.calls if n == "chat"][0]
+    chat_kw = next(kw for n, kw in b.model.calls if n == "chat")
     assert chat_kw["n_msgs"] == 1
 
 
@@ -277,11 +280,8 @@ def test_chat_model_failure_is_inference_error(monkeypatch):
 
 
 def run_conversation(session, n_loud=2, n_after=5, **chunk_kw):
-    steps = []
-    for _ in range(n_loud):
-        steps.append(session.step(DuplexInput(audio=loud(), **chunk_kw)))
-    for _ in range(n_after):
-        steps.append(session.step(DuplexInput(audio=quiet(), **chunk_kw)))
+    steps = [session.step(DuplexInput(audio=loud(), **chunk_kw)) for _ in range(n_loud)]
+    steps.extend(session.step(DuplexInput(audio=quiet(), **chunk_kw)) for _ in range(n_after))
     return steps
 
 
@@ -310,7 +310,7 @@ def test_duplex_call_sequence_and_outputs():
         "duplex.streaming_prefill",
         "duplex.streaming_generate",
     ] * len(steps)
-    prep = [kw for n, kw in b.model.calls if n == "duplex.prepare"][0]
+    prep = next(kw for n, kw in b.model.calls if n == "duplex.prepare")
     assert prep["prefix_system_prompt"].startswith("<|im_start|>system\nBe brief.")
     assert prep["suffix_system_prompt"] == "<|audio_end|><|im_end|>"
     assert prep["ref_audio"] == 32000 and prep["prompt_wav_path"].endswith(".wav")
@@ -322,7 +322,7 @@ def test_duplex_video_frames_are_decoded_and_passed():
     s = b.open_duplex()
     s.prepare(DuplexConfig(mode="video", ref_audio=voice()))
     s.step(DuplexInput(audio=quiet(), frames=[jpeg()], max_slice_nums=2))
-    kw = [kw for n, kw in b.model.calls if n == "duplex.streaming_prefill"][0]
+    kw = next(kw for n, kw in b.model.calls if n == "duplex.streaming_prefill")
     assert kw == {"audio": 16000, "frames": 1, "max_slice_nums": 2}
     s.close()
 
@@ -349,7 +349,7 @@ def test_duplex_force_listen_per_chunk_and_interrupt():
 
 
 def test_duplex_force_listen_on_revision_without_override(monkeypatch):
-    """Older remote code has no per-call override: the backend uses force_listen_count for one call."""
+    """Older remote code has no per-call override: force_listen_count is set for one call."""
     b = make_backend()
     s = b.open_duplex()
     s.prepare(DuplexConfig(ref_audio=voice()))
@@ -477,7 +477,7 @@ def test_duplex_text_only_worker_needs_no_voice():
     b = make_backend(init_tts=False)
     s = b.open_duplex()
     s.prepare(DuplexConfig(system_prompt="hi"))
-    prep = [kw for n, kw in b.model.calls if n == "duplex.prepare"][0]
+    prep = next(kw for n, kw in b.model.calls if n == "duplex.prepare")
     assert prep["prompt_wav_path"] is None and prep["suffix_system_prompt"] == "<|im_end|>"
     steps = run_conversation(s)
     spoken = [st for st in steps if not st.listen]

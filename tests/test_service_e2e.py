@@ -1,4 +1,4 @@
-"""The service end to end: real Redis, real Celery workers, real uvicorn gateways, real WebSockets."""
+"""The service end to end: real Redis, Celery workers, uvicorn gateways and WebSockets."""
 
 from __future__ import annotations
 

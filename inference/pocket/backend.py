@@ -62,7 +62,7 @@ class PocketBackend(Backend):
     ) -> None:
         """Load the three models (~20 s on 2 cores). Every option has a default.
 
-        whisper_dir / llm_gguf / piper_voice: model files (default: the ones the PyPI packages ship).
+        whisper_dir / llm_gguf / piper_voice: model files (default: those the PyPI packages ship).
         threads: CPU threads per model (default: CPU count, at most 4).
         system_prompt: used by chat turns without a system message and by duplex sessions
             whose ``prepare`` gives none.

@@ -177,13 +177,13 @@ class PocketDuplexSession(DuplexSession):
             ):
                 if piece.audio is not None:
                     reply.out.put((piece.sentence, piece.audio))
-        except BaseException as exc:  # handed to the step thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the step thread, re-raised there
             reply.error = exc
         finally:
             reply.out.put(_DONE)
 
     def _next_segment(self, reply: _Reply) -> bool:
-        """Move the next sentence (or the end) from the thread into ``pending``; False at the end."""
+        """Move the next sentence (or the end) from the thread to ``pending``; False at the end."""
         if reply.finished:
             return False
         try:

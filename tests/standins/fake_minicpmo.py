@@ -11,7 +11,9 @@ can assert the call sequence a real session makes. It produces deterministic out
 
 Load it through configuration alone::
 
-    create_backend("minicpmo", model_path="/anything", model_loader="tests.standins.fake_minicpmo:load")
+    create_backend(
+        "minicpmo", model_path="/anything", model_loader="tests.standins.fake_minicpmo:load"
+    )
 
 (``omniserve worker --backend minicpmo --model /anything`` plus the backend option
 ``model_loader=tests.standins.fake_minicpmo:load``). ``load`` takes the same keyword options the
@@ -483,11 +485,13 @@ class FakeMiniCPMO:
             limit = limit_ms * self.SAMPLE_RATE // 1000
             if len(audios[0]) > limit:
                 raise RuntimeError(
-                    f"The expanded size of the tensor must match: audio chunk of {len(audios[0])} samples > {limit}"
+                    "The expanded size of the tensor must match: audio chunk of "
+                    f"{len(audios[0])} samples > {limit}"
                 )
             if self._short_chunk_open:
                 raise RuntimeError(
-                    "Kernel size can't be greater than actual input size (short audio chunk mid-stream)"
+                    "Kernel size can't be greater than actual input size "
+                    "(short audio chunk mid-stream)"
                 )
             full = self.CHUNK_MS * self.SAMPLE_RATE // 1000
             self._short_chunk_open = len(audios[0]) < full and not is_last_chunk

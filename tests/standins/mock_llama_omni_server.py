@@ -1,4 +1,5 @@
-"""A mock ``llama-omni-server``: the ``/backend`` WebSocket protocol and ``POST /sessions/{id}/close``.
+"""A mock ``llama-omni-server``: the ``/backend`` WebSocket protocol and
+``POST /sessions/{id}/close``.
 
 It follows the C++ server's observable behaviour (llama.cpp-omni ``tools/server``):
 
@@ -340,9 +341,10 @@ class MockLlamaOmniServer:
         session.kv += int(cfg.get("mock_kv_per_chunk", 12)) + 66 * len(frames)
         if n in (cfg.get("mock_silent_chunks") or []):
             return True
-        metrics = lambda **kw: self.metrics(
-            session, prefill_ms=4.0, vision_slices=len(frames) and 1, **kw
-        )
+
+        def metrics(**kw):
+            return self.metrics(session, prefill_ms=4.0, vision_slices=len(frames) and 1, **kw)
+
         if data.get("force_listen"):
             session.speech_index = -1
             await self.send(
