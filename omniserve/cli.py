@@ -344,7 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PASSTHROUGH = {"test": cmd_test, "bench": cmd_bench}
+"""Subcommands whose arguments all belong to another program (pytest, the benchmarks).
+
+argparse cannot hand on options it does not know (``omniserve test -q`` failed), so these are
+dispatched before it parses anything; ``omniserve --help`` still lists them.
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return int(PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:])) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
