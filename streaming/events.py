@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -229,6 +229,11 @@ FINAL_EVENTS = (Closed, TurnEnd)
 """Events after which a task emits nothing more (a chat turn's Closed is followed by TurnEnd)."""
 
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def tag(cls: type[_Envelope]) -> str:
+    """The ``type`` tag an event class is encoded with (for readers of the raw JSON)."""
+    return cast(str, cls.__dataclass_fields__["type"].default)
 
 
 class BadEvent(ValueError):
