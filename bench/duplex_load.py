@@ -8,7 +8,6 @@ Used against the real gateway and against the bare baseline server (same protoco
 from __future__ import annotations
 
 import asyncio
-import base64
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,9 @@ import numpy as np
 import orjson
 import websockets
 
-SILENCE_1S = base64.b64encode(np.zeros(16000, dtype="<f4").tobytes()).decode()
+from omnicore.audio import pcm_to_b64
+
+SILENCE_1S = pcm_to_b64(np.zeros(16000, dtype=np.float32))
 COMPRESSION: list[str | None] = ["deflate"]  # what clients offer; None: no permessage-deflate
 APPEND = orjson.dumps({"type": "input.append", "input": {"audio": SILENCE_1S}}).decode()
 

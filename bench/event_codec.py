@@ -19,7 +19,6 @@ msgspec is only needed for this comparison (extra ``bench``); without it that ro
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
 import json
 import statistics
@@ -32,12 +31,13 @@ import orjson
 import pydantic
 
 from api.dialects import Dialect, DuplexMapper
+from omnicore.audio import pcm_to_b64
 from streaming import events as E
 
 
 def samples() -> dict[str, E.Event]:
     """The measured events, as a worker emits them (seq and emit time set)."""
-    audio = base64.b64encode(np.random.default_rng(0).random(24_000, "<f4").tobytes()).decode()
+    audio = pcm_to_b64(np.random.default_rng(0).random(24_000, np.float32))
     metrics = {"kv_cache_length": 1100, "step_s": 0.3, "vision_slices": 1}
     speak = E.Speak(
         response_id="resp_0a1b2c3d4e5f",

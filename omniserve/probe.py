@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import orjson
 import websockets
 
-from omnicore.audio import read_audio, resample, wav_bytes
+from omnicore.audio import b64_to_pcm, pcm_to_b64, read_audio, resample, wav_bytes
 
 RECV_TIMEOUT_S = 120.0
 QUEUE_TIMEOUT_S = 600.0
@@ -65,7 +64,7 @@ async def chat(url: str, text: str, tts_out: str | None = None) -> int:
             if ev["type"] == "response.output.delta" and ev["kind"] == "text":
                 print(ev["text"], end="", flush=True)
             elif ev["type"] == "response.output.delta" and ev["kind"] == "audio":
-                audio.append(np.frombuffer(base64.b64decode(ev["audio"]), dtype="<f4"))
+                audio.append(b64_to_pcm(ev["audio"]))
             elif ev["type"] == "response.done":
                 print()
                 break
@@ -118,7 +117,7 @@ async def audio(
                         text.append(ev["text"])
                         print(ev["text"], end="", flush=True)
                     elif ev["kind"] == "audio":
-                        out.append(np.frombuffer(base64.b64decode(ev["audio"]), dtype="<f4"))
+                        out.append(b64_to_pcm(ev["audio"]))
                 elif ev["type"] == "error":
                     print(f"\nerror: {ev['error']}", file=sys.stderr)
                 elif ev["type"] == "session.closed":
@@ -133,9 +132,7 @@ async def audio(
                 orjson.dumps(
                     {
                         "type": "input.append",
-                        "input": {
-                            "audio": base64.b64encode(chunk.astype("<f4").tobytes()).decode()
-                        },
+                        "input": {"audio": pcm_to_b64(chunk)},
                     }
                 ).decode()
             )

@@ -20,7 +20,7 @@ from inference import (
     UnsupportedInput,
     VideoPart,
 )
-from omnicore.audio import INPUT_RATE, b64_to_pcm, pcm_or_wav_to_16k, resample
+from omnicore.audio import INPUT_RATE, b64_decode, b64_to_pcm, pcm_or_wav_to_16k, resample
 
 
 def _audio(data: str, sample_rate: int) -> np.ndarray:
@@ -101,7 +101,7 @@ def build_chat_request(req: dict[str, Any]) -> ChatRequest:
         tts=TTSConfig(
             enabled=bool(tts.get("enabled", False)),
             mode=tts.get("mode") or "default",
-            ref_audio=pcm_or_wav_to_16k(base64.b64decode(ref)) if ref else None,
+            ref_audio=pcm_or_wav_to_16k(b64_decode(ref)) if ref else None,
             ref_audio_path=tts.get("ref_audio_path"),
             language=tts.get("language"),
         ),

@@ -12,9 +12,11 @@ import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from omnicore.audio import b64_to_pcm, pcm_to_b64
+
 
 def pcm_b64(samples: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(samples, dtype="<f4").tobytes()).decode()
+    return pcm_to_b64(samples)
 
 
 def silence(seconds: float = 1.0) -> str:
@@ -36,7 +38,7 @@ def jpeg_b64(color: tuple[int, int, int] = (200, 30, 30)) -> str:
 
 
 def decode_audio(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype="<f4")
+    return b64_to_pcm(b64)
 
 
 class Client:
