@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from starlette import status
 from starlette.websockets import WebSocket
@@ -39,7 +40,7 @@ class DuplexSession(RealtimeSession):
         self.init_since: float | None = None
 
     # ------------------------------------------------------------------ client side
-    async def on_event(self, event: dict[str, object]) -> None:
+    async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
         kind = self.accept_event(event)
         S = SessionState

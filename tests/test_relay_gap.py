@@ -1,11 +1,11 @@
 """Output lost between worker and gateway, caused for real: replayed from the log, or reported.
 
 The gateway is frozen (SIGSTOP) and its pub/sub connection killed in Redis while a worker
-streams a chat turn, so every event published meanwhile is lost on the channel and exists only
-in the session's replay log. When the gateway resumes it reconnects, finds the hole by sequence
-number (or when the worker's lease is gone) and fills it from the log. Deleting part of the log
-first makes the hole unrecoverable: the client must then be told (``output_gap``).
-"""
+streams a chat turn or steps queued duplex input, so every event published meanwhile is lost on
+the channel and exists only in the session's replay log. When the gateway resumes it reconnects,
+finds the hole by sequence number (or when the worker's lease is gone) and fills it from the
+log. When the log's own cap has trimmed part of it, the hole cannot be filled: the client must
+then be told (``output_gap``), with the exact range."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from tests.client import Client
+from tests.client import Client, silence
 from tests.stack import Stack
 
 psutil = pytest.importorskip("psutil")
@@ -150,3 +150,61 @@ async def test_realtime_chat_reports_the_gap_and_goes_on(stack: Stack) -> None:
     # the session goes on: the next turn is complete
     await c.send({"type": "input.append", "input": _turn("ok")})
     assert (await c.until("response.done", timeout=30))["text"] == "ok"
+
+
+async def _duplex_with_output_lost(stack: Stack) -> tuple[list[dict], int]:
+    """A duplex session whose worker answers seven chunks while its gateway is deaf.
+
+    Returns the frames after the answer to input_1, up to ``session.closed`` (the client closes
+    once the worker is done), and the first seq the replay log still held.
+    """
+    stack.start_worker(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_SCRIPTED_STEP_DELAY_S="0.5")
+    stack.start_gateway(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_INPUT_MAX_PENDING="16")
+    c = await Client.connect(stack.url(), query="?mode=audio")
+    await c.init()
+    for _ in range(8):  # queued in the input stream (nothing is dropped: 16 may wait)
+        await c.send({"type": "input.append", "input": {"audio": silence()}})
+    await c.until("response.output.delta")  # input_1 answered: the worker steps the rest
+    proc, _ = stack.gateways[0]
+    os.killpg(proc.popen.pid, signal.SIGSTOP)
+    try:
+        _kill_pubsub(stack)
+        await _wait(
+            lambda: any(e.get("input_id") == "input_8" for e in _log(stack)), "input_8's answer"
+        )
+        first_held = _log(stack)[0]["seq"]
+    finally:
+        os.killpg(proc.popen.pid, signal.SIGCONT)
+    await c.send({"type": "session.close"})  # its Closed arrives live, after the hole
+    return await c.collect_until("session.closed", timeout=30), first_held
+
+
+async def test_duplex_replays_output_lost_on_the_channel(stack: Stack) -> None:
+    frames, first_held = await _duplex_with_output_lost(stack)
+    assert first_held == 1
+    assert not [f for f in frames if f["type"] == "error"]
+    listens = [f["input_id"] for f in frames if f.get("kind") == "listen"]
+    assert listens == [f"input_{n}" for n in range(2, 9)]  # in order, none twice
+    assert frames[-1]["reason"] == "user_stop"
+
+
+async def test_duplex_reports_output_the_log_no_longer_holds(stack: Stack) -> None:
+    # Small stream nodes let the log's own cap (MAXLEN ~ 2) trim it finely.
+    r = stack.redis()
+    node = r.config_get("stream-node-max-entries")["stream-node-max-entries"]
+    r.config_set("stream-node-max-entries", 2)
+    stack.env["OMNISERVE_OUTPUT_LOG_MAXLEN"] = "2"
+    try:
+        frames, first_held = await _duplex_with_output_lost(stack)
+    finally:
+        r.config_set("stream-node-max-entries", node)
+    # seq 1 started, 2 created, 3 input_1's listen (received), 4.. the rest of the listens
+    assert first_held > 4
+    (gap,) = [f for f in frames if f["type"] == "error"]
+    assert gap["error"]["code"] == "output_gap"
+    assert gap["error"]["message"].startswith(f"output events 4..{first_held - 1} were lost")
+    listens = [f["input_id"] for f in frames if f.get("kind") == "listen"]
+    first_kept = first_held - 2  # input_n's listen is seq n + 2
+    assert listens == [f"input_{n}" for n in range(first_kept, 9)]
+    assert frames.index(gap) < frames.index(next(f for f in frames if f.get("kind") == "listen"))
+    assert frames[-1]["type"] == "session.closed"
