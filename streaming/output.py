@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import cast
 
 import redis
@@ -211,12 +211,6 @@ class SessionOutput:
         self.gaps += last - first + 1
         log.warning("session %s lost output events %d..%d", self.session_id, first, last)
         return Gap(first=first, last=last)
-
-    async def events(self) -> AsyncIterator[Event]:
-        """Iterate over the events in order, forever (the caller stops at a closing event)."""
-        while True:
-            for ev in await self.get():
-                yield ev
 
 
 class OutputBus:
