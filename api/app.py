@@ -9,15 +9,18 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 
-from api import errors as E
-from api.connection import authorised, choose_subprotocol
+from api.connection import authorised, choose_subprotocol, refuse, refuse_with_error
+from api.dialects import legacy_error
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
 from api.pages import install_pages
-from api.realtime import ChatSession, DuplexSession, serve_realtime
+from api.realtime_chat import ChatSession
+from api.realtime_duplex import DuplexSession
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings
+from streaming.events import ErrorCode
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -45,63 +48,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         if not authorised(ws, settings.api_keys):
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "error": {
-                        "code": E.UNAUTHORIZED,
-                        "message": "missing or invalid API key",
-                        "type": "client_error",
-                    },
-                }
+            return await refuse_with_error(
+                ws, ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
             )
-            await ws.close(E.CLOSE_POLICY)
-            return
         if mode not in MODES:
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "error": {
-                        "code": E.INVALID_PAYLOAD,
-                        "message": "mode must be chat, video or audio",
-                        "type": "client_error",
-                        "field": "mode",
-                    },
-                }
+            return await refuse_with_error(
+                ws,
+                ErrorCode.INVALID_PAYLOAD,
+                "mode must be chat, video or audio",
+                WS_1008_POLICY_VIOLATION,
+                field="mode",
             )
-            await ws.close(E.CLOSE_POLICY)
-            return
         if gw.shutting_down:
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "error": {
-                        "code": E.SERVICE_UNAVAILABLE,
-                        "message": "server is shutting down",
-                        "type": "server_error",
-                    },
-                }
+            return await refuse_with_error(
+                ws,
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "server is shutting down",
+                WS_1013_TRY_AGAIN_LATER,
             )
-            await ws.close(E.CLOSE_TRY_AGAIN)
-            return
         session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
-        await serve_realtime(gw, ws, session)
+        await session.serve()
 
     @app.websocket("/ws/chat")
     async def legacy_chat(ws: WebSocket) -> None:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         if not authorised(ws, settings.api_keys):
-            await ws.send_json({"type": "error", "error": "missing or invalid API key"})
-            await ws.close(E.CLOSE_POLICY)
-            return
-        handler = LegacyChat(gw, ws)
-        gw.counters["connections_total"] += 1
-        try:
-            await handler.run()
-        except Exception:
-            log.exception("legacy chat failed")
-            await handler.fail("internal error", E.CLOSE_INTERNAL)
+            return await refuse(
+                ws, legacy_error("missing or invalid API key"), WS_1008_POLICY_VIOLATION
+            )
+        await LegacyChat(gw, ws).serve()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -140,7 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         raw = await gw.redis.hgetall(gw.keys.workers)
         out = []
         for wid, info in raw.items():
-            wid_s = wid.decode()
+            wid_s = wid.decode() if isinstance(wid, bytes) else str(wid)
             alive = bool(await gw.redis.exists(gw.keys.worker_alive(wid_s)))
             out.append({**orjson.loads(info), "alive": alive})
         return JSONResponse({"workers": out})

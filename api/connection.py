@@ -1,4 +1,12 @@
-"""What every WebSocket connection handler shares: framing, sending, the receive loop."""
+"""The base of every WebSocket handler: it owns the receive loop and declares hooks.
+
+Like starlette's ``WebSocketEndpoint``, ``Connection`` reads the socket itself and calls the
+subclass's hooks: ``decode`` (one text frame -> an event, or None to ignore it), ``on_event``,
+``on_client_error`` and ``on_event_failure``. Unlike it, the session's own work (``run``: queueing,
+relaying the worker) runs beside the receive loop, because a client may send while its output
+streams. ``serve`` runs both and cleans up on every exit; sends are ordered and stop once the
+client is gone.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +17,12 @@ import time
 from typing import Any
 
 import orjson
+from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
-from api.errors import CLOSE_UNSUPPORTED_DATA, ProtocolError, error_frame
+from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
+from streaming.events import ErrorCode
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -28,7 +38,7 @@ def new_session_id() -> str:
 
 def choose_subprotocol(ws: WebSocket) -> str | None:
     """Answer the client's subprotocol offer (the SDK offers ``map.realtime``)."""
-    offered = ws.scope.get("subprotocols") or []
+    offered: list[str] = ws.scope.get("subprotocols") or []
     if "map.realtime" in offered:
         return "map.realtime"
     return offered[0] if offered else None
@@ -44,8 +54,31 @@ def authorised(ws: WebSocket, api_keys: list[str]) -> bool:
     return token in api_keys
 
 
+async def refuse(ws: WebSocket, frame: Frame, close_code: int) -> None:
+    """Answer an accepted socket that will not get a session: one frame, then close."""
+    await ws.send_json(frame)
+    await ws.close(close_code)
+
+
+async def refuse_with_error(
+    ws: WebSocket, code: ErrorCode, message: str, close_code: int, field: str | None = None
+) -> None:
+    """``refuse`` with the ``error`` frame of ``/v1/realtime``."""
+    await refuse(ws, error_frame(code, message, field), close_code)
+
+
+def parse_json(text: str | None) -> Any:
+    """The JSON value of a text frame; NotJSON for a binary frame or invalid JSON."""
+    if text is None:
+        raise NotJSON("binary frames are not accepted; send JSON text frames")
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise NotJSON("frame is not valid JSON") from None
+
+
 class Connection:
-    """A client WebSocket with ordered, locked sends and JSON framing."""
+    """A client WebSocket: ordered sends, one close, and the receive loop with its hooks."""
 
     def __init__(self, gw: Gateway, ws: WebSocket) -> None:
         self.gw = gw
@@ -54,7 +87,8 @@ class Connection:
         self.gone = asyncio.Event()  # the client disconnected (or we closed the socket)
         self.closed_sent = False
 
-    async def send(self, frame: dict[str, Any]) -> None:
+    # ------------------------------------------------------------------ sending
+    async def send(self, frame: Frame) -> None:
         """Send one JSON text frame (silently dropped once the client is gone)."""
         if self.gone.is_set():
             return
@@ -65,49 +99,99 @@ class Connection:
             try:
                 await self.ws.send_text(data)
                 self.gw.counters["frames_out_total"] += 1
-            except Exception:  # noqa: BLE001 - the peer went away mid-send
+            except Exception:  # noqa: BLE001 - the peer went away mid-send: it is gone
                 self.gone.set()
 
-    async def send_error(self, code: str, message: str, field: str | None = None) -> None:
+    async def send_error(self, code: ErrorCode, message: str, field: str | None = None) -> None:
+        """Send an ``error`` frame of ``/v1/realtime``."""
         await self.send(error_frame(code, message, field))
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: int = status.WS_1000_NORMAL_CLOSURE, reason: str = "") -> None:
         """Close the socket once."""
         async with self.send_lock:
             if self.ws.application_state == WebSocketState.CONNECTED:
                 try:
                     await self.ws.close(code=code, reason=reason)
-                except Exception:  # noqa: BLE001
-                    pass
+                except Exception:  # noqa: BLE001 - already closing: nothing left to tell
+                    log.debug("close(%d) on a closing socket", code)
         self.gone.set()
 
-    async def receive(self) -> dict[str, Any] | None:
-        """The next client event as a dict; None when the client disconnected.
+    # ------------------------------------------------------------------ lifecycle
+    async def serve(self) -> None:
+        """Run ``run`` beside the receive loop; close the socket on every exit."""
+        self.gw.counters["connections_total"] += 1
+        receiver = asyncio.create_task(self._receive_loop())
+        try:
+            await self.run()
+        except Exception:
+            log.exception("%s failed", type(self).__name__)
+            await self.on_failure()
+        finally:
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+            await self.close()
 
-        Raises NotJSON for a frame that is not JSON text, ProtocolError for JSON that is not an
-        event object.
+    async def run(self) -> None:
+        """The session's own work (queueing, relaying); the socket closes when it returns."""
+        raise NotImplementedError
+
+    async def on_failure(self) -> None:
+        """``run`` raised: tell the client if the protocol has a way (default: close 1011)."""
+        await self.close(status.WS_1011_INTERNAL_ERROR)
+
+    # ------------------------------------------------------------------ receiving
+    def decode(self, text: str | None) -> dict[str, Any] | None:
+        """One frame -> an event for ``on_event``, or None to ignore it.
+
+        Raises NotJSON (the socket closes with 1003) or ProtocolError (``on_client_error``).
         """
-        msg = await self.ws.receive()
+        raise NotImplementedError
+
+    async def on_event(self, event: dict[str, Any]) -> None:
+        """Handle one client event; ProtocolError goes to ``on_client_error``."""
+        raise NotImplementedError
+
+    async def on_client_error(self, exc: ProtocolError) -> None:
+        """A client mistake: answer it, the session goes on."""
+        self.gw.counters["client_errors_total"] += 1
+        await self.send_error(exc.code, exc.message, exc.field)
+
+    async def on_event_failure(self, event: dict[str, Any]) -> None:
+        """``on_event`` raised something else (logged already); default: keep going."""
+
+    async def _receive_loop(self) -> None:
+        while await self._receive_one():
+            pass
+
+    async def _receive_one(self) -> bool:
+        """Read and handle one frame; False when the loop must end.
+
+        (A function of its own so that the frame, often ~85 KB of audio twice over, raw and
+        parsed, is freed as soon as it is handled, not held until the client's next frame.)
+        """
+        try:
+            msg = await self.ws.receive()
+        except Exception:  # noqa: BLE001 - socket trouble: treat as a disconnect
+            self.gone.set()
+            return False
         if msg["type"] == "websocket.disconnect":
             self.gone.set()
-            return None
-        text = msg.get("text")
-        if text is None:
-            raise NotJSON("binary frames are not accepted; send JSON text frames")
+            return False
         try:
-            event = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            raise NotJSON("frame is not valid JSON") from None
-        if not isinstance(event, dict):
-            raise ProtocolError(
-                "invalid_payload", "an event must be a JSON object with a type field", "type"
-            )
-        if "type" not in event:
-            raise ProtocolError("missing_field", "missing required field type", "type")
-        if not isinstance(event["type"], str):
-            raise ProtocolError("invalid_payload", "type must be a string", "type")
-        return event
-
-    async def reject_frame(self, exc: NotJSON) -> None:
-        """Close with 1003 for a non-JSON frame."""
-        await self.close(CLOSE_UNSUPPORTED_DATA, str(exc)[:120])
+            event = self.decode(msg.get("text"))
+        except NotJSON as exc:
+            await self.close(status.WS_1003_UNSUPPORTED_DATA, str(exc)[:120])
+            return False
+        except ProtocolError as exc:
+            await self.on_client_error(exc)
+            return True
+        if event is None:
+            return True
+        try:
+            await self.on_event(event)
+        except ProtocolError as exc:
+            await self.on_client_error(exc)
+        except Exception:
+            log.exception("handling %s failed", event.get("type"))
+            await self.on_event_failure(event)
+        return True

@@ -1,110 +1,228 @@
-"""Internal worker events -> client frames, in the dialect the client chose.
+"""Worker events -> client frames, for every endpoint and dialect, in one place.
 
-- ``current``: session.init / input.append / response.output.delta {kind} (spec/01-03);
-- ``older``: session.update / input_audio_buffer.append / response.output_audio.delta and
-  response.listen (spec/04).
+- ``DuplexMapper``: ``/v1/realtime`` video/audio, in the ``current`` dialect (spec/01-03:
+  ``response.output.delta {kind}``) or the ``older`` one (spec/04: ``response.listen``,
+  ``response.output_audio.delta``);
+- ``ChatMapper``: ``/v1/realtime`` chat mode;
+- ``LegacyChatMapper``: ``/ws/chat`` (spec/05).
+
+Every mapper turns a ``Gap`` (output the replay log no longer holds) into an error the client
+sees; nothing is skipped silently. Events a relay handles itself (``Started``, ``Closed``,
+``TurnEnd``) map to no frame here unless the dialect has one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
-from api.errors import OUTPUT_GAP, error_frame
+from api.errors import Frame, error_frame
+from streaming.events import (
+    AudioDelta,
+    Closed,
+    Created,
+    Done,
+    Error,
+    ErrorCode,
+    Event,
+    Gap,
+    Listen,
+    Prefill,
+    Speak,
+    TextDelta,
+)
 
-Dialect = Literal["current", "older"]
 
-OLDER_EVENTS = {"session.update", "input_audio_buffer.append"}
+class Dialect(StrEnum):
+    """The generation of event names a client speaks (its first event decides)."""
+
+    CURRENT = "current"
+    OLDER = "older"
+
+
+OLDER_EVENTS = frozenset({"session.update", "input_audio_buffer.append"})
 
 
 def dialect_of(event_type: str) -> Dialect:
     """The dialect a client's first event implies."""
-    return "older" if event_type in OLDER_EVENTS else "current"
+    return Dialect.OLDER if event_type in OLDER_EVENTS else Dialect.CURRENT
+
+
+def gap_message(gap: Gap) -> str:
+    """What a client is told about lost output."""
+    return f"output events {gap.first}..{gap.last} were lost and cannot be replayed"
+
+
+def gap_frame(gap: Gap) -> Frame:
+    """Output the replay log no longer holds is reported, never skipped silently."""
+    return error_frame(ErrorCode.OUTPUT_GAP, gap_message(gap))
+
+
+def worker_error_frame(ev: Error) -> Frame:
+    """A worker's error, as ``/v1/realtime`` sends it."""
+    return error_frame(ev.code, ev.message, ev.field)
 
 
 class DuplexMapper:
-    """Maps one duplex session's internal events for its client."""
+    """Maps one duplex session's events for its client."""
 
     def __init__(self, dialect: Dialect, session_id: str) -> None:
         self.dialect = dialect
         self.session_id = session_id
         self.kv_cache_length = 0
 
-    def created(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
-        metrics = ev.get("metrics") or {}
-        self.kv_cache_length = int(ev.get("prompt_length") or 0)
-        frame: dict[str, Any] = {"type": "session.created", "session_id": self.session_id}
-        if self.dialect == "current":
+    def frames(self, ev: Event) -> list[Frame]:
+        """Frames for one event (``Started`` and ``Closed`` are the relay's)."""
+        match ev:
+            case Created():
+                return [self._created(ev)]
+            case Listen():
+                return [self._listen(ev)]
+            case Speak():
+                return self._speak(ev)
+            case Error():
+                return [worker_error_frame(ev)]
+            case Gap():
+                return [gap_frame(ev)]
+            case _:
+                return []
+
+    def _created(self, ev: Created) -> Frame:
+        self.kv_cache_length = ev.prompt_length
+        frame: Frame = {"type": "session.created", "session_id": self.session_id}
+        if self.dialect is Dialect.CURRENT:
             frame["mode"] = "full_duplex"
-            frame["metrics"] = metrics
-        frame["prompt_length"] = int(ev.get("prompt_length") or 0)
-        return [frame]
+            frame["metrics"] = ev.metrics
+        frame["prompt_length"] = ev.prompt_length
+        return frame
 
-    def listen(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
-        self.kv_cache_length = int(ev.get("kv_cache_length") or self.kv_cache_length)
-        if self.dialect == "older":
-            return [{"type": "response.listen", "kv_cache_length": self.kv_cache_length}]
-        return [
-            {
-                "type": "response.output.delta",
-                "kind": "listen",
-                "session_id": self.session_id,
-                "input_id": ev.get("input_id"),
-                "text": "",
-                "metrics": ev.get("metrics") or {},
-            }
-        ]
+    def _listen(self, ev: Listen) -> Frame:
+        self.kv_cache_length = ev.kv_cache_length or self.kv_cache_length
+        if self.dialect is Dialect.OLDER:
+            return {"type": "response.listen", "kv_cache_length": self.kv_cache_length}
+        return {
+            "type": "response.output.delta",
+            "kind": "listen",
+            "session_id": self.session_id,
+            "input_id": ev.input_id,
+            "text": "",
+            "metrics": ev.metrics,
+        }
 
-    def speak(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
-        if ev.get("kv_cache_length") is not None:
-            self.kv_cache_length = int(ev["kv_cache_length"])
-        text, audio = ev.get("text") or "", ev.get("audio") or ""
-        if self.dialect == "older":
+    def _speak(self, ev: Speak) -> list[Frame]:
+        if ev.kv_cache_length is not None:
+            self.kv_cache_length = ev.kv_cache_length
+        if self.dialect is Dialect.OLDER:
             return [
                 {
                     "type": "response.output_audio.delta",
-                    "text": text,
-                    "audio": audio,
-                    "end_of_turn": bool(ev.get("end_of_turn")),
+                    "text": ev.text,
+                    "audio": ev.audio,
+                    "end_of_turn": ev.end_of_turn,
                     "kv_cache_length": self.kv_cache_length,
                 }
             ]
-        base = {
+        base: Frame = {
             "type": "response.output.delta",
             "session_id": self.session_id,
-            "response_id": ev.get("response_id"),
-            "input_id": ev.get("input_id"),
+            "response_id": ev.response_id,
+            "input_id": ev.input_id,
         }
-        metrics = dict(ev.get("metrics") or {})
-        metrics["end_of_turn"] = bool(ev.get("end_of_turn"))
+        metrics: dict[str, Any] = {**ev.metrics, "end_of_turn": ev.end_of_turn}
         frames = []
-        if text:
-            frames.append({**base, "kind": "text", "text": text, "metrics": metrics})
-        if audio:
-            frames.append({**base, "kind": "audio", "audio": audio, "metrics": metrics})
+        if ev.text:
+            frames.append({**base, "kind": "text", "text": ev.text, "metrics": metrics})
+        if ev.audio:
+            frames.append({**base, "kind": "audio", "audio": ev.audio, "metrics": metrics})
         return frames
 
-    def map(self, ev: dict[str, Any]) -> list[dict[str, Any]]:
-        """Frames for one internal event (closing events are handled by the caller)."""
-        kind = ev.get("type")
-        if kind == "created":
-            return self.created(ev)
-        if kind == "listen":
-            return self.listen(ev)
-        if kind == "speak":
-            return self.speak(ev)
-        if kind == "error":
-            return [
-                error_frame(
-                    ev.get("code") or "inference_error", ev.get("message") or "", ev.get("field")
-                )
-            ]
-        if kind == "gap":
-            return [gap_frame(ev)]
-        return []
+
+class ChatMapper:
+    """Maps one ``/v1/realtime`` chat turn's events (``Closed`` is the relay's)."""
+
+    def __init__(self, session_id: str, response_id: str) -> None:
+        self.base: Frame = {"session_id": session_id, "response_id": response_id}
+
+    def _delta(self, kind: str, key: str, value: str) -> Frame:
+        return {
+            "type": "response.output.delta",
+            "kind": kind,
+            **self.base,
+            key: value,
+            "metrics": {},
+        }
+
+    def frames(self, ev: Event) -> list[Frame]:
+        """Frames for one event of the turn."""
+        match ev:
+            case TextDelta():
+                return [self._delta("text", "text", ev.text)]
+            case AudioDelta():
+                return [self._delta("audio", "audio", ev.audio)]
+            case Done():
+                frames = []
+                if ev.last_audio:  # the end of a streamed turn's speech
+                    frames.append(self._delta("audio", "audio", ev.last_audio))
+                done: Frame = {
+                    "type": "response.done",
+                    **self.base,
+                    "text": ev.text,
+                    "reason": "turn_end",
+                    "metrics": ev.metrics,
+                }
+                if ev.audio:
+                    done["audio"] = ev.audio
+                frames.append(done)
+                return frames
+            case Error():
+                return [worker_error_frame(ev)]
+            case Gap():
+                return [gap_frame(ev)]
+            case _:
+                return []
 
 
-def gap_frame(ev: dict[str, Any]) -> dict[str, Any]:
-    """Output the replay log no longer holds is reported, never skipped silently."""
-    return error_frame(
-        OUTPUT_GAP, f"output events {ev['first']}..{ev['last']} were lost and cannot be replayed"
-    )
+def legacy_error(message: str) -> Frame:
+    """The ``/ws/chat`` error frame (spec/05: a string; the connection closes after it)."""
+    return {"type": "error", "error": message}
+
+
+class LegacyChatMapper:
+    """Maps the one turn of a ``/ws/chat`` connection; a ``done`` or ``error`` frame ends it."""
+
+    ENDING = frozenset({"done", "error"})
+
+    def __init__(self, recording_id: str) -> None:
+        self.recording_id = recording_id
+        self.text = ""
+
+    def frames(self, ev: Event) -> list[Frame]:
+        """Frames for one event of the turn."""
+        match ev:
+            case Prefill():
+                return [{"type": "prefill_done", "input_tokens": ev.input_tokens}]
+            case TextDelta():
+                self.text += ev.text
+                return [{"type": "chunk", "text_delta": ev.text, "audio_data": None}]
+            case AudioDelta():
+                return [{"type": "chunk", "text_delta": "", "audio_data": ev.audio}]
+            case Done():
+                # non-streaming: the whole speech; streaming: its final segment
+                return [
+                    {
+                        "type": "done",
+                        "text": ev.text,
+                        "generated_tokens": ev.generated_tokens,
+                        "input_tokens": ev.input_tokens,
+                        "audio_data": ev.audio or ev.last_audio or None,
+                        "recording_session_id": self.recording_id,
+                    }
+                ]
+            case Error():
+                return [legacy_error(ev.message or ev.code.value)]
+            case Gap():
+                return [legacy_error(f"{ErrorCode.OUTPUT_GAP.value}: {gap_message(ev)}")]
+            case Closed():  # the worker stopped the turn early (drain, deadline)
+                return [legacy_error("generation ended without a result")]
+            case _:
+                return []

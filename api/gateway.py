@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -15,12 +15,18 @@ from api.queueing import QueueManager
 from omnicore.settings import Settings
 from streaming.admission import Admission
 from streaming.input import InputWriter
-from streaming.keys import CHAT_TASK, DUPLEX_TASK, Keys, slot_worker, worker_queue
-
-__all__ = ["CHAT_TASK", "DUPLEX_TASK", "Gateway"]
+from streaming.jobs import Job
+from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.output import OutputBus
 
 log = logging.getLogger("omniserve.gateway")
+
+
+class LiveSession(Protocol):
+    """What the gateway needs of a session handler: a way to end it at shutdown."""
+
+    async def shutdown(self) -> None:
+        """End the session with ``server_shutdown``."""
 
 
 class Gateway:
@@ -58,7 +64,7 @@ class Gateway:
             task_serializer="json",
             broker_connection_retry_on_startup=True,
         )
-        self.sessions: dict[str, Any] = {}  # session_id -> live session handler
+        self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler
         self.started_at = time.time()
         self.shutting_down = False
         self._live_slots = 0
@@ -87,7 +93,7 @@ class Gateway:
         handlers = list(self.sessions.values())
         if handlers:
             await asyncio.gather(*(h.shutdown() for h in handlers), return_exceptions=True)
-        while self.sessions:
+        while self.sessions:  # noqa: ASYNC110 - handlers leave the dict from their own tasks
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
@@ -102,8 +108,8 @@ class Gateway:
         await self.bus.stop()
         try:
             await self.redis.delete(self.keys.gateway_alive(self.gateway_id))
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception:  # noqa: BLE001 - Redis gone: the key expires by itself
+            log.warning("could not delete the alive key of gateway %s", self.gateway_id)
         await self.redis.aclose()
 
     async def _renew_lease(self) -> None:
@@ -128,11 +134,11 @@ class Gateway:
             except Exception:
                 log.warning("gateway lease renewal failed", exc_info=True)
 
-    async def submit(self, task_name: str, slot_id: str, kwargs: dict[str, Any]) -> None:
-        """Send a task to the queue of the worker that owns ``slot_id``."""
-        queue = worker_queue(slot_worker(slot_id))
+    async def submit(self, job: Job) -> None:
+        """Send a task to the queue of the worker that owns the job's slot."""
+        queue = worker_queue(slot_worker(job.slot_id))
         await asyncio.to_thread(
-            self.celery.send_task, task_name, kwargs=kwargs, queue=queue, routing_key=queue
+            self.celery.send_task, job.task, kwargs=job.kwargs(), queue=queue, routing_key=queue
         )
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:

@@ -58,6 +58,7 @@ class QueueManager:
         self._counter = itertools.count(1)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._claims: set[asyncio.Task[bool]] = set()
         self.updates_sent = 0
 
     def new_ticket_id(self) -> str:
@@ -80,7 +81,9 @@ class QueueManager:
             parts = message.split(" ")[1:]
             for ticket in parts[0::2]:
                 if ticket in self.waiters:
-                    asyncio.ensure_future(self._claim(ticket))
+                    claim = asyncio.ensure_future(self._claim(ticket))
+                    self._claims.add(claim)  # keep a reference until it is done
+                    claim.add_done_callback(self._claims.discard)
         self._wake.set()
 
     async def acquire(

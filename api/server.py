@@ -1,4 +1,5 @@
-"""uvicorn's server with a graceful drain: sessions hear ``server_shutdown`` before sockets close."""
+"""uvicorn's server with a graceful drain: sessions hear ``server_shutdown`` before sockets
+close."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class GatewayServer(uvicorn.Server):
     """
 
     _draining = False
+    _drain_task: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining:
@@ -30,7 +32,7 @@ class GatewayServer(uvicorn.Server):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return super().handle_exit(sig, frame)
-        loop.create_task(self._drain_then_exit(sig, frame))
+        self._drain_task = loop.create_task(self._drain_then_exit(sig, frame))
 
     async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
         app = self.config.loaded_app

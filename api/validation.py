@@ -13,8 +13,10 @@ from typing import Any, Literal
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from api.errors import INVALID_PAYLOAD, MISSING_FIELD, ProtocolError
+from api.errors import ProtocolError
 from omnicore.audio import AudioFormatError, b64_decode, is_wav, read_audio
+from streaming.controls import InitControl
+from streaming.events import ErrorCode
 
 MIN_INPUT_SAMPLES = 4000
 MAX_SLICE_NUMS = 9
@@ -25,7 +27,9 @@ def _b64(value: str, where: str) -> bytes:
     try:
         return b64_decode(value)
     except AudioFormatError:
-        raise ProtocolError(INVALID_PAYLOAD, f"{where}: base64 decode failed", where) from None
+        raise ProtocolError(
+            ErrorCode.INVALID_PAYLOAD, f"{where}: base64 decode failed", where
+        ) from None
 
 
 def decode_pcm(value: str, where: str, min_samples: int = MIN_INPUT_SAMPLES) -> bytes:
@@ -33,11 +37,13 @@ def decode_pcm(value: str, where: str, min_samples: int = MIN_INPUT_SAMPLES) -> 
     raw = _b64(value, where)
     if len(raw) % 4:
         raise ProtocolError(
-            INVALID_PAYLOAD, f"{where}: PCM byte length {len(raw)} is not a multiple of 4", where
+            ErrorCode.INVALID_PAYLOAD,
+            f"{where}: PCM byte length {len(raw)} is not a multiple of 4",
+            where,
         )
     if len(raw) // 4 < min_samples:
         raise ProtocolError(
-            INVALID_PAYLOAD,
+            ErrorCode.INVALID_PAYLOAD,
             f"{where}: {len(raw) // 4} samples is too short (minimum {min_samples}, 250 ms)",
             where,
         )
@@ -51,10 +57,12 @@ def check_voice(value: str, where: str) -> str:
         try:
             read_audio(raw)
         except AudioFormatError as exc:
-            raise ProtocolError(INVALID_PAYLOAD, f"{where}: {exc}", where) from None
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: {exc}", where) from None
     elif len(raw) % 4:
         raise ProtocolError(
-            INVALID_PAYLOAD, f"{where}: float32 PCM byte length is not a multiple of 4", where
+            ErrorCode.INVALID_PAYLOAD,
+            f"{where}: float32 PCM byte length is not a multiple of 4",
+            where,
         )
     return value
 
@@ -63,7 +71,7 @@ def decode_jpeg(value: str, where: str) -> bytes:
     """Base64 JPEG -> bytes, checked to be a decodable JPEG."""
     raw = _b64(value, where)
     if not raw.startswith(b"\xff\xd8"):
-        raise ProtocolError(INVALID_PAYLOAD, f"{where}: not a JPEG image", where)
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: not a JPEG image", where)
     verify_image(raw, where, "JPEG")
     return raw
 
@@ -77,21 +85,21 @@ def verify_image(raw: bytes, where: str, required_format: str | None = None) -> 
                 raise ValueError(img.format)
             img.verify()
     except Exception:  # noqa: BLE001 - any decoder complaint means invalid
-        raise ProtocolError(INVALID_PAYLOAD, f"{where}: invalid {what}", where) from None
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: invalid {what}", where) from None
 
 
 def _raise_from(exc: ValidationError, prefix: str) -> None:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
     if err["type"] == "missing":
-        raise ProtocolError(MISSING_FIELD, f"missing required field {loc}", loc) from None
-    raise ProtocolError(INVALID_PAYLOAD, f"{loc}: {err['msg']}", loc) from None
+        raise ProtocolError(ErrorCode.MISSING_FIELD, f"missing required field {loc}", loc) from None
+    raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{loc}: {err['msg']}", loc) from None
 
 
 def parse(model: type[BaseModel], value: Any, prefix: str) -> Any:
     """Validate ``value`` against a pydantic model, translating errors to protocol errors."""
     if not isinstance(value, dict):
-        raise ProtocolError(INVALID_PAYLOAD, f"{prefix} must be an object", prefix)
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{prefix} must be an object", prefix)
     try:
         return model.model_validate(value)
     except ValidationError as exc:
@@ -155,29 +163,30 @@ class DuplexInit:
     config: dict[str, Any] = field(default_factory=dict)
     max_slice_nums: int | None = None
 
-    def control(self) -> dict[str, Any]:
+    def control(self) -> InitControl:
         """The init control event for the worker."""
-        return {
-            "type": "init",
-            "system_prompt": self.system_prompt,
-            "ref_audio": self.ref_audio,
-            "tts_ref_audio": self.tts_ref_audio or self.ref_audio,
-            "config": self.config,
-            "max_slice_nums": self.max_slice_nums,
-        }
+        return InitControl(
+            system_prompt=self.system_prompt,
+            ref_audio=self.ref_audio,
+            tts_ref_audio=self.tts_ref_audio or self.ref_audio,
+            config=self.config,
+            max_slice_nums=self.max_slice_nums,
+        )
 
 
 def duplex_init(event: dict[str, Any]) -> DuplexInit:
     """Validate ``session.init {payload}`` or ``session.update {session}``."""
     if event["type"] == "session.update":
         if "session" not in event:
-            raise ProtocolError(MISSING_FIELD, "missing required field session", "session")
+            raise ProtocolError(
+                ErrorCode.MISSING_FIELD, "missing required field session", "session"
+            )
         s = parse(LegacySession, event["session"], "session")
         ref = check_voice(s.ref_audio, "session.ref_audio") if s.ref_audio else None
         tts = check_voice(s.tts_ref_audio, "session.tts_ref_audio") if s.tts_ref_audio else None
         return DuplexInit(s.instructions, ref, tts, dict(s.config or {}))
     if "payload" not in event:
-        raise ProtocolError(MISSING_FIELD, "missing required field payload", "payload")
+        raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field payload", "payload")
     p = parse(InitPayload, event["payload"], "payload")
     voice = p.voice or Voice()
     ref = (
@@ -212,7 +221,7 @@ def duplex_append(event: dict[str, Any], default_slices: int = 1) -> DuplexAppen
         frames_where = "video_frames"
     else:
         if "input" not in event:
-            raise ProtocolError(MISSING_FIELD, "missing required field input", "input")
+            raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
         m = parse(DuplexInputModel, event["input"], "input")
         where, hints = "input.audio", m.hints
         frames_where = "input.video_frames"
@@ -296,12 +305,14 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
             if item.type == "text":
                 if item.text is None:
                     raise ProtocolError(
-                        MISSING_FIELD, f"missing required field {where}.text", f"{where}.text"
+                        ErrorCode.MISSING_FIELD,
+                        f"missing required field {where}.text",
+                        f"{where}.text",
                     )
                 continue
             if item.data is None:
                 raise ProtocolError(
-                    MISSING_FIELD, f"missing required field {where}.data", f"{where}.data"
+                    ErrorCode.MISSING_FIELD, f"missing required field {where}.data", f"{where}.data"
                 )
             if item.type == "image":
                 raw = _b64(item.data, f"{where}.data")
@@ -310,18 +321,18 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
                 raw = _b64(item.data, f"{where}.data")
                 if len(raw) % 4:
                     raise ProtocolError(
-                        INVALID_PAYLOAD,
+                        ErrorCode.INVALID_PAYLOAD,
                         f"{where}.data: PCM byte length is not a multiple of 4",
                         f"{where}.data",
                     )
                 if not raw:
                     raise ProtocolError(
-                        INVALID_PAYLOAD, f"{where}.data: empty audio", f"{where}.data"
+                        ErrorCode.INVALID_PAYLOAD, f"{where}.data: empty audio", f"{where}.data"
                     )
             else:
                 if not _b64(item.data, f"{where}.data"):
                     raise ProtocolError(
-                        INVALID_PAYLOAD, f"{where}.data: empty video", f"{where}.data"
+                        ErrorCode.INVALID_PAYLOAD, f"{where}.data: empty video", f"{where}.data"
                     )
 
 

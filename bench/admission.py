@@ -91,7 +91,7 @@ def handoff(stack: Stack, rounds: int, waiting: int = 3) -> dict[str, Any]:
     return {"rounds": rounds, "matched": len(lat), "slot_free_to_queue_done_ms": percentiles(lat)}
 
 
-# --------------------------------------------------------------------------- updates over WebSockets
+# ------------------------------------------------------------------------ updates over WebSockets
 
 
 async def _ws_updates(

@@ -11,7 +11,6 @@ the same point the stack's tap stamps ("worker emit").
 from __future__ import annotations
 
 import asyncio
-import base64
 import sys
 import time
 from typing import Any
@@ -33,12 +32,13 @@ from inference.base import (
     TextPart,
 )
 from inference.scripted import ScriptedBackend
+from omnicore.audio import b64_to_pcm, pcm_to_b64
 
 BACKEND = ScriptedBackend(trigger="always", token_delay_s=0.01)
 
 
 def _b64(pcm: np.ndarray | None) -> str:
-    return base64.b64encode(np.asarray(pcm, "<f4").tobytes()).decode() if pcm is not None else ""
+    return pcm_to_b64(pcm)
 
 
 async def duplex(ws: ServerConnection, sid: str) -> None:
@@ -62,7 +62,7 @@ async def duplex(ws: ServerConnection, sid: str) -> None:
             )
         elif kind == "input.append":
             n += 1
-            pcm = np.frombuffer(base64.b64decode(ev["input"]["audio"]), "<f4")
+            pcm = b64_to_pcm(ev["input"]["audio"])
             step = await asyncio.to_thread(session.step, DuplexInput(audio=pcm))
             base = {"type": "response.output.delta", "session_id": sid, "input_id": f"input_{n}"}
             if step.listen:

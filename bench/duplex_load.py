@@ -8,7 +8,6 @@ Used against the real gateway and against the bare baseline server (same protoco
 from __future__ import annotations
 
 import asyncio
-import base64
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,9 @@ import numpy as np
 import orjson
 import websockets
 
-SILENCE_1S = base64.b64encode(np.zeros(16000, dtype="<f4").tobytes()).decode()
+from omnicore.audio import pcm_to_b64
+
+SILENCE_1S = pcm_to_b64(np.zeros(16000, dtype=np.float32))
 COMPRESSION: list[str | None] = ["deflate"]  # what clients offer; None: no permessage-deflate
 APPEND = orjson.dumps({"type": "input.append", "input": {"audio": SILENCE_1S}}).decode()
 
@@ -113,7 +114,7 @@ async def _session(
 
 
 async def run_load(url: str, n: int, seconds: float, warmup: float = 2.0) -> LoadResult:
-    """Start ``n`` sessions, stream for ``warmup + seconds``, keep records of the last ``seconds``."""
+    """Start ``n`` sessions and stream for ``warmup + seconds``; keep the last ``seconds``."""
     res = LoadResult()
     ready = asyncio.Barrier(n + 1)
     go = asyncio.Event()

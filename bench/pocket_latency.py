@@ -1,4 +1,5 @@
-"""Latency of the pocket backend on this machine: end of user speech -> first audio, per-stage speed.
+"""Latency of the pocket backend on this machine: end of user speech -> first audio, and the
+speed of each stage.
 
     python -m bench.pocket_latency [--rounds 3] [--max-seconds 180]
 
@@ -163,12 +164,16 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 
 def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], load_s: float) -> None:
     print(f"pocket backend on {os.cpu_count()} CPUs; models loaded in {load_s:.1f} s\n")
-    head = f"{'question':<46} {'1st audio s':>11} {'ASR RTF':>8} {'LLM tok/s':>9} {'TTS RTF':>8} {'tokens':>6}"
+    head = (
+        f"{'question':<46} {'1st audio s':>11} {'ASR RTF':>8} {'LLM tok/s':>9} "
+        f"{'TTS RTF':>8} {'tokens':>6}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['question'][:46]:<46} {_fmt(r['first_audio_s']):>11} {_fmt(r['asr_rtf'], '.3f'):>8} "
+            f"{r['question'][:46]:<46} {_fmt(r['first_audio_s']):>11} "
+            f"{_fmt(r['asr_rtf'], '.3f'):>8} "
             f"{_fmt(r['llm_tok_s'], '.1f'):>9} {_fmt(r['tts_rtf'], '.3f'):>8} {r['llm_tokens']:>6}"
         )
     print("-" * len(head))
@@ -176,9 +181,10 @@ def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], load_s: fl
         f"{'median':<46} {_fmt(summary['first_audio_s']):>11} {_fmt(summary['asr_rtf'], '.3f'):>8} "
         f"{_fmt(summary['llm_tok_s'], '.1f'):>9} {_fmt(summary['tts_rtf'], '.3f'):>8}"
     )
+    lag = summary["perceived_s"] - summary["first_audio_s"] if summary["perceived_s"] else None
     print(
         f"\nend of speech -> first audio byte: median {_fmt(summary['first_audio_s'])} s "
-        f"(+{_fmt(summary['perceived_s'] - summary['first_audio_s'] if summary['perceived_s'] else None, '.0f')} s "
+        f"(+{_fmt(lag, '.0f')} s "
         f"of silence before the turn is detected = {_fmt(summary['perceived_s'])} s perceived)"
     )
     print(

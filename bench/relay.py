@@ -17,6 +17,9 @@ from bench.procstats import Sampler
 from bench.report import percentiles
 from bench.stack import Stack, redis_pid
 from bench.tap import Tap
+from streaming.events import Listen, Speak, tag
+
+STEP_EVENTS = {tag(Speak), tag(Listen)}  # the worker events that answer one input chunk
 
 TAP_DIR = Path("/tmp/omniserve-bench-tap")
 
@@ -25,7 +28,7 @@ def _emit_times(rows: list[list[Any]]) -> dict[tuple[str, str], float]:
     """(session_id, input_id) -> publish time of the worker event answering that input."""
     out: dict[tuple[str, str], float] = {}
     for row in rows:
-        if len(row) == 5 and row[2] in ("speak", "listen") and row[3]:
+        if len(row) == 5 and row[2] in STEP_EVENTS and row[3]:
             out.setdefault((row[1], row[3]), row[0])
     return out
 

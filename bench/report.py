@@ -20,7 +20,7 @@ def percentiles(values: list[float]) -> dict[str, float | int | None]:
     v = sorted(values)
 
     def q(p: float) -> float:
-        return round(v[min(len(v) - 1, int(round(p * (len(v) - 1))))], 2)
+        return round(v[min(len(v) - 1, round(p * (len(v) - 1)))], 2)
 
     return {"n": len(v), "p50": q(0.50), "p99": q(0.99), "max": round(v[-1], 2)}
 
@@ -84,10 +84,10 @@ def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = [
         title,
-        "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
         "  ".join("-" * w for w in widths),
     ]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells[1:]]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells[1:]]
     return "\n".join(lines)
 
 

@@ -73,10 +73,10 @@ def spawn(name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.P
     """Start a child in its own process group, logging to LOG_DIR; it is killed at exit."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{name}.log"
-    fh = open(log, "wb")
-    p = subprocess.Popen(
-        argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+        p = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
     _CHILDREN.append(p)
     return p, log
 

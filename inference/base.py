@@ -196,7 +196,7 @@ class DuplexSession(abc.ABC):
     def step(self, chunk: DuplexInput) -> DuplexStep:
         """Consume one input chunk and decide: listen, or speak."""
 
-    def interrupt(self) -> None:  # noqa: B027 - an optional hook
+    def interrupt(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Stop speaking at once (force_listen arrived between steps). Default: nothing to do."""
 
     @abc.abstractmethod
@@ -229,5 +229,5 @@ class Backend(abc.ABC):
         """What this backend is, for health checks and logs."""
         return {"backend": self.name}
 
-    def close(self) -> None:  # noqa: B027 - an optional hook
+    def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Release the model (worker shutdown)."""

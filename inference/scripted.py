@@ -51,7 +51,7 @@ VISION_TOKENS_PER_SLICE = 64
 
 def tone(seconds: float, seed: str, rate: int = OUTPUT_SAMPLE_RATE) -> np.ndarray:
     """A deterministic quiet tone whose pitch depends on ``seed``."""
-    n = max(1, int(round(seconds * rate)))
+    n = max(1, round(seconds * rate))
     freq = 220.0 + (zlib.crc32(seed.encode()) % 440)
     t = np.arange(n, dtype=np.float32) / rate
     return (0.2 * np.sin(2 * math.pi * freq * t)).astype(np.float32)

@@ -97,7 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
         print(f"omniserve worker: cannot start backend {backend!r}: {exc}", file=sys.stderr)
         return 2
-    import tasks.bootstrap  # noqa: F401 - connects the worker signals
+    import tasks.bootstrap  # noqa: F401 - imported for its side effect: the worker signals
     from tasks.celery_app import app
 
     node = s.worker_name or f"omni-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
@@ -251,7 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PASSTHROUGH = {"test": cmd_test, "bench": cmd_bench}
+"""Subcommands whose arguments all belong to another program (pytest, the benchmarks).
+
+argparse cannot hand on options it does not know (``omniserve test -q`` failed), so these are
+dispatched before it parses anything; ``omniserve --help`` still lists them.
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return int(PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:])) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import sys
 import time
 from pathlib import Path
@@ -12,16 +11,21 @@ import numpy as np
 import orjson
 import websockets
 
-from omnicore.audio import read_audio, resample, wav_bytes
+from omnicore.audio import b64_to_pcm, pcm_to_b64, read_audio, resample, wav_bytes
+
+RECV_TIMEOUT_S = 120.0
+QUEUE_TIMEOUT_S = 600.0
 
 
-async def _recv(ws: websockets.ClientConnection, timeout: float = 120.0) -> dict:
-    return orjson.loads(await asyncio.wait_for(ws.recv(), timeout))
+async def _recv(ws: websockets.ClientConnection) -> dict:
+    async with asyncio.timeout(RECV_TIMEOUT_S):
+        return orjson.loads(await ws.recv())
 
 
 async def _wait_queue(ws: websockets.ClientConnection) -> None:
     while True:
-        ev = await _recv(ws, 600)
+        async with asyncio.timeout(QUEUE_TIMEOUT_S):
+            ev = orjson.loads(await ws.recv())
         kind = ev["type"]
         if kind in ("session.queued", "session.queue_update"):
             print(
@@ -60,7 +64,7 @@ async def chat(url: str, text: str, tts_out: str | None = None) -> int:
             if ev["type"] == "response.output.delta" and ev["kind"] == "text":
                 print(ev["text"], end="", flush=True)
             elif ev["type"] == "response.output.delta" and ev["kind"] == "audio":
-                audio.append(np.frombuffer(base64.b64decode(ev["audio"]), dtype="<f4"))
+                audio.append(b64_to_pcm(ev["audio"]))
             elif ev["type"] == "response.done":
                 print()
                 break
@@ -69,7 +73,7 @@ async def chat(url: str, text: str, tts_out: str | None = None) -> int:
                 return 1
         await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
     if tts_out and audio:
-        Path(tts_out).write_bytes(wav_bytes(np.concatenate(audio), 24_000))
+        await asyncio.to_thread(Path(tts_out).write_bytes, wav_bytes(np.concatenate(audio), 24_000))
         print(f"speech written to {tts_out}", file=sys.stderr)
     return 0
 
@@ -83,7 +87,7 @@ async def audio(
     tail_s: float = 8.0,
 ) -> int:
     """Play a WAV file into a duplex session (1 s chunks), then silence; save the spoken reply."""
-    samples, rate = read_audio(Path(wav_in).read_bytes())
+    samples, rate = read_audio(await asyncio.to_thread(Path(wav_in).read_bytes))
     pcm = resample(samples, rate, 16_000)
     chunks = [pcm[i : i + 16_000] for i in range(0, pcm.size, 16_000)]
     chunks = [np.pad(c, (0, 16_000 - c.size)) for c in chunks]
@@ -113,7 +117,7 @@ async def audio(
                         text.append(ev["text"])
                         print(ev["text"], end="", flush=True)
                     elif ev["kind"] == "audio":
-                        out.append(np.frombuffer(base64.b64decode(ev["audio"]), dtype="<f4"))
+                        out.append(b64_to_pcm(ev["audio"]))
                 elif ev["type"] == "error":
                     print(f"\nerror: {ev['error']}", file=sys.stderr)
                 elif ev["type"] == "session.closed":
@@ -128,9 +132,7 @@ async def audio(
                 orjson.dumps(
                     {
                         "type": "input.append",
-                        "input": {
-                            "audio": base64.b64encode(chunk.astype("<f4").tobytes()).decode()
-                        },
+                        "input": {"audio": pcm_to_b64(chunk)},
                     }
                 ).decode()
             )
@@ -142,6 +144,6 @@ async def audio(
             task.cancel()
     print()
     reply = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
-    Path(wav_out).write_bytes(wav_bytes(reply, 24_000))
+    await asyncio.to_thread(Path(wav_out).write_bytes, wav_bytes(reply, 24_000))
     print(f"{reply.size / 24_000:.1f} s of speech written to {wav_out}", file=sys.stderr)
     return 0

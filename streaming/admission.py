@@ -134,7 +134,7 @@ class Admission:
             load_left_s=cap.load_left_s,
         )
 
-    async def capacity(self, workers: dict | None = None) -> Capacity:
+    async def capacity(self, workers: dict[bytes | str, bytes | str] | None = None) -> Capacity:
         """Slots of the live workers, ready or loading (workers whose alive key exists)."""
         k = self.keys
         if workers is None:
@@ -165,7 +165,7 @@ class Admission:
         cap.load_left_s = min(lefts) if lefts else 0.0
         return cap
 
-    async def live_slot_count(self, workers: dict | None = None) -> int:
+    async def live_slot_count(self, workers: dict[bytes | str, bytes | str] | None = None) -> int:
         """Total slots of the live workers that serve now (backend loaded)."""
         return (await self.capacity(workers)).ready
 

@@ -8,14 +8,24 @@ stream that is never trimmed by that policy.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
-from streaming.codec import dumps, loads
+from streaming.controls import (
+    BadControl,
+    Control,
+    ForceListenControl,
+    decode_control,
+    encode_control,
+)
 from streaming.keys import Keys
+
+log = logging.getLogger(__name__)
 
 CONTROL_MAXLEN = 100_000  # a memory bound only; a 10-minute session sends far fewer controls
 
@@ -35,7 +45,9 @@ class AudioChunk:
 class InputWriter:
     """Gateway side (asyncio client)."""
 
-    def __init__(self, redis_client: aioredis.Redis, keys: Keys, max_pending: int, ttl_s: float):
+    def __init__(
+        self, redis_client: aioredis.Redis, keys: Keys, max_pending: int, ttl_s: float
+    ) -> None:
         self.redis = redis_client
         self.keys = keys
         self.max_pending = max_pending
@@ -43,7 +55,7 @@ class InputWriter:
 
     async def append(self, session_id: str, chunk: AudioChunk) -> None:
         """Queue one chunk for the worker (dropping the oldest beyond ``max_pending``)."""
-        fields: dict[str, Any] = {
+        fields: dict[FieldT, EncodableT] = {
             "seq": chunk.seq,
             "input_id": chunk.input_id,
             "audio": chunk.audio,
@@ -58,7 +70,7 @@ class InputWriter:
             if chunk.force_listen:
                 pipe.xadd(
                     self.keys.input_control(session_id),
-                    {"e": dumps({"type": "force_listen", "input_id": chunk.input_id})},
+                    {"e": encode_control(ForceListenControl(input_id=chunk.input_id))},
                     maxlen=CONTROL_MAXLEN,
                     approximate=True,
                 )
@@ -67,11 +79,11 @@ class InputWriter:
                 pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
-    async def control(self, session_id: str, event: dict[str, Any]) -> None:
+    async def control(self, session_id: str, control: Control) -> None:
         """Send a control event (never dropped)."""
         key = self.keys.input_control(session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"e": dumps(event)}, maxlen=CONTROL_MAXLEN, approximate=True)
+            pipe.xadd(key, {"e": encode_control(control)}, maxlen=CONTROL_MAXLEN, approximate=True)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
@@ -80,7 +92,7 @@ class InputWriter:
 class InputBatch:
     """What one read returned: control events first, then audio chunks in order."""
 
-    controls: list[dict[str, Any]]
+    controls: list[Control]
     chunks: list[AudioChunk]
     dropped: int  # chunks that were trimmed before the worker could read them
 
@@ -98,20 +110,24 @@ class InputReader:
 
     def read(self, block_ms: int) -> InputBatch:
         """Wait up to ``block_ms`` for input; return everything pending."""
-        got = self.client.xread(
-            {self.control_key: self.last_control, self.audio_key: self.last_audio},
-            block=block_ms,
+        got = _stream_reply(
+            self.client.xread(
+                {self.control_key: self.last_control, self.audio_key: self.last_audio},
+                block=block_ms,
+            )
         )
-        controls: list[dict[str, Any]] = []
+        controls: list[Control] = []
         chunks: list[AudioChunk] = []
         dropped = 0
-        for stream, entries in got or []:
-            name = stream.decode() if isinstance(stream, bytes) else stream
+        for stream, entries in got:
+            name = _text(stream)
             for entry_id, fields in entries:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                eid = _text(entry_id)
                 if name == self.control_key:
                     self.last_control = eid
-                    controls.append(loads(fields[b"e"]))
+                    control = _control(fields)
+                    if control is not None:
+                        controls.append(control)
                 else:
                     self.last_audio = eid
                     chunk = _chunk(fields)
@@ -121,9 +137,41 @@ class InputReader:
                     chunks.append(chunk)
         return InputBatch(controls=controls, chunks=chunks, dropped=dropped)
 
+    def poll_controls(self) -> list[Control]:
+        """Control events that arrived since the last read, without waiting (chat turns)."""
+        got = _stream_reply(self.client.xread({self.control_key: self.last_control}, count=10))
+        controls: list[Control] = []
+        for _stream, entries in got:
+            for entry_id, fields in entries:
+                self.last_control = _text(entry_id)
+                control = _control(fields)
+                if control is not None:
+                    controls.append(control)
+        return controls
+
     def discard(self) -> None:
         """Delete the input streams (the session is over)."""
         self.client.delete(self.audio_key, self.control_key)
+
+
+StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+def _stream_reply(reply: object) -> list[tuple[bytes, StreamEntries]]:
+    """XREAD's reply as redis-py returns it without decoding (its stubs say ``Any``)."""
+    return cast("list[tuple[bytes, StreamEntries]]", reply or [])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _control(fields: dict[bytes, bytes]) -> Control | None:
+    try:
+        return decode_control(fields[b"e"])
+    except (KeyError, BadControl):
+        log.warning("ignoring a malformed control event: %r", fields)
+        return None
 
 
 def _chunk(fields: dict[bytes, bytes]) -> AudioChunk:

@@ -113,8 +113,3 @@ def ticket_gateway(ticket_id: str) -> str:
 def worker_queue(worker_id: str) -> str:
     """The Celery queue of the worker node a worker id (``<node>#<pid>``) belongs to."""
     return "omni.w." + worker_id.rsplit("#", 1)[0]
-
-
-# Celery task names: the gateway submits by name (send_task) and never imports worker code.
-DUPLEX_TASK = "omniserve.duplex_session"
-CHAT_TASK = "omniserve.chat_turn"

@@ -13,13 +13,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import cast
 
 import redis
 import redis.asyncio as aioredis
 
-from streaming.codec import dumps, loads
+from streaming.events import BadEvent, Event, Gap, decode_event, encode_event
 from streaming.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,12 @@ class OutputPublisher:
         self._thread = threading.Thread(target=self._run, name=f"out-{session_id}", daemon=True)
         self._thread.start()
 
-    def emit(self, event: dict[str, Any]) -> int:
-        """Queue one event for publication; returns its sequence number."""
+    def emit(self, event: Event) -> int:
+        """Number, stamp and queue one event for publication; returns its sequence number."""
         self.seq += 1
-        event["seq"] = self.seq
-        self._queue.put((self.seq, dumps(event)))
+        event.seq = self.seq
+        event.emitted_at = time.time()
+        self._queue.put((self.seq, encode_event(event)))
         return self.seq
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -130,36 +131,57 @@ class OutputPublisher:
 
 async def read_log(
     redis_client: aioredis.Redis, keys: Keys, session_id: str, first: int, last: int | None = None
-) -> list[dict[str, Any]]:
-    """Events ``first..last`` (inclusive; ``last=None``: to the end) still held by the log."""
+) -> list[Event]:
+    """Events ``first..last`` (inclusive; ``last=None``: to the end) still held by the log.
+
+    An entry that is not a valid event is left out (the reader then reports it as a gap).
+    """
     end = "+" if last is None else f"{last}-1"
-    entries = await redis_client.xrange(keys.output_log(session_id), f"{first}-1", end)
-    return [loads(fields[b"e"] if b"e" in fields else fields["e"]) for _, fields in entries]
+    entries = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]",
+        await redis_client.xrange(keys.output_log(session_id), f"{first}-1", end) or [],
+    )
+    out: list[Event] = []
+    for entry_id, fields in entries:
+        try:
+            out.append(decode_event(fields[b"e"]))
+        except (KeyError, BadEvent):
+            log.warning("output log %s: entry %r is not an event", session_id, entry_id)
+    return out
 
 
 class SessionOutput:
-    """Gateway side: the ordered event stream of one session."""
+    """Gateway side: the ordered event stream of one session, addressed by its id.
 
-    def __init__(self, bus: OutputBus, session_id: str) -> None:
+    ``after`` is the last sequence number the reader already has (0 for a new session); a reader
+    opened later (a resumed session) starts from there and takes the rest from the replay log.
+    """
+
+    def __init__(self, bus: OutputBus, session_id: str, after: int = 0) -> None:
         self.bus = bus
         self.session_id = session_id
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.expected = 1
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.expected = after + 1
         self.gaps = 0
 
-    def _push(self, event: dict[str, Any]) -> None:
+    def push(self, event: Event) -> None:
+        """An event arrived on the live channel (called by the bus)."""
         self.queue.put_nowait(event)
 
-    async def get(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Wait for the next event; returns it with any gap filled from the log before it."""
+    async def get(self, timeout: float | None = None) -> list[Event]:  # noqa: ASYNC109 - see below
+        """Wait up to ``timeout`` for the next event; returns it with any gap before it filled.
+
+        (The timeout covers only the wait: a caller's cancel scope around the log catch-up
+        would lose the event already taken from the queue.) Raises TimeoutError.
+        """
         event = await asyncio.wait_for(self.queue.get(), timeout)
         return await self._order(event)
 
-    async def _order(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        seq = int(event.get("seq", 0))
+    async def _order(self, event: Event) -> list[Event]:
+        seq = event.seq
         if seq < self.expected:
             return []  # already delivered (a replay overlapped the live channel)
-        out: list[dict[str, Any]] = []
+        out: list[Event] = []
         if seq > self.expected:
             out.extend(await self.catch_up(seq - 1))
         if seq >= self.expected:
@@ -167,13 +189,13 @@ class SessionOutput:
             self.expected = seq + 1
         return out
 
-    async def catch_up(self, upto: int | None = None) -> list[dict[str, Any]]:
+    async def catch_up(self, upto: int | None = None) -> list[Event]:
         """Events from the next expected one up to ``upto`` (or the log's end), from the log."""
         first = self.expected
         found = await read_log(self.bus.redis, self.bus.keys, self.session_id, first, upto)
-        out: list[dict[str, Any]] = []
+        out: list[Event] = []
         for ev in found:
-            s = int(ev["seq"])
+            s = ev.seq
             if s < self.expected:
                 continue
             if s > self.expected:
@@ -185,16 +207,10 @@ class SessionOutput:
             self.expected = upto + 1
         return out
 
-    def _gap(self, first: int, last: int) -> dict[str, Any]:
+    def _gap(self, first: int, last: int) -> Gap:
         self.gaps += last - first + 1
         log.warning("session %s lost output events %d..%d", self.session_id, first, last)
-        return {"type": "gap", "first": first, "last": last}
-
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Iterate over the events in order, forever (the caller stops at a closing event)."""
-        while True:
-            for ev in await self.get():
-                yield ev
+        return Gap(first=first, last=last)
 
 
 class OutputBus:
@@ -226,15 +242,15 @@ class OutputBus:
         """Stop the reader and close the connection."""
         if self._task:
             self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-        await self.pubsub.aclose()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
-    async def open(self, session_id: str) -> SessionOutput:
-        """Subscribe to a session's channel (before its worker can emit anything)."""
-        out = SessionOutput(self, session_id)
+    async def open(self, session_id: str, after: int = 0) -> SessionOutput:
+        """Subscribe to a session's channel (before its worker can emit anything).
+
+        ``after``: the last sequence number already delivered (see SessionOutput).
+        """
+        out = SessionOutput(self, session_id, after)
         self.sessions[self.keys.output_channel(session_id)] = out
         await self.pubsub.subscribe(self.keys.output_channel(session_id))
         return out
@@ -245,7 +261,7 @@ class OutputBus:
         self.sessions.pop(channel, None)
         try:
             await self.pubsub.unsubscribe(channel)
-        except Exception:
+        except (redis.RedisError, OSError):
             log.debug("unsubscribe %s failed", channel, exc_info=True)
 
     async def _reader(self) -> None:
@@ -270,5 +286,10 @@ class OutputBus:
                     self.on_queue_event(data.decode() if isinstance(data, bytes) else data)
                 continue
             out = self.sessions.get(channel)
-            if out is not None:
-                out._push(loads(data))
+            if out is None:
+                continue
+            try:
+                out.push(decode_event(data))
+            except BadEvent:
+                # left out: the next event's sequence number shows the hole (read from the log)
+                log.warning("session %s: a message is not an event", out.session_id)

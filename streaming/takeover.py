@@ -7,11 +7,11 @@ event the log holds, so the relaying gateway delivers the closing events in orde
 
 from __future__ import annotations
 
-from typing import Any
+import time
 
 import redis
 
-from streaming.codec import dumps
+from streaming.events import Event, encode_event
 from streaming.keys import Keys
 
 
@@ -29,7 +29,7 @@ def finish_output(
     client: redis.Redis,
     keys: Keys,
     session_id: str,
-    events: list[dict[str, Any]],
+    events: list[Event],
     log_maxlen: int,
     linger_s: int = 60,
     attempts: int = 3,
@@ -38,18 +38,25 @@ def finish_output(
 
     A write the dead process had already sent may still land first: the log then refuses the
     first id, and the sequence is read again. Nothing is published before the log has it all.
+    The events are numbered and stamped here, as ``OutputPublisher.emit`` does for the worker.
     """
     log_key, channel = keys.output_log(session_id), keys.output_channel(session_id)
+    now = time.time()
+    for ev in events:
+        ev.emitted_at = now
     seq = 0
     for attempt in range(attempts):
         seq = last_seq(client, keys, session_id)
+        events[0].seq = seq + 1
         try:
-            client.xadd(log_key, {"e": dumps({**events[0], "seq": seq + 1})}, id=f"{seq + 1}-1")
+            client.xadd(log_key, {"e": encode_event(events[0])}, id=f"{seq + 1}-1")
             break
         except redis.ResponseError:
             if attempt == attempts - 1:
                 raise
-    encoded = [dumps({**ev, "seq": i}) for i, ev in enumerate(events, start=seq + 1)]
+    for i, ev in enumerate(events, start=seq + 1):
+        ev.seq = i
+    encoded = [encode_event(ev) for ev in events]
     with client.pipeline(transaction=False) as pipe:
         for i, data in enumerate(encoded[1:], start=seq + 2):
             pipe.xadd(log_key, {"e": data}, id=f"{i}-1", maxlen=log_maxlen, approximate=True)

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any, TypedDict
 
 import redis
 from celery import signals
@@ -30,12 +31,21 @@ from tasks.supervisor import PoolSupervisor
 
 log = logging.getLogger("omniserve.worker")
 
-_state: dict[str, object] = {"node": None, "pool": "prefork", "slots": 1}
-_supervisor: dict[str, PoolSupervisor] = {}
+
+class _BootState(TypedDict):
+    node: str | None
+    pool: str
+    slots: int
+
+
+_state: _BootState = {"node": None, "pool": "prefork", "slots": 1}
+_supervisor: dict[str, PoolSupervisor] = {}  # "pool": the prefork parent's child watcher
 
 
 @signals.celeryd_init.connect
-def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: object) -> None:
+def _on_celeryd_init(
+    sender: str | None = None, instance: Any = None, conf: Any = None, **_: object
+) -> None:
     node = sender or f"omni@{os.uname().nodename}"
     _state["node"] = node
     # `omniserve worker` runs prefork with one child for one slot, a threads pool for several.
@@ -55,7 +65,7 @@ def _on_celeryd_init(sender: str | None = None, instance=None, conf=None, **_: o
 
 
 def _boot(slots: int) -> None:
-    node = str(_state["node"] or f"omni@{os.uname().nodename}")
+    node = _state["node"] or f"omni@{os.uname().nodename}"
     rt = WorkerRuntime(node, slots)
     rt.restart_on_hang = _state["pool"] == "prefork"
     set_runtime(rt)
@@ -122,7 +132,7 @@ def _child_sigterm(signum: int, _frame: object) -> None:
 @signals.worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
     if _state["pool"] != "prefork":
-        _boot(int(_state["slots"]))
+        _boot(_state["slots"])
         return
     pool = getattr(sender, "pool", None)
     if pool is not None:

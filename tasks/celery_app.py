@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from omnicore.settings import get_settings
-from streaming.keys import CHAT_TASK, DUPLEX_TASK
+from streaming.jobs import CHAT_TASK, DUPLEX_TASK
 
 __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 

@@ -9,6 +9,15 @@ from typing import Any
 import numpy as np
 
 from inference import ChatDelta, ChatDone, ChatPrefilled, InferenceError, UnsupportedInput
+from streaming.events import (
+    AudioDelta,
+    CloseReason,
+    Done,
+    ErrorCode,
+    Prefill,
+    TextDelta,
+    TurnEnd,
+)
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import CHAT_TASK, app
 from tasks.chat_request import build_chat_request
@@ -20,19 +29,16 @@ log = logging.getLogger("omniserve.worker")
 CANCEL_CHECK_S = 0.2
 
 
-def _cancelled(ctx: SessionContext) -> str | None:
+def _cancelled(ctx: SessionContext) -> CloseReason | None:
     """A close reason if the gateway asked to stop this turn, the deadline passed or we drain."""
     if ctx.rt.shutting_down.is_set():
-        return "server_shutdown"
+        return CloseReason.SERVER_SHUTDOWN
     if time.time() >= ctx.deadline_ts:
-        return "timeout"
+        return CloseReason.TIMEOUT
     if not ctx.rt.gateway_alive(ctx.gateway_id):
-        return "client_closed"
-    got = ctx.rt.redis.xread({ctx.inputs.control_key: ctx.inputs.last_control}, count=10)
-    for _, entries in got or []:
-        for entry_id, _fields in entries:
-            ctx.inputs.last_control = entry_id.decode()
-            return "client_closed"
+        return CloseReason.CLIENT_CLOSED
+    if ctx.inputs.poll_controls():  # the only control a turn gets is a close
+        return CloseReason.CLIENT_CLOSED
     return None
 
 
@@ -43,10 +49,10 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     try:
         req = build_chat_request(request)
     except UnsupportedInput as exc:
-        ctx.error("invalid_payload", str(exc), field=exc.field_name)
+        ctx.error(ErrorCode.INVALID_PAYLOAD, str(exc), field=exc.field_name)
         return
     except (ValueError, TypeError, KeyError) as exc:
-        ctx.error("invalid_payload", f"request rejected: {exc}")
+        ctx.error(ErrorCode.INVALID_PAYLOAD, f"request rejected: {exc}")
         return
     chunker = AudioChunker()
     t0 = time.perf_counter()
@@ -62,11 +68,10 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                     return
             if isinstance(ev, ChatPrefilled):
                 ctx.emit(
-                    {
-                        "type": "prefill",
-                        "input_tokens": ev.input_tokens,
-                        "prefill_s": round(time.perf_counter() - t0, 4),
-                    }
+                    Prefill(
+                        input_tokens=ev.input_tokens,
+                        prefill_s=round(time.perf_counter() - t0, 4),
+                    )
                 )
             elif isinstance(ev, ChatDelta):
                 if first_delta_s is None:
@@ -74,22 +79,21 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                 if not req.streaming:
                     continue
                 if ev.text:
-                    ctx.emit({"type": "text", "text": ev.text})
+                    ctx.emit(TextDelta(text=ev.text))
                 for piece in chunker.push(ev.audio):
-                    ctx.emit({"type": "audio", "audio": audio_b64(piece)})
+                    ctx.emit(AudioDelta(audio=audio_b64(piece)))
             elif isinstance(ev, ChatDone):
                 # a streamed turn's last (short) piece of speech rides on "done" as last_audio
                 rest = chunker.flush() if req.streaming else None
                 audio = ev.audio if isinstance(ev.audio, np.ndarray) else None
                 ctx.emit(
-                    {
-                        "type": "done",
-                        "text": ev.text,
-                        "input_tokens": ev.input_tokens,
-                        "generated_tokens": ev.generated_tokens,
-                        "audio": audio_b64(audio) if not req.streaming else "",
-                        "last_audio": audio_b64(rest) if rest is not None else "",
-                        "metrics": {
+                    Done(
+                        text=ev.text,
+                        input_tokens=ev.input_tokens,
+                        generated_tokens=ev.generated_tokens,
+                        audio=audio_b64(audio) if not req.streaming else "",
+                        last_audio=audio_b64(rest) if rest is not None else "",
+                        metrics={
                             **ev.metrics,
                             "backend": backend.name,
                             "input_tokens": ev.input_tokens,
@@ -97,20 +101,20 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                             "first_delta_s": round(first_delta_s or 0.0, 4),
                             "total_s": round(time.perf_counter() - t0, 4),
                         },
-                    }
+                    )
                 )
                 return
     except UnsupportedInput as exc:
-        ctx.error("invalid_payload", str(exc), field=exc.field_name)
+        ctx.error(ErrorCode.INVALID_PAYLOAD, str(exc), field=exc.field_name)
         return
     except InferenceError as exc:
-        ctx.error("inference_error", str(exc) or "inference failed")
+        ctx.error(ErrorCode.INFERENCE_ERROR, str(exc) or "inference failed")
         return
     except Exception as exc:
         log.exception("chat turn %s failed", ctx.session_id)
-        ctx.error("inference_error", f"inference failed: {exc}")
+        ctx.error(ErrorCode.INFERENCE_ERROR, f"inference failed: {exc}")
         return
-    ctx.error("inference_error", "backend ended the turn without a result")
+    ctx.error(ErrorCode.INFERENCE_ERROR, "backend ended the turn without a result")
 
 
 @app.task(name=CHAT_TASK, ignore_result=True)
@@ -122,4 +126,4 @@ def chat_turn(
         if ctx is None:
             return
         run_turn(ctx, request)
-        ctx.emit({"type": "turn_end"})
+        ctx.emit(TurnEnd())

@@ -20,7 +20,7 @@ from inference import (
     UnsupportedInput,
     VideoPart,
 )
-from omnicore.audio import INPUT_RATE, b64_to_pcm, pcm_or_wav_to_16k, resample
+from omnicore.audio import INPUT_RATE, b64_decode, b64_to_pcm, pcm_or_wav_to_16k, resample
 
 
 def _audio(data: str, sample_rate: int) -> np.ndarray:
@@ -38,24 +38,25 @@ def decode_video(data: bytes, fps: float = 1.0) -> tuple[list[bytes], list[np.nd
     frames: list[bytes] = []
     audio: list[np.ndarray] = []
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             next_t = 0.0
             for frame in container.decode(video=0):
                 t = float(frame.time or 0.0)
                 if t + 1e-6 >= next_t:
                     buf = io.BytesIO()
-                    frame.to_image().convert("RGB").save(buf, format="JPEG", quality=90)
+                    image = frame.to_image()  # type: ignore[no-untyped-call]  # PyAV stub
+                    image.convert("RGB").save(buf, format="JPEG", quality=90)
                     frames.append(buf.getvalue())
                     next_t += 1.0 / fps
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             if container.streams.audio:
                 resampler = av.AudioResampler(format="flt", layout="mono", rate=16_000)
-                for frame in container.decode(audio=0):
+                for sound in container.decode(audio=0):
                     audio.extend(
                         out.to_ndarray().reshape(-1).astype(np.float32)
-                        for out in resampler.resample(frame)
+                        for out in resampler.resample(sound)
                     )
-    except av.error.FFmpegError as exc:  # type: ignore[attr-defined]
+    except av.error.FFmpegError as exc:
         raise UnsupportedInput(
             f"video could not be decoded: {exc}", "messages[].content[].data"
         ) from exc
@@ -84,7 +85,7 @@ def build_chat_request(req: dict[str, Any]) -> ChatRequest:
     messages = []
     for m in req["messages"]:
         content = m["content"]
-        parts = (
+        parts: list[ContentPart] = (
             [TextPart(text=content)] if isinstance(content, str) else [_part(c) for c in content]
         )
         messages.append(Message(role=m["role"], content=parts))
@@ -99,7 +100,7 @@ def build_chat_request(req: dict[str, Any]) -> ChatRequest:
         tts=TTSConfig(
             enabled=bool(tts.get("enabled", False)),
             mode=tts.get("mode") or "default",
-            ref_audio=pcm_or_wav_to_16k(base64.b64decode(ref)) if ref else None,
+            ref_audio=pcm_or_wav_to_16k(b64_decode(ref)) if ref else None,
             ref_audio_path=tts.get("ref_audio_path"),
             language=tts.get("language"),
         ),

@@ -16,6 +16,8 @@ from inference import (
     UnsupportedInput,
 )
 from omnicore.audio import b64_decode, bytes_to_pcm, pcm_or_wav_to_16k
+from streaming.controls import CloseControl, Control, ForceListenControl, InitControl
+from streaming.events import CloseReason, Created, ErrorCode, Listen, Speak
 from streaming.input import AudioChunk
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
@@ -36,16 +38,16 @@ def _voice(b64: str | None) -> np.ndarray | None:
     return pcm_or_wav_to_16k(b64_decode(b64))
 
 
-def duplex_config(init: dict[str, Any], public_mode: str) -> DuplexConfig:
+def duplex_config(init: InitControl, public_mode: str) -> DuplexConfig:
     """The backend configuration from a (validated) init control event."""
-    ref = _voice(init.get("ref_audio"))
-    tts_ref = _voice(init.get("tts_ref_audio"))
+    ref = _voice(init.ref_audio)
+    tts_ref = _voice(init.tts_ref_audio)
     return DuplexConfig(
         mode="video" if public_mode == "video" else "audio",
-        system_prompt=init.get("system_prompt") or "",
+        system_prompt=init.system_prompt,
         ref_audio=ref,
         tts_ref_audio=tts_ref if tts_ref is not None else ref,
-        config=dict(init.get("config") or {}),
+        config=dict(init.config),
     )
 
 
@@ -73,14 +75,14 @@ class DuplexRunner:
         try:
             while True:
                 if ctx.rt.shutting_down.is_set():
-                    return self.close("server_shutdown")
+                    return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
-                    return self.close("timeout")
+                    return self.close(CloseReason.TIMEOUT)
                 if time.monotonic() >= next_gw_check:
                     next_gw_check = time.monotonic() + GATEWAY_CHECK_S
                     if not ctx.rt.gateway_alive(ctx.gateway_id):
                         log.info("session %s: gateway gone", ctx.session_id)
-                        return self.close("client_closed")
+                        return self.close(CloseReason.CLIENT_CLOSED)
                 batch = ctx.inputs.read(POLL_MS)
                 self.dropped += batch.dropped
                 for control in batch.controls:
@@ -104,27 +106,26 @@ class DuplexRunner:
         self.ctx.closed(reason)
 
     # ------------------------------------------------------------------ controls
-    def control(self, control: dict[str, Any]) -> bool:
+    def control(self, control: Control) -> bool:
         """Apply one control event; True when the session is over."""
-        kind = control.get("type")
-        if kind == "close":
-            self.close(control.get("reason") or "user_stop")
-            return True
-        if kind == "force_listen":
-            if self.session is not None:
-                self.session.interrupt()
-            self.units.interrupt()  # the unit being filled listens, however little it holds
-            self.end_response(interrupted=True)
-            return False
-        if kind == "init":
-            return self.init(control)
-        log.warning("session %s: unknown control %r", self.ctx.session_id, kind)
-        return False
+        match control:
+            case CloseControl(reason=reason):
+                self.close(reason or CloseReason.USER_STOP)
+                return True
+            case ForceListenControl():
+                if self.session is not None:
+                    self.session.interrupt()
+                self.units.interrupt()  # the unit being filled listens, however little it holds
+                self.end_response(interrupted=True)
+                return False
+            case InitControl():
+                return self.init(control)
 
-    def init(self, control: dict[str, Any]) -> bool:
+    def init(self, control: InitControl) -> bool:
+        """Prepare the backend session; True when the session is over (a fatal failure)."""
         ctx = self.ctx
         if self.session is not None:
-            ctx.error("invalid_payload", "session already initialised", field="type")
+            ctx.error(ErrorCode.INVALID_PAYLOAD, "session already initialised", field="type")
             return False
         assert self.backend is not None
         t0 = time.perf_counter()
@@ -135,32 +136,33 @@ class DuplexRunner:
                 prompt_length = session.prepare(config)
         except UnsupportedInput as exc:
             ctx.error(
-                "invalid_payload",
+                ErrorCode.INVALID_PAYLOAD,
                 f"session init rejected: {exc}",
                 field=exc.field_name or "payload",
             )
             return False
         except (ValueError, TypeError) as exc:
-            ctx.error("invalid_payload", f"session init rejected: {exc}", field="payload")
+            ctx.error(ErrorCode.INVALID_PAYLOAD, f"session init rejected: {exc}", field="payload")
             return False
         except Exception as exc:
             log.exception("session %s: prepare failed", ctx.session_id)
             ctx.error(
-                "backend_error", f"backend failed to start the session: {exc}", recoverable=False
+                ErrorCode.BACKEND_ERROR,
+                f"backend failed to start the session: {exc}",
+                recoverable=False,
             )
-            ctx.closed("backend_error")
+            ctx.closed(CloseReason.BACKEND_ERROR)
             return True
         self.session = session
         ctx.emit(
-            {
-                "type": "created",
-                "prompt_length": int(prompt_length),
-                "metrics": {
+            Created(
+                prompt_length=int(prompt_length),
+                metrics={
                     "backend": self.backend.name,
                     "prepare_s": round(time.perf_counter() - t0, 4),
                     "kv_cache_length": int(prompt_length),
                 },
-            }
+            )
         )
         return False
 
@@ -192,7 +194,7 @@ class DuplexRunner:
                 result = self.session.step(step_in)
         except UnsupportedInput as exc:
             ctx.error(
-                "invalid_payload",
+                ErrorCode.INVALID_PAYLOAD,
                 str(exc),
                 field=exc.field_name or "input",
                 input_id=chunk.input_id,
@@ -200,15 +202,19 @@ class DuplexRunner:
             return False
         except InferenceError as exc:
             self.failures += 1
-            ctx.error("inference_error", str(exc) or "inference failed", input_id=chunk.input_id)
+            ctx.error(
+                ErrorCode.INFERENCE_ERROR,
+                str(exc) or "inference failed",
+                input_id=chunk.input_id,
+            )
             if self.failures >= MAX_CONSECUTIVE_FAILURES:
-                ctx.closed("backend_error")
+                ctx.closed(CloseReason.BACKEND_ERROR)
                 return True
             return False
         except Exception as exc:
             log.exception("session %s: step failed", ctx.session_id)
-            ctx.error("backend_error", f"backend failed: {exc}", recoverable=False)
-            ctx.closed("backend_error")
+            ctx.error(ErrorCode.BACKEND_ERROR, f"backend failed: {exc}", recoverable=False)
+            ctx.closed(CloseReason.BACKEND_ERROR)
             return True
         self.failures = 0
         self.steps += 1
@@ -220,12 +226,11 @@ class DuplexRunner:
         if result.listen:
             self.end_response(interrupted=True)
             ctx.emit(
-                {
-                    "type": "listen",
-                    "input_id": chunk.input_id,
-                    "kv_cache_length": result.kv_cache_length,
-                    "metrics": metrics,
-                }
+                Listen(
+                    input_id=chunk.input_id,
+                    kv_cache_length=result.kv_cache_length,
+                    metrics=metrics,
+                )
             )
         else:
             self.speak(
@@ -237,7 +242,7 @@ class DuplexRunner:
                 metrics,
             )
         if result.kv_cache_length >= self.backend.max_context_tokens:
-            self.close("context_full")
+            self.close(CloseReason.CONTEXT_FULL)
             return True
         return False
 
@@ -253,7 +258,7 @@ class DuplexRunner:
         """Emit one speaking step as protocol-sized pieces (text rides on the first)."""
         if self.response_id is None:
             self.response_id = new_id("resp")
-        pieces = self.chunker.push(audio)
+        pieces: list[np.ndarray | None] = list(self.chunker.push(audio))
         if end_of_turn:
             rest = self.chunker.flush()
             if rest is not None:
@@ -263,16 +268,15 @@ class DuplexRunner:
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
             self.ctx.emit(
-                {
-                    "type": "speak",
-                    "response_id": self.response_id,
-                    "input_id": input_id,
-                    "text": text if i == 0 else "",
-                    "audio": audio_b64(piece),
-                    "end_of_turn": bool(end_of_turn and last),
-                    "kv_cache_length": kv,
-                    "metrics": metrics if i == 0 else {"kv_cache_length": kv},
-                }
+                Speak(
+                    response_id=self.response_id,
+                    input_id=input_id,
+                    text=text if i == 0 else "",
+                    audio=audio_b64(piece),
+                    end_of_turn=bool(end_of_turn and last),
+                    kv_cache_length=kv,
+                    metrics=metrics if i == 0 else {"kv_cache_length": kv},
+                )
             )
         if end_of_turn:
             self.response_id = None
@@ -283,17 +287,13 @@ class DuplexRunner:
             return
         rest = self.chunker.flush()
         self.ctx.emit(
-            {
-                "type": "speak",
-                "response_id": self.response_id,
-                "input_id": None,
-                "text": "",
-                "audio": audio_b64(rest),
-                "end_of_turn": True,
-                "interrupted": interrupted,
-                "kv_cache_length": None,
-                "metrics": {},
-            }
+            Speak(
+                response_id=self.response_id,
+                input_id=None,
+                audio=audio_b64(rest),
+                end_of_turn=True,
+                interrupted=interrupted,
+            )
         )
         self.response_id = None
 
@@ -311,7 +311,7 @@ def duplex_session(
         except Exception as exc:
             log.exception("session %s failed", session_id)
             try:
-                ctx.error("backend_error", f"session failed: {exc}", recoverable=False)
-                ctx.closed("error")
+                ctx.error(ErrorCode.BACKEND_ERROR, f"session failed: {exc}", recoverable=False)
+                ctx.closed(CloseReason.ERROR)
             except Exception:  # nothing more can be told
-                log.debug("session %s: could not report the failure", session_id, exc_info=True)
+                log.warning("session %s: could not report its failure", session_id, exc_info=True)

@@ -7,9 +7,8 @@ work, instead of waiting for a lease to lapse.
 
 from __future__ import annotations
 
-from typing import Any
-
-from streaming.keys import CHAT_TASK, DUPLEX_TASK
+from streaming.events import Closed, CloseReason, Error, ErrorCode, Event, TurnEnd
+from streaming.jobs import CHAT_TASK, DUPLEX_TASK
 
 DUPLEX = "duplex"
 CHAT = "chat"
@@ -17,15 +16,12 @@ CHAT = "chat"
 KIND_OF_TASK = {DUPLEX_TASK: DUPLEX, CHAT_TASK: CHAT}
 
 
-def final_events(kind: str, message: str) -> list[dict[str, Any]]:
+def final_events(kind: str, message: str) -> list[Event]:
     """Duplex: ``error backend_error`` + ``closed backend_error``. Chat turn: ``error
     inference_error`` + ``turn_end`` (a chat connection goes on with its next turn)."""
     if kind == CHAT:
-        return [
-            {"type": "error", "code": "inference_error", "message": message, "recoverable": True},
-            {"type": "turn_end"},
-        ]
+        return [Error(code=ErrorCode.INFERENCE_ERROR, message=message), TurnEnd()]
     return [
-        {"type": "error", "code": "backend_error", "message": message, "recoverable": False},
-        {"type": "closed", "reason": "backend_error"},
+        Error(code=ErrorCode.BACKEND_ERROR, message=message, recoverable=False),
+        Closed(reason=CloseReason.BACKEND_ERROR),
     ]

@@ -8,8 +8,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from omnicore.audio import pcm_to_b64
+from streaming.events import Closed, Error, ErrorCode, Event, Started
 from streaming.input import InputReader
 from streaming.output import OutputPublisher
 from tasks.bootstrap import install_child_sigterm
@@ -36,8 +38,8 @@ class SessionContext:
     inputs: InputReader
     silenced: bool = False  # the step watchdog ended this session; nothing more goes out
 
-    def emit(self, event: dict) -> None:
-        """Send one internal event to the gateway."""
+    def emit(self, event: Event) -> None:
+        """Send one event to the gateway."""
         if not self.silenced:
             self.out.emit(event)
 
@@ -45,15 +47,29 @@ class SessionContext:
         """Drop every later event (the session was already ended for the client)."""
         self.silenced = True
 
-    def error(self, code: str, message: str, recoverable: bool = True, **extra: object) -> None:
+    def error(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        recoverable: bool = True,
+        field: str | None = None,
+        input_id: str | None = None,
+    ) -> None:
         """Send an error event."""
         self.emit(
-            {"type": "error", "code": code, "message": message, "recoverable": recoverable, **extra}
+            Error(
+                code=code,
+                message=message,
+                recoverable=recoverable,
+                field=field,
+                input_id=input_id,
+            )
         )
 
     def closed(self, reason: str) -> None:
-        """Send the final event of a session."""
-        self.emit({"type": "closed", "reason": reason})
+        """Send the final event of a session (a CloseReason or the client's own reason)."""
+        self.emit(Closed(reason=reason))
 
 
 @contextmanager
@@ -89,19 +105,13 @@ def running_session(
     started = time.monotonic()
     rt.begin(slot_id, session_id)
     try:
-        ctx.emit(
-            {
-                "type": "started",
-                "worker_id": rt.worker_id,
-                "backend": rt.backend.name if rt.backend else None,
-            }
-        )
+        ctx.emit(Started(worker_id=rt.worker_id, backend=rt.backend.name if rt.backend else None))
         yield ctx
     finally:
         out.finish()
         rt.end(slot_id, session_id, time.monotonic() - started)
 
 
-def audio_b64(samples) -> str:
+def audio_b64(samples: Any) -> str:
     """Base64 float32 PCM, or the empty string."""
     return pcm_to_b64(samples) if samples is not None and len(samples) else ""

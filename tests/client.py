@@ -12,9 +12,11 @@ import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from omnicore.audio import b64_to_pcm, pcm_to_b64
+
 
 def pcm_b64(samples: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(samples, dtype="<f4").tobytes()).decode()
+    return pcm_to_b64(samples)
 
 
 def silence(seconds: float = 1.0) -> str:
@@ -36,7 +38,7 @@ def jpeg_b64(color: tuple[int, int, int] = (200, 30, 30)) -> str:
 
 
 def decode_audio(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype="<f4")
+    return b64_to_pcm(b64)
 
 
 class Client:
@@ -45,6 +47,7 @@ class Client:
     def __init__(self, ws: websockets.ClientConnection) -> None:
         self.ws = ws
         self.received: list[dict[str, Any]] = []
+        self.inputs = 0  # input chunks sent through ``step``
 
     @classmethod
     async def connect(
@@ -84,6 +87,36 @@ class Client:
                 await self.recv(timeout)
         except ConnectionClosed as exc:
             return exc.rcvd.code if exc.rcvd else None
+
+    async def step(
+        self, audio: str, dialect: str = "current", timeout: float = 15.0, **fields: Any
+    ) -> list[dict[str, Any]]:
+        """Send one duplex input chunk and wait for the worker's answer to it.
+
+        Returns the frames received up to that answer: the first delta naming this chunk's
+        ``input_id`` (older dialect: the next ``response.listen`` / ``response.output_audio.delta``,
+        one per step), or an ``error`` / ``session.closed``. Pacing input this way keeps at most
+        one chunk pending, so the silent drop never removes one and the output is the same on
+        a loaded machine as on an idle one.
+        """
+        self.inputs += 1
+        if dialect == "current":
+            await self.send({"type": "input.append", "input": {"audio": audio, **fields}})
+        else:
+            await self.send({"type": "input_audio_buffer.append", "audio": audio, **fields})
+        input_id = f"input_{self.inputs}"
+        start = len(self.received)
+        while True:
+            ev = await self.until(
+                "response.output.delta",
+                "response.listen",
+                "response.output_audio.delta",
+                "error",
+                "session.closed",
+                timeout=timeout,
+            )
+            if ev["type"] != "response.output.delta" or ev.get("input_id") == input_id:
+                return self.received[start:]
 
     async def init(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         await self.until("session.queue_done", timeout=30)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis
+import redis.asyncio as aioredis
 
 from omniserve.redis_server import EmbeddedRedis, start_embedded
+from streaming.keys import Keys
 from tests.stack import Stack
 
 
@@ -53,3 +57,32 @@ def shared_service(redis_server: str) -> Iterator[Stack]:
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    """A key namespace of its own, so unit tests sharing the run's Redis never meet."""
+    return Keys("u" + uuid.uuid4().hex[:8])
+
+
+@pytest.fixture
+def sync_redis(redis_server: str, keys: Keys) -> Iterator[redis.Redis]:
+    """A synchronous client of the run's Redis (a worker's view); the test's keys are removed."""
+    client = redis.Redis.from_url(redis_server)
+    try:
+        yield client
+    finally:
+        stale = list(client.scan_iter(f"{keys.prefix}:*", count=1000))
+        if stale:
+            client.delete(*stale)
+        client.close()
+
+
+@pytest.fixture
+async def async_redis(redis_server: str) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio client of the run's Redis (a gateway's view)."""
+    client = aioredis.Redis.from_url(redis_server)
+    try:
+        yield client
+    finally:
+        await client.aclose()

@@ -83,15 +83,15 @@ class Stack:
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log = LOG_DIR / f"{self.prefix}-{name}.log"
-        fh = open(log, "wb")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "omniserve", *args],
-            env=env,
-            cwd=ROOT,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "omniserve", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return Proc(popen, log, name)
 
     # ------------------------------------------------------------------ parts

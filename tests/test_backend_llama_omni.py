@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference import (  # noqa: E402
+from inference import (  # noqa: E402 - after the sys.path entry above
     AudioPart,
     BackendError,
     ChatDelta,

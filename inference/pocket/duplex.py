@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,11 +26,32 @@ from inference.base import (
     DuplexStep,
     InferenceError,
 )
-from inference.pocket.llm import ChatMessages
+from inference.pocket.asr import SpeechRecognizer
+from inference.pocket.llm import ChatMessages, LanguageModel
 from inference.pocket.pipeline import TurnStats, respond
+from inference.pocket.tts import Speaker
+from inference.pocket.vad import EnergyVAD
 
-if TYPE_CHECKING:
-    from inference.pocket.backend import PocketBackend
+
+class PocketModels(Protocol):
+    """What a duplex session uses of its backend: the loaded models and the session options.
+
+    (``PocketBackend`` is one; naming the needs here keeps this module below backend.py, which
+    imports it, instead of the two importing each other.)
+    """
+
+    asr: SpeechRecognizer
+    llm: LanguageModel
+    speaker: Speaker
+    vad: EnergyVAD
+    system_prompt: str
+    barge_in: bool
+    silence_chunks: int
+    max_utterance_s: float
+    max_history_tokens: int
+    duplex_max_new_tokens: int
+    first_audio_timeout_s: float
+
 
 _DONE = object()  # end of a reply on the reply queue
 
@@ -53,7 +74,7 @@ class _Reply:
 class PocketDuplexSession(DuplexSession):
     """One voice conversation with history, over the backend's loaded models."""
 
-    def __init__(self, backend: PocketBackend) -> None:
+    def __init__(self, backend: PocketModels) -> None:
         self._b = backend
         self._system_prompt = backend.system_prompt
         self._history: ChatMessages = []
@@ -177,13 +198,13 @@ class PocketDuplexSession(DuplexSession):
             ):
                 if piece.audio is not None:
                     reply.out.put((piece.sentence, piece.audio))
-        except BaseException as exc:  # handed to the step thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the step thread, re-raised there
             reply.error = exc
         finally:
             reply.out.put(_DONE)
 
     def _next_segment(self, reply: _Reply) -> bool:
-        """Move the next sentence (or the end) from the thread into ``pending``; False at the end."""
+        """Move the next sentence (or the end) from the thread to ``pending``; False at the end."""
         if reply.finished:
             return False
         try:

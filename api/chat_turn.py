@@ -1,0 +1,70 @@
+"""One chat turn on a worker, shared by ``/v1/realtime`` chat mode and ``/ws/chat``.
+
+The turn runs on the slot the client was admitted to, as a short ``omniserve.chat_turn`` task
+with its own output channel (``turn_id``); its events are relayed through ``TaskRelay`` (start
+timeout, lease watch, replay catch-up, gaps) until ``TurnEnd``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from api.gateway import Gateway
+from api.slot_wait import Admitted
+from api.task_relay import TaskRelay
+from streaming.events import Event, TurnEnd
+from streaming.jobs import ChatJob
+
+POLL_S = 0.5  # how often a quiet turn re-checks ``stopping`` and its worker
+
+
+class ChatTurn:
+    """Submit one turn and yield its events (see ``events``)."""
+
+    def __init__(
+        self,
+        gw: Gateway,
+        turn_id: str,
+        admitted: Admitted,
+        request: dict[str, Any],
+        deadline_ts: float,
+    ) -> None:
+        self.gw = gw
+        self.turn_id = turn_id
+        self.slot_id = admitted.slot_id
+        self.request = request
+        self.deadline_ts = deadline_ts
+
+    async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
+        """The turn's events in order, up to (not including) ``TurnEnd``.
+
+        When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
+        is abandoned, so it never will) and the iteration ends. Raises TaskNotStarted, or
+        WorkerLost after yielding whatever the replay log still held. Use it inside
+        ``contextlib.aclosing`` so the output channel is closed however the caller leaves.
+        """
+        gw = self.gw
+        out = await gw.bus.open(self.turn_id)
+        gw.counters["chat_turns_total"] += 1
+        relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
+        try:
+            await relay.submit(
+                ChatJob(
+                    turn_id=self.turn_id,
+                    slot_id=self.slot_id,
+                    gateway_id=gw.gateway_id,
+                    request=self.request,
+                    deadline_ts=self.deadline_ts,
+                )
+            )
+            while True:
+                if stopping():
+                    await relay.stop(None)
+                    return
+                for ev in await relay.next(POLL_S):
+                    if isinstance(ev, TurnEnd):
+                        return
+                    yield ev
+        finally:
+            await gw.bus.close(self.turn_id)

@@ -1,0 +1,108 @@
+"""The watched event stream of one submitted task (a duplex session or a chat turn).
+
+Every relay needs the same three guarantees, so they live here once:
+- the task must start within ``task_start_timeout_s``, else it is abandoned (the claim key makes
+  sure it never starts later) and its slot is freed: ``TaskNotStarted``;
+- its worker must keep renewing the session lease (checked every ``LEASE_CHECK_S``); at the first
+  check that finds it gone (its TTL is the grace period) the rest of the replay log is read and
+  returned, and unless it ends the task, ``WorkerLost`` follows;
+- events come in sequence order, with lost ones filled from the replay log or reported as a
+  ``Gap`` (``streaming/output.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from api.gateway import Gateway
+from streaming.controls import CloseControl
+from streaming.events import FINAL_EVENTS, Event, Started
+from streaming.jobs import Job
+from streaming.output import SessionOutput
+
+LEASE_CHECK_S = 0.5  # with lease_ttl_s (1.5 s): a dead worker's clients are told within ~2.5 s
+LEASE_MISSES = 1  # the lease TTL is the grace period; one miss means the worker stopped renewing
+
+
+class TaskNotStarted(Exception):
+    """No worker started the task in time (or it could not be sent); its slot was freed.
+
+    ``detail`` says which, for the client's message.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class WorkerLost(Exception):
+    """The worker running the task stopped renewing its lease."""
+
+
+class TaskRelay:
+    """Submit a task and read its events; see the module docstring."""
+
+    def __init__(
+        self, gw: Gateway, out: SessionOutput, task_id: str, slot_id: str, what: str
+    ) -> None:
+        self.gw = gw
+        self.what = what  # "session" or "turn", for messages
+        self.out = out
+        self.task_id = task_id
+        self.slot_id = slot_id
+        self.started = False
+        self._start_by = time.monotonic() + gw.settings.task_start_timeout_s
+        self._next_lease_check = 0.0
+        self._lease_misses = 0
+        self._lost = False
+
+    async def submit(self, job: Job) -> None:
+        """Send the task to the slot's worker; TaskNotStarted (slot freed) when that fails."""
+        try:
+            await self.gw.submit(job)
+        except Exception as exc:
+            await self.gw.abandon(self.task_id, self.slot_id)
+            raise TaskNotStarted(str(exc)) from exc
+        self._start_by = time.monotonic() + self.gw.settings.task_start_timeout_s
+
+    async def next(self, timeout: float) -> list[Event]:  # noqa: ASYNC109 - see SessionOutput.get
+        """The events that arrived within ``timeout`` seconds, in order (``Started`` is consumed).
+
+        Raises TaskNotStarted, or WorkerLost on the call after the one that returned what the
+        replay log still held of a lost worker's output.
+        """
+        if self._lost:
+            raise WorkerLost()
+        try:
+            events = self._consume_started(await self.out.get(timeout=timeout))
+        except TimeoutError:
+            events = []
+        now = time.monotonic()
+        if not self.started:
+            if now > self._start_by:
+                if await self.gw.abandon(self.task_id, self.slot_id):
+                    raise TaskNotStarted(f"the {self.what} did not start")
+                self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
+        elif now >= self._next_lease_check:
+            self._next_lease_check = now + LEASE_CHECK_S
+            if await self.gw.session_alive(self.task_id):
+                self._lease_misses = 0
+            else:
+                self._lease_misses += 1
+                if self._lease_misses >= LEASE_MISSES:
+                    events += self._consume_started(await self.out.catch_up())
+                    self._lost = not any(isinstance(ev, FINAL_EVENTS) for ev in events)
+        return events
+
+    async def stop(self, reason: str | None) -> None:
+        """Ask the worker to end the task; one that has not started is abandoned (never runs)."""
+        await self.gw.inputs.control(self.task_id, CloseControl(reason=reason))
+        if not self.started:
+            await self.gw.abandon(self.task_id, self.slot_id)
+
+    def _consume_started(self, events: list[Event]) -> list[Event]:
+        if any(isinstance(ev, Started) for ev in events):
+            self.started = True
+            self._next_lease_check = time.monotonic() + LEASE_CHECK_S
+            return [ev for ev in events if not isinstance(ev, Started)]
+        return events

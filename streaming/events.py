@@ -1,0 +1,253 @@
+"""The worker -> gateway contract: every output event, error code and close reason, defined once.
+
+A worker emits these events through its session's output channel (``streaming/output.py``); the
+gateway decodes them back into the same classes and maps them to the client's dialect
+(``api/dialects.py``). Both sides import this module, so an event, a field, an error code or a
+close reason is spelled in exactly one place and the type checker follows it everywhere.
+
+The events are plain slotted dataclasses: ``orjson`` encodes them natively (about as fast as the
+dicts they replaced), and one pydantic ``TypeAdapter`` over the tagged union decodes and checks
+them; for an audio delta that is ~3x faster than ``orjson.loads`` into a dict (docs/BENCHMARKS.md,
+"Typed events on the relay"). Every event carries its per-session ``seq`` (set by the publisher)
+and ``emitted_at``, the worker's wall-clock time of ``emit``, so relay latency can be measured
+from the events themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from streaming.codec import dumps
+
+
+class ErrorCode(StrEnum):
+    """Every ``error.code`` a client can see (docs/PROTOCOL.md, "Error codes")."""
+
+    # client errors: the session goes on
+    NOT_READY = "not_ready"
+    UNKNOWN_EVENT = "unknown_event"
+    MISSING_FIELD = "missing_field"
+    INVALID_PAYLOAD = "invalid_payload"
+    UNAUTHORIZED = "unauthorized"
+    # server errors
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    QUEUE_FULL = "queue_full"
+    WORKER_BUSY = "worker_busy"
+    WORKER_CONNECT_FAILED = "worker_connect_failed"
+    INFERENCE_ERROR = "inference_error"
+    BACKEND_ERROR = "backend_error"
+    OUTPUT_GAP = "output_gap"
+
+    @property
+    def is_client_error(self) -> bool:
+        """Whether the client caused it (``error.type`` is then ``client_error``)."""
+        return self in _CLIENT_ERRORS
+
+
+_CLIENT_ERRORS = frozenset(
+    {
+        ErrorCode.NOT_READY,
+        ErrorCode.UNKNOWN_EVENT,
+        ErrorCode.MISSING_FIELD,
+        ErrorCode.INVALID_PAYLOAD,
+        ErrorCode.UNAUTHORIZED,
+    }
+)
+
+
+class CloseReason(StrEnum):
+    """Why a session ended (``session.closed.reason``); a client's own reason is echoed as is."""
+
+    USER_STOP = "user_stop"  # the client's session.close without a reason
+    STOPPED = "stopped"  # the older dialect's confirmation of a client's session.close
+    TIMEOUT = "timeout"
+    CONTEXT_FULL = "context_full"
+    SERVER_SHUTDOWN = "server_shutdown"
+    BACKEND_ERROR = "backend_error"
+    ERROR = "error"
+    CLIENT_CLOSED = "client_closed"  # internal: the client or its gateway is gone
+
+
+# --------------------------------------------------------------------------- the events
+
+
+@dataclass(slots=True, kw_only=True)
+class _Envelope:
+    """What every event carries besides its payload (set by ``OutputPublisher.emit``)."""
+
+    seq: int = 0  # per session, 1, 2, 3 ...
+    emitted_at: float = 0.0  # worker wall clock at emit (unix seconds)
+
+
+@dataclass(slots=True, kw_only=True)
+class Started(_Envelope):
+    """The worker claimed the session or turn and holds its slot."""
+
+    type: Literal["started"] = "started"
+    worker_id: str
+    backend: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Created(_Envelope):
+    """Duplex: the backend prepared the session (the answer to an init control)."""
+
+    type: Literal["created"] = "created"
+    prompt_length: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Listen(_Envelope):
+    """Duplex: one step in which the model listened."""
+
+    type: Literal["listen"] = "listen"
+    input_id: str
+    kv_cache_length: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Speak(_Envelope):
+    """Duplex: one piece of a spoken response (text rides on the first piece of a step)."""
+
+    type: Literal["speak"] = "speak"
+    response_id: str
+    input_id: str | None  # None for the closing piece of an interrupted response
+    text: str = ""
+    audio: str = ""  # base64 float32 PCM, 24 kHz; "" for none
+    end_of_turn: bool = False
+    interrupted: bool = False
+    kv_cache_length: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Prefill(_Envelope):
+    """Chat: the backend read the whole request."""
+
+    type: Literal["prefill"] = "prefill"
+    input_tokens: int
+    prefill_s: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
+class TextDelta(_Envelope):
+    """Chat (streaming): new text."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+@dataclass(slots=True, kw_only=True)
+class AudioDelta(_Envelope):
+    """Chat (streaming): one protocol-sized piece of speech."""
+
+    type: Literal["audio"] = "audio"
+    audio: str
+
+
+@dataclass(slots=True, kw_only=True)
+class Done(_Envelope):
+    """Chat: the turn's result.
+
+    ``audio`` is the whole speech of a non-streaming turn; ``last_audio`` the final (short)
+    piece of a streaming turn's speech, which was not sent as an ``AudioDelta``.
+    """
+
+    type: Literal["done"] = "done"
+    text: str
+    input_tokens: int = 0
+    generated_tokens: int = 0
+    audio: str = ""
+    last_audio: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Error(_Envelope):
+    """Something failed; ``recoverable`` errors leave the session open."""
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    recoverable: bool = True
+    field: str | None = None
+    input_id: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Closed(_Envelope):
+    """The worker ended the session (duplex) or stopped a turn early (chat)."""
+
+    type: Literal["closed"] = "closed"
+    reason: str  # a CloseReason, or the client's own reason echoed
+
+
+@dataclass(slots=True, kw_only=True)
+class TurnEnd(_Envelope):
+    """Chat: the turn task is finished (always its last event)."""
+
+    type: Literal["turn_end"] = "turn_end"
+
+
+@dataclass(slots=True, kw_only=True)
+class Gap(_Envelope):
+    """Gateway side only: events ``first..last`` were lost and the replay log no longer has them.
+
+    Never published by a worker; the gateway's ordered reader puts it where the lost events were,
+    so every relay reports the loss instead of skipping it.
+    """
+
+    type: Literal["gap"] = "gap"
+    first: int
+    last: int
+
+
+Event = Annotated[
+    Started
+    | Created
+    | Listen
+    | Speak
+    | Prefill
+    | TextDelta
+    | AudioDelta
+    | Done
+    | Error
+    | Closed
+    | TurnEnd
+    | Gap,
+    Field(discriminator="type"),
+]
+"""Any event of a session's output stream."""
+
+FINAL_EVENTS = (Closed, TurnEnd)
+"""Events after which a task emits nothing more (a chat turn's Closed is followed by TurnEnd)."""
+
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def tag(cls: type[_Envelope]) -> str:
+    """The ``type`` tag an event class is encoded with (for readers of the raw JSON)."""
+    return cast(str, cls.__dataclass_fields__["type"].default)
+
+
+class BadEvent(ValueError):
+    """Bytes that are not an event of this contract."""
+
+
+def encode_event(event: Event) -> bytes:
+    """JSON bytes of an event (its ``type`` tag included)."""
+    return dumps(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    """The event JSON ``data`` holds; BadEvent when it is not one."""
+    try:
+        return _ADAPTER.validate_json(data)
+    except ValidationError as exc:
+        raise BadEvent(str(exc)) from None

@@ -1,0 +1,99 @@
+"""streaming/admission.py against a real Redis: the global FIFO as a gateway sees it."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from streaming.admission import Admission, QueueFull
+from streaming.keys import Keys
+from streaming.slots import WorkerRegistry
+
+GW = "gw1"
+
+
+def worker(sync_redis: redis.Redis, keys: Keys, wid: str, slots: int) -> WorkerRegistry:
+    reg = WorkerRegistry(sync_redis, keys, wid, lease_ttl_s=30)
+    reg.register({"slots": slots})
+    reg.heartbeat(reg.slot_ids(slots), {})
+    return reg
+
+
+@pytest.fixture
+async def admission(async_redis: aioredis.Redis, keys: Keys) -> Admission:
+    await async_redis.set(keys.gateway_alive(GW), b"1", ex=30)
+    return Admission(async_redis, keys)
+
+
+def ticket(n: int, gw: str = GW) -> str:
+    return f"ticket_{gw}_{n}"
+
+
+async def test_fifo_dispatch_assignment_and_release(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    worker(sync_redis, keys, "w#1", 1)
+    assert await admission.enqueue(ticket(1), max_queue=10) == 1
+    assert await admission.enqueue(ticket(2), max_queue=10) == 2
+    assert await admission.dispatch() == [(ticket(1), "w#1|0")]  # oldest first, one slot
+    assert await admission.dispatch() == []
+    assert await admission.take_assignment(ticket(1)) == "w#1|0"
+    assert await admission.take_assignment(ticket(1)) is None  # exactly once
+    snap = await admission.snapshot()
+    assert snap.order == {ticket(2): 1} and snap.live_slots == 1
+    assert await admission.release("w#1|0") is True
+    assert await admission.release("w#1|0") is False  # a second release is a no-op
+    assert await admission.dispatch() == [(ticket(2), "w#1|0")]
+
+
+async def test_queue_full_counts_idle_slots(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    worker(sync_redis, keys, "w#1", 2)
+    for n in range(1, 4):  # 2 idle slots + 1 waiting
+        await admission.enqueue(ticket(n), max_queue=1)
+    with pytest.raises(QueueFull):
+        await admission.enqueue(ticket(4), max_queue=1)
+
+
+async def test_leave_before_and_after_dispatch(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    worker(sync_redis, keys, "w#1", 1)
+    await admission.enqueue(ticket(1), max_queue=10)
+    assert await admission.leave(ticket(1)) is None  # still waiting: just removed
+    await admission.enqueue(ticket(2), max_queue=10)
+    await admission.dispatch()
+    assert await admission.leave(ticket(2)) == "w#1|0"  # assigned meanwhile: given back
+    assert sync_redis.lrange(keys.free_slots, 0, -1) == [b"w#1|0"]
+
+
+async def test_dead_gateways_tickets_and_dead_workers_slots_are_skipped(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    worker(sync_redis, keys, "w#dead", 1)
+    sync_redis.delete(keys.worker_alive("w#dead"))
+    await admission.enqueue(ticket(1, gw="gone"), max_queue=10)
+    await admission.enqueue(ticket(2), max_queue=10)
+    assert await admission.dispatch() == []  # the dead worker's slot is dropped, not handed out
+    assert (await admission.snapshot()).order == {ticket(2): 1}  # the dead gateway's ticket too
+    worker(sync_redis, keys, "w#2", 1)
+    assert await admission.dispatch() == [(ticket(2), "w#2|0")]
+
+
+async def test_estimates_and_reaping(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    worker(sync_redis, keys, "w#1", 2)
+    sync_redis.hset(keys.duration_stats, "ema_s", 10.0)
+    for n in range(1, 6):
+        await admission.enqueue(ticket(n), max_queue=10)
+    await admission.dispatch()  # 2 admitted, 3 waiting
+    snap = await admission.snapshot()
+    assert snap.length == 3 and snap.mean_hold_s == 10.0
+    assert [snap.estimated_wait_s(p) for p in (1, 2, 3)] == [10, 10, 20]
+    sync_redis.delete(keys.worker_alive("w#1"))  # the worker died holding both slots
+    assert await admission.reap_busy() == 2
+    assert not sync_redis.hexists(keys.workers, "w#1")
+    assert await admission.live_slot_count() == 0

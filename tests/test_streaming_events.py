@@ -1,0 +1,84 @@
+"""streaming/events.py: every event survives the trip worker -> Redis bytes -> gateway."""
+
+from __future__ import annotations
+
+import typing
+
+import numpy as np
+import orjson
+import pytest
+
+from streaming import events as E
+
+SAMPLES: list[E.Event] = [
+    E.Started(worker_id="w#1", backend="scripted"),
+    E.Created(prompt_length=12, metrics={"backend": "scripted"}),
+    E.Listen(input_id="input_1", kv_cache_length=40, metrics={"step_s": 0.1}),
+    E.Speak(response_id="resp_1", input_id="input_2", text="Hi", audio="AAAA", end_of_turn=True),
+    E.Speak(response_id="resp_1", input_id=None, interrupted=True),
+    E.Prefill(input_tokens=7, prefill_s=0.01),
+    E.TextDelta(text="Hello"),
+    E.AudioDelta(audio="AAAA"),
+    E.Done(text="Hello", input_tokens=7, generated_tokens=1, last_audio="AAAA"),
+    E.Error(code=E.ErrorCode.INVALID_PAYLOAD, message="bad", field="payload", input_id="i"),
+    E.Closed(reason=E.CloseReason.CONTEXT_FULL),
+    E.Closed(reason="turn_done"),  # a client's own reason is echoed
+    E.TurnEnd(),
+    E.Gap(first=3, last=5),
+]
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
+def test_round_trip(event: E.Event) -> None:
+    event.seq, event.emitted_at = 9, 1.5
+    assert E.decode_event(E.encode_event(event)) == event
+
+
+def test_every_event_class_is_in_the_union_with_its_own_tag() -> None:
+    union = typing.get_args(typing.get_args(E.Event)[0])
+    tags = [E.tag(cls) for cls in union]
+    assert len(set(tags)) == len(tags) == 12
+    assert {type(e) for e in SAMPLES} == set(union)
+
+
+def test_wire_form_is_plain_json_with_the_type_tag() -> None:
+    wire = orjson.loads(E.encode_event(E.Listen(input_id="input_1", kv_cache_length=3, seq=4)))
+    assert wire["type"] == "listen" and wire["seq"] == 4 and wire["input_id"] == "input_1"
+
+
+def test_numpy_metrics_are_encoded() -> None:
+    ev = E.Listen(input_id="i", kv_cache_length=1, metrics={"x": np.float32(0.5)})
+    assert E.decode_event(E.encode_event(ev)).metrics == {"x": 0.5}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"type": "telepathy"}',
+        b'{"type": "listen"}',  # required fields missing
+        b'{"type": "error", "code": "no_such_code", "message": "x"}',
+        b"[1, 2]",
+        b"not json",
+    ],
+)
+def test_what_is_not_an_event_is_refused(data: bytes) -> None:
+    with pytest.raises(E.BadEvent):
+        E.decode_event(data)
+
+
+def test_error_codes_know_their_side() -> None:
+    client = {c for c in E.ErrorCode if c.is_client_error}
+    assert client == {
+        "not_ready",
+        "unknown_event",
+        "missing_field",
+        "invalid_payload",
+        "unauthorized",
+    }
+    assert not E.ErrorCode.OUTPUT_GAP.is_client_error
+
+
+def test_final_events() -> None:
+    assert isinstance(E.TurnEnd(), E.FINAL_EVENTS)
+    assert isinstance(E.Closed(reason="x"), E.FINAL_EVENTS)
+    assert not isinstance(E.Done(text=""), E.FINAL_EVENTS)

@@ -1,0 +1,70 @@
+"""streaming/input.py against a real Redis: the silent drop, and controls that are never dropped."""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+
+from streaming.controls import CloseControl, ForceListenControl, InitControl
+from streaming.input import AudioChunk, InputReader, InputWriter
+from streaming.keys import Keys
+
+SID = "rt_in"
+
+
+def chunk(seq: int, **kw: object) -> AudioChunk:
+    return AudioChunk(seq=seq, input_id=f"input_{seq}", audio=b"\0" * 16, **kw)  # type: ignore[arg-type]
+
+
+async def test_the_oldest_pending_chunks_are_dropped_and_counted(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    writer = InputWriter(async_redis, keys, max_pending=2, ttl_s=60)
+    reader = InputReader(sync_redis, keys, SID)
+    await writer.append(SID, chunk(1, frames=[b"jpeg0", b"jpeg1"], max_slice_nums=3))
+    first = reader.read(block_ms=100)
+    assert [c.seq for c in first.chunks] == [1] and first.dropped == 0
+    assert first.chunks[0].frames == [b"jpeg0", b"jpeg1"] and first.chunks[0].max_slice_nums == 3
+    for seq in range(2, 7):  # faster than the worker reads
+        await writer.append(SID, chunk(seq))
+    batch = reader.read(block_ms=100)
+    assert [c.seq for c in batch.chunks] == [5, 6]  # the newest are kept
+    assert batch.dropped == 3
+    assert sync_redis.ttl(keys.input_audio(SID)) > 0
+
+
+async def test_controls_are_never_dropped_and_come_first(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    writer = InputWriter(async_redis, keys, max_pending=1, ttl_s=60)
+    reader = InputReader(sync_redis, keys, SID)
+    await writer.control(SID, InitControl(system_prompt="hi"))
+    for seq in range(1, 4):
+        await writer.append(SID, chunk(seq, force_listen=seq == 2))
+    await writer.control(SID, CloseControl(reason="user_stop"))
+    batch = reader.read(block_ms=100)
+    assert batch.controls == [
+        InitControl(system_prompt="hi"),
+        ForceListenControl(input_id="input_2"),  # written beside its chunk, so it survives
+        CloseControl(reason="user_stop"),
+    ]
+    assert [c.seq for c in batch.chunks] == [3] and not batch.chunks[0].force_listen
+
+
+async def test_poll_controls_and_malformed_controls(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    writer = InputWriter(async_redis, keys, max_pending=2, ttl_s=60)
+    reader = InputReader(sync_redis, keys, SID)
+    assert reader.poll_controls() == []
+    sync_redis.xadd(keys.input_control(SID), {"e": b'{"type": "reboot"}'})  # not a control
+    await writer.control(SID, CloseControl())
+    assert reader.poll_controls() == [CloseControl()]
+    assert reader.poll_controls() == []
+
+
+def test_discard_deletes_both_streams(sync_redis: redis.Redis, keys: Keys) -> None:
+    sync_redis.xadd(keys.input_audio(SID), {"seq": 1})
+    sync_redis.xadd(keys.input_control(SID), {"e": b"{}"})
+    InputReader(sync_redis, keys, SID).discard()
+    assert not sync_redis.exists(keys.input_audio(SID), keys.input_control(SID))

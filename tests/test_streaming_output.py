@@ -1,0 +1,153 @@
+"""streaming/output.py against a real Redis: ordered delivery, replay from the log, and gaps.
+
+The worker side (``OutputPublisher``, a thread with a synchronous client) and the gateway side
+(``OutputBus`` / ``SessionOutput``, asyncio) run in this process, talking through Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from streaming.events import Event, Gap, Listen, TextDelta
+from streaming.keys import Keys
+from streaming.output import OutputBus, OutputPublisher, SessionOutput, read_log
+
+SID = "rt_unit"
+
+
+@pytest.fixture
+def publisher(sync_redis: redis.Redis, keys: Keys) -> Iterator[OutputPublisher]:
+    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=64, ttl_s=60)
+    try:
+        yield pub
+    finally:
+        pub.finish(linger_s=1)
+
+
+@pytest.fixture
+async def bus(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[OutputBus]:
+    b = OutputBus(async_redis, keys)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.stop()
+
+
+def text(n: int) -> TextDelta:
+    return TextDelta(text=f"t{n}")
+
+
+async def emit(pub: OutputPublisher, *events: Event) -> None:
+    for ev in events:
+        pub.emit(ev)
+    assert await asyncio.to_thread(pub.flush)
+
+
+async def collect(out: SessionOutput, until_seq: int) -> list[Event]:
+    got: list[Event] = []
+    while not got or got[-1].seq < until_seq:
+        got += await out.get(timeout=10)
+    return got
+
+
+async def test_live_events_arrive_in_order_numbered_and_stamped(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    out = await bus.open(SID)
+    before = time.time()
+    await emit(publisher, text(1), text(2), Listen(input_id="input_1", kv_cache_length=5))
+    got = await collect(out, 3)
+    assert [e.seq for e in got] == [1, 2, 3]
+    assert [type(e) for e in got] == [TextDelta, TextDelta, Listen]
+    assert all(before <= e.emitted_at <= time.time() for e in got)
+    assert out.gaps == 0
+
+
+async def test_a_late_reader_gets_the_earlier_events_from_the_log(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    await emit(publisher, text(1), text(2), text(3))  # nobody is listening yet
+    out = await bus.open(SID)
+    await emit(publisher, text(4))
+    got = await collect(out, 4)
+    assert [e.seq for e in got] == [1, 2, 3, 4]  # 1..3 from the log, 4 live
+    assert [e.text for e in got if isinstance(e, TextDelta)] == ["t1", "t2", "t3", "t4"]
+
+
+async def test_a_resumed_reader_starts_after_what_it_had(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    first = await bus.open(SID)
+    await emit(publisher, text(1))
+    assert [e.seq for e in await collect(first, 1)] == [1]
+    await bus.close(SID)  # the reader goes away (its gateway, its client)
+    await emit(publisher, text(2), text(3))  # published to nobody
+    resumed = await bus.open(SID, after=1)
+    await emit(publisher, text(4))
+    assert [e.seq for e in await collect(resumed, 4)] == [2, 3, 4]
+
+
+async def test_replay_overlapping_the_live_channel_delivers_each_event_once(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    out = await bus.open(SID)
+    await emit(publisher, text(1), text(2))
+    assert [e.seq for e in await out.catch_up()] == [1, 2]  # e.g. a lease check read the log
+    assert await out.get(timeout=10) == []  # the live copies of 1 and 2 are dropped
+    assert await out.get(timeout=10) == []
+    await emit(publisher, text(3))
+    assert [e.seq for e in await out.get(timeout=10)] == [3]
+
+
+async def test_events_the_log_no_longer_holds_become_a_gap(
+    bus: OutputBus, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    # A log capped at one event is trimmed by Redis itself (MAXLEN ~ removes whole stream
+    # nodes, bounded by entries and bytes), so a late reader finds the oldest events gone.
+    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=1, ttl_s=60)
+    n = 300
+    try:
+        await emit(pub, *(text(i) for i in range(1, n + 1)))
+        out = await bus.open(SID)
+        await emit(pub, text(n + 1))
+        got = await collect(out, n + 1)
+    finally:
+        pub.finish(linger_s=1)
+    held = await read_log(bus.redis, keys, SID, 1)  # as the reader found it: nothing was added
+    assert 1 < held[0].seq <= n + 1  # trimmed
+    assert got[0] == Gap(first=1, last=held[0].seq - 1)
+    assert [e.seq for e in got[1:]] == list(range(held[0].seq, n + 2))
+    assert out.gaps == held[0].seq - 1
+
+
+async def test_a_message_that_is_not_an_event_is_reported_as_a_gap(
+    bus: OutputBus, publisher: OutputPublisher, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    out = await bus.open(SID)
+    await emit(publisher, text(1))
+    assert [e.seq for e in await collect(out, 1)] == [1]
+    # event 2 arrives corrupted, on the channel and in the log
+    sync_redis.xadd(keys.output_log(SID), {"e": b"{corrupt"}, id="2-1")
+    sync_redis.publish(keys.output_channel(SID), b"{corrupt")
+    publisher.seq = 2
+    await emit(publisher, text(3))
+    got = await collect(out, 3)
+    assert got == [Gap(first=2, last=2), got[1]] and got[1].seq == 3
+
+
+async def test_finish_flushes_and_lets_the_log_expire(sync_redis: redis.Redis, keys: Keys) -> None:
+    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=64, ttl_s=600)
+    for i in range(1, 101):
+        pub.emit(text(i))
+    pub.finish(linger_s=30)
+    assert sync_redis.xlen(keys.output_log(SID)) >= 64
+    last = sync_redis.xrevrange(keys.output_log(SID), count=1)[0][0]
+    assert last == b"100-1"
+    assert 0 < sync_redis.ttl(keys.output_log(SID)) <= 30
