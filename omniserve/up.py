@@ -92,7 +92,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Start the whole stack on this machine and keep it running until Ctrl-C."""
     from inference.registry import choose_backend, loading_what
     from omnicore.settings import get_settings
-    from omniserve.cli import env_from_args
+    from omniserve.options import env_from_args
 
     requested = args.backend or os.environ.get("OMNISERVE_BACKEND") or "auto"
     args.backend = requested

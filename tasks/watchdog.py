@@ -18,12 +18,10 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Protocol, TypeVar
 
+from streaming.events import Event
 from tasks.endings import final_events
-
-if TYPE_CHECKING:
-    from tasks.runtime import WorkerRuntime
 
 log = logging.getLogger("omniserve.worker")
 
@@ -36,10 +34,57 @@ class StepTimedOut(Exception):
     """Raised when a call the watchdog already gave up on returns: the session is over."""
 
 
+class Flushable(Protocol):
+    """A session's output publisher, as far as the watchdog uses it."""
+
+    def flush(self, timeout: float = ...) -> bool:
+        """Wait until every event emitted so far is in Redis."""
+        ...
+
+
+class Watched(Protocol):
+    """What the watchdog uses of a running session (``tasks.session.SessionContext`` is one)."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def slot_id(self) -> str: ...
+    @property
+    def out(self) -> Flushable: ...
+
+    def emit(self, event: Event) -> None:
+        """Send one event to the gateway."""
+        ...
+
+    def silence(self) -> None:
+        """Drop every later event."""
+        ...
+
+
+class Host(Protocol):
+    """What the watchdog uses of its worker process (``tasks.runtime.WorkerRuntime`` is one;
+    naming the needs here keeps this module below runtime.py, which imports it)."""
+
+    stopped: bool
+    restart_on_hang: bool
+
+    def count(self, name: str) -> None:
+        """Add one to a worker counter."""
+        ...
+
+    def quarantine(self, slot_id: str, session_id: str) -> None:
+        """Stop renewing the session's lease and never offer its slot meanwhile."""
+        ...
+
+    def leave_now(self) -> None:
+        """Take this process's slots out of the pool at once."""
+        ...
+
+
 @dataclass
 class _Running:
     since: float
-    ctx: Any  # tasks.session.SessionContext (not imported: it imports this runtime)
+    ctx: Watched
     kind: str
     what: str
     expired: bool = False
@@ -48,7 +93,7 @@ class _Running:
 class StepWatchdog:
     """Watches the backend calls of every session of one worker process."""
 
-    def __init__(self, rt: WorkerRuntime, timeout_s: float) -> None:
+    def __init__(self, rt: Host, timeout_s: float) -> None:
         self.rt = rt
         self.timeout_s = timeout_s
         self._running: dict[str, _Running] = {}  # slot id -> the call running on it
@@ -62,7 +107,7 @@ class StepWatchdog:
             self._thread.start()
 
     @contextmanager
-    def guard(self, ctx: Any, kind: str, what: str = "step") -> Iterator[None]:
+    def guard(self, ctx: Watched, kind: str, what: str = "step") -> Iterator[None]:
         """Run one backend call of ``ctx``'s session under the watchdog.
 
         Raises StepTimedOut when the call returns after the watchdog ended the session.
@@ -78,7 +123,7 @@ class StepWatchdog:
         if running.expired:
             raise StepTimedOut(f"backend {what} returned after the watchdog ended the session")
 
-    def guarded(self, ctx: Any, kind: str, events: Iterable[T]) -> Iterator[T]:
+    def guarded(self, ctx: Watched, kind: str, events: Iterable[T]) -> Iterator[T]:
         """Iterate over a backend's event stream, each ``next()`` under the watchdog."""
         it = iter(events)
         while True:

@@ -5,21 +5,36 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from inference.base import BackendError, InferenceError
 from inference.llama_omni.protocol import LlamaOmniSessionClosed, metrics_kv
 
-if TYPE_CHECKING:
-    from inference.llama_omni.backend import LlamaOmniBackend
-
 log = logging.getLogger("omniserve.inference.llama_omni")
+
+
+class ServerEndpoint(Protocol):
+    """What a connection uses of its backend: where the server is, how long to wait, how to
+    close a session over HTTP.
+
+    (``LlamaOmniBackend`` is one; naming the needs here keeps this module below backend.py,
+    which imports it, instead of the two importing each other.)
+    """
+
+    ws_url: str
+    connect_timeout_s: float
+    init_timeout_s: float
+    close_timeout_s: float
+
+    def http_close(self, session_id: str) -> bool:
+        """``POST /sessions/{id}/close``; False when the server did not confirm it."""
+        ...
 
 
 class Connection:
     """Open, send, receive (server closes become ``LlamaOmniSessionClosed``), close."""
 
-    def __init__(self, backend: LlamaOmniBackend) -> None:
+    def __init__(self, backend: ServerEndpoint) -> None:
         self.backend = backend
         self.ws: Any = None
         self.session_id: str | None = None

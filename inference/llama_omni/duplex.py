@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,10 +24,24 @@ from inference.base import (
     UnsupportedInput,
 )
 from inference.llama_omni import protocol
-from inference.llama_omni.connection import Connection
+from inference.llama_omni.connection import Connection, ServerEndpoint
 
-if TYPE_CHECKING:
-    from inference.llama_omni.backend import LlamaOmniBackend
+
+class DuplexServer(ServerEndpoint, Protocol):
+    """What a duplex session uses of its backend besides the connection's needs.
+
+    (``LlamaOmniBackend`` is one; see ``ServerEndpoint``.)
+    """
+
+    use_tts: bool
+    step_timeout_s: float
+    max_context_tokens: int
+    step_token_reserve: int
+    vision_tokens_per_slice: int
+
+    def duplex_closed(self, session: LlamaOmniDuplexSession) -> None:
+        """The duplex session ended: the server takes the next session."""
+        ...
 
 
 _RESP_ID = re.compile(r"^(?P<sid>.+)_resp_(?P<n>\d+)$")
@@ -36,7 +50,7 @@ _RESP_ID = re.compile(r"^(?P<sid>.+)_resp_(?P<n>\d+)$")
 class LlamaOmniDuplexSession(DuplexSession):
     """A ``full_duplex`` session on the server; one ``input.append`` in flight at a time."""
 
-    def __init__(self, backend: LlamaOmniBackend) -> None:
+    def __init__(self, backend: DuplexServer) -> None:
         self._backend = backend
         self._conn: Connection | None = None
         self._pushes = 0

@@ -17,7 +17,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,15 +33,40 @@ from inference.base import (
 )
 from inference.minicpmo import compat
 from inference.minicpmo.chat import map_error, reset_session
-from inference.minicpmo.loading import torch_module
+from inference.minicpmo.loading import LoadedModel, torch_module
 from inference.minicpmo.messages import as_float_audio, decode_image
 from inference.minicpmo.options import GENERATE_ARGUMENTS, validate_settings
 from omnicore.audio import to_mono_float32, write_wav
 
-if TYPE_CHECKING:
-    from inference.minicpmo.backend import MiniCPMOBackend
-
 log = logging.getLogger("omniserve.inference.minicpmo")
+
+
+class DuplexHost(Protocol):
+    """What a duplex session uses of its backend: the loaded model and wrapper, the duplex
+    settings, and the call that frees the model for the next session.
+
+    (``MiniCPMOBackend`` is one; naming the needs here keeps this module below backend.py,
+    which imports it, instead of the two importing each other.)
+    """
+
+    model: Any
+    duplex_wrapper: Any
+    loaded: LoadedModel
+    device: str
+    default_voice: np.ndarray | None
+    duplex_defaults: dict[str, Any]
+    duplex_generate_audio: bool
+    duplex_system_prompt: str
+    duplex_prompt_format: str
+    max_context_tokens: int
+    step_token_reserve: int
+    vision_tokens_per_slice: int
+    vision_query_tokens: int
+
+    def session_closed(self, session: MiniCPMODuplexSession) -> None:
+        """A duplex session ended: the model serves the next session or chat turn."""
+        ...
+
 
 _TOKENIZER_CACHES = ("stream_cache", "hift_cache_dict", "cache")  # the vocoder's live caches
 
@@ -55,7 +80,7 @@ def _voice(samples: np.ndarray | None, field_name: str) -> np.ndarray | None:
 class MiniCPMODuplexSession(DuplexSession):
     """One full-duplex conversation on the shared model and wrapper."""
 
-    def __init__(self, backend: MiniCPMOBackend) -> None:
+    def __init__(self, backend: DuplexHost) -> None:
         self._backend = backend
         self._model = backend.model
         self._duplex: Any = None
