@@ -23,7 +23,21 @@ log = logging.getLogger("omniserve.gateway")
 
 
 class LiveSession(Protocol):
-    """What the gateway needs of a session handler: a way to end it at shutdown."""
+    """What the gateway needs of a session handler: a way to end it at shutdown, and what the
+    operator page shows of it (``api/pages.py``)."""
+
+    @property
+    def public_mode(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def dialect(self) -> str | None: ...
+    @property
+    def slot_id(self) -> str | None: ...  # the worker slot held now (a chat session: per turn)
+    @property
+    def connected_at(self) -> float: ...
+    @property
+    def deadline(self) -> float: ...
 
     async def shutdown(self) -> None:
         """End the session with ``server_shutdown``."""

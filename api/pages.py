@@ -120,17 +120,15 @@ def live_sessions(gw: Gateway) -> list[dict[str, Any]]:
     now = time.time()
     out = []
     for sid, handler in list(gw.sessions.items()):
-        connected_at = getattr(handler, "connected_at", now)
-        deadline = getattr(handler, "deadline", now)
         out.append(
             {
                 "session_id": sid,
-                "mode": getattr(handler, "public_mode", None),
-                "state": getattr(handler, "state", None),
-                "dialect": getattr(handler, "dialect", None),
-                "slot_id": getattr(handler, "slot_id", None),
-                "elapsed_s": round(now - connected_at, 1),
-                "limit_s": round(deadline - connected_at, 1),
+                "mode": handler.public_mode,
+                "state": str(handler.state),
+                "dialect": str(handler.dialect) if handler.dialect else None,
+                "slot_id": handler.slot_id,
+                "elapsed_s": round(now - handler.connected_at, 1),
+                "limit_s": round(handler.deadline - handler.connected_at, 1),
             }
         )
     return out

@@ -67,6 +67,7 @@ class RealtimeSession(Connection):
         self.deadline = self.connected_at + gw.settings.duration_limit(public_mode)
         self.state = SessionState.QUEUED
         self.dialect: Dialect | None = None
+        self.slot_id: str | None = None  # the worker slot held now (chat: only during a turn)
         self.close_reason: str | None = None  # set when the client asks to close
         self.close_wanted = asyncio.Event()
         self.shutdown_reason: CloseReason | None = None

@@ -93,6 +93,7 @@ class ChatSession(RealtimeSession):
         if admitted is None:
             return False
         self.turn_count += 1
+        self.slot_id = admitted.slot_id
         if admitted.waited:
             await self.send({"type": "session.queue_done", "session_id": self.session_id})
         turn = ChatTurn(
@@ -122,6 +123,8 @@ class ChatSession(RealtimeSession):
                 ErrorCode.INFERENCE_ERROR, "the worker running this turn was lost"
             )
             return True
+        finally:
+            self.slot_id = None
         if not self.stopping():
             return True
         if not self.gone.is_set():

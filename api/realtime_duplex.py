@@ -87,7 +87,7 @@ class DuplexSession(RealtimeSession):
         admitted = await self.acquire_slot()
         if admitted is None:
             return
-        slot = admitted.slot_id
+        slot = self.slot_id = admitted.slot_id
         out = await self.gw.bus.open(self.session_id)  # before the worker can emit anything
         relay = TaskRelay(self.gw, out, self.session_id, slot, "session")
         try:
