@@ -8,7 +8,8 @@ retries every 0.5-2 s, forever (``broker_connection_max_retries=None`` in ``cele
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Self
 
 from celery.app.amqp import AMQP
 from kombu import Connection
@@ -21,12 +22,32 @@ RETRY_MAX_S = 2.0
 class QuickReconnect(Connection):
     """A kombu connection whose default retry schedule is short and flat."""
 
-    def ensure_connection(self, *args: Any, **kwargs: Any) -> Connection:
-        if len(args) <= 2:  # the caller left the intervals to us
-            kwargs.setdefault("interval_start", RETRY_START_S)
-            kwargs.setdefault("interval_step", RETRY_STEP_S)
-            kwargs.setdefault("interval_max", RETRY_MAX_S)
-        return super().ensure_connection(*args, **kwargs)
+    def ensure_connection(
+        self,
+        errback: Callable[[Exception, float], None] | None = None,
+        max_retries: int | None = None,
+        interval_start: float = RETRY_START_S,
+        interval_step: float = RETRY_STEP_S,
+        interval_max: float = RETRY_MAX_S,
+        callback: Callable[[], None] | None = None,
+        reraise_as_library_errors: bool = True,
+        timeout: float | None = None,
+    ) -> Self:
+        """kombu's own, with this module's retry schedule for intervals the caller leaves out.
+
+        kombu takes float seconds and ``max_retries=None`` ("forever"); kombu-stubs types them
+        as int, hence the ``arg-type`` ignores on exactly those arguments.
+        """
+        return super().ensure_connection(
+            errback,
+            max_retries,  # type: ignore[arg-type]
+            interval_start,  # type: ignore[arg-type]
+            interval_step,  # type: ignore[arg-type]
+            interval_max,  # type: ignore[arg-type]
+            callback,
+            reraise_as_library_errors,
+            timeout,  # type: ignore[arg-type]
+        )
 
 
 class WorkerAMQP(AMQP):
