@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from api.connection import Connection
+from api.queueing import NoCapacity
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
 
@@ -72,6 +73,9 @@ async def wait_for_slot(
         gw.counters["queue_full_total"] += 1
         busy = gw.settings.max_queue == 0
         return Refused(ErrorCode.WORKER_BUSY if busy else ErrorCode.QUEUE_FULL, "")
+    except NoCapacity as exc:  # workers were loading, none became ready in time
+        log.warning("admission gave up: %s", exc)
+        return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     except Exception as exc:
         log.exception("admission failed")
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
