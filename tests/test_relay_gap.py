@@ -31,11 +31,12 @@ LONG = " ".join(f"w{i}" for i in range(1, 401))  # 403 events: the log keeps the
 
 
 def start(stack: Stack, token_delay_s: float) -> None:
-    """Long leases: a gateway frozen for seconds must not look dead to the worker."""
+    """Long leases: a gateway frozen for seconds must not look dead to the worker (its own
+    alive key has a TTL of its own since the heal lane: ``gateway_lease_ttl_s``)."""
     stack.start_worker(
         OMNISERVE_LEASE_TTL_S="60", OMNISERVE_SCRIPTED_TOKEN_DELAY_S=str(token_delay_s)
     )
-    stack.start_gateway(OMNISERVE_LEASE_TTL_S="60")
+    stack.start_gateway(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_GATEWAY_LEASE_TTL_S="60")
 
 
 def _kill_pubsub(stack: Stack) -> None:
@@ -159,7 +160,11 @@ async def _duplex_with_output_lost(stack: Stack) -> tuple[list[dict], int]:
     once the worker is done), and the first seq the replay log still held.
     """
     stack.start_worker(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_SCRIPTED_STEP_DELAY_S="0.5")
-    stack.start_gateway(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_INPUT_MAX_PENDING="16")
+    stack.start_gateway(
+        OMNISERVE_LEASE_TTL_S="60",
+        OMNISERVE_GATEWAY_LEASE_TTL_S="60",
+        OMNISERVE_INPUT_MAX_PENDING="16",
+    )
     c = await Client.connect(stack.url(), query="?mode=audio")
     await c.init()
     for _ in range(8):  # queued in the input stream (nothing is dropped: 16 may wait)
