@@ -1,9 +1,11 @@
-"""Duplex voice sessions for the pocket backend: VAD turns, a reply thread, ~1 s speech steps.
+"""Duplex voice sessions for the pocket backend: streaming VAD turns, a reply thread, speech steps.
 
-States: listening (waiting for speech) -> hearing (buffering the utterance) -> speaking (the
-reply is generated on a background thread, sentence by sentence, and handed out in <= 1 s
-pieces, one per step). Voiced input while speaking (barge-in), ``force_listen`` or
-``interrupt()`` stop the reply at once; the part already spoken stays in the history.
+States: listening -> hearing (the VAD found speech) -> speaking. The end of the utterance is
+found inside the chunk that carries it (``turns.TurnDetector``, 32 ms resolution); in that very
+step the utterance is transcribed, the reply thread starts (LLM -> clauses -> Piper, the LLM
+going on while Piper speaks) and the step returns the first clause's audio. Later steps hand out
+<= 1 s of the reply each. Speech while speaking (barge-in), ``force_listen`` or ``interrupt()``
+stop the reply at once; the part already spoken stays in the history.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from inference.base import (
 )
 from inference.pocket.llm import ChatMessages
 from inference.pocket.pipeline import TurnStats, respond
+from inference.pocket.turns import SpeechEnded, SpeechStarted
 
 if TYPE_CHECKING:
     from inference.pocket.backend import PocketBackend
 
 _DONE = object()  # end of a reply on the reply queue
+_TAIL = OUTPUT_SAMPLE_RATE // 10  # audio the first step may keep back (see ``_speak``)
 
 
 @dataclass(slots=True)
@@ -56,11 +60,10 @@ class PocketDuplexSession(DuplexSession):
     def __init__(self, backend: PocketBackend) -> None:
         self._b = backend
         self._system_prompt = backend.system_prompt
-        self._history: ChatMessages = []
+        self._history: ChatMessages = []  # the conversation: the one place it is kept
         self._kv = 0
-        self._heard: list[np.ndarray] = []
-        self._preroll: np.ndarray | None = None
-        self._silent_after_speech = 0
+        self._turns = backend.turn_detector()
+        self._overheard = False  # speech that began while speaking, with barge-in off
         self._reply: _Reply | None = None
         self._interrupt = threading.Event()
         self._frames_total = 0
@@ -73,7 +76,8 @@ class PocketDuplexSession(DuplexSession):
         self._stop_reply()
         self._system_prompt = config.system_prompt.strip() or self._b.system_prompt
         self._history = []
-        self._heard, self._preroll, self._silent_after_speech = [], None, 0
+        self._turns = self._b.turn_detector()
+        self._overheard = False
         self._interrupt.clear()
         self._kv = self._b.llm.count_tokens(self._messages())
         return self._kv
@@ -87,66 +91,74 @@ class PocketDuplexSession(DuplexSession):
     def close(self) -> None:
         """Stop any reply and drop all conversation state."""
         self._stop_reply()
-        self._history, self._heard, self._preroll = [], [], None
+        self._history = []
         self._kv = 0
         self._closed = True
 
     def step(self, chunk: DuplexInput) -> DuplexStep:
-        """Consume ~1 s of input; listen, or hand out the next <= 1 s of the reply."""
+        """Consume one input chunk (any length); listen, or hand out the next <= 1 s of reply."""
         if self._closed:
             raise InferenceError("the duplex session is closed")
         started = time.perf_counter()
         audio = np.asarray(chunk.audio, dtype=np.float32).reshape(-1)
         self._frames_total += len(chunk.frames)
-        ratio = self._b.vad.voiced_ratio(audio)
-        voiced = ratio >= self._b.vad.min_voiced_ratio
+        events = self._turns.push(audio)
         metrics: dict[str, Any] = {
-            "vad_voiced_ratio": round(ratio, 3),
+            "vad_s": round(time.perf_counter() - started, 4),
             "vision_frames": len(chunk.frames),
             "vision_frames_total": self._frames_total,
         }
         forced = chunk.force_listen or self._interrupt.is_set()
         self._interrupt.clear()
-        if self._reply is not None and (forced or (voiced and self._b.barge_in)):
-            metrics["interrupted"] = "force_listen" if forced else "barge_in"
+        if self._reply is not None and forced:
+            metrics["interrupted"] = "force_listen"
             self._stop_reply()
-        if self._reply is not None:
+        ended: list[SpeechEnded] = []
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                if self._reply is None:
+                    self._overheard = False
+                elif self._b.barge_in:
+                    metrics["interrupted"] = "barge_in"
+                    self._stop_reply()
+                    self._overheard = False
+                else:
+                    self._overheard = True
+            elif self._overheard:
+                self._overheard = False  # spoken over the reply: not a question to answer
+            else:
+                ended.append(event)
+        if ended and self._reply is None:
+            result = self._start_reply(ended, metrics)
+        elif self._reply is not None:
             result = self._speak(metrics)
         else:
-            result = self._listen(audio, voiced, metrics)
+            metrics["state"] = "hearing" if self._turns.in_speech else "listening"
+            result = DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
         result.metrics["step_s"] = round(time.perf_counter() - started, 4)
         return result
 
     # ------------------------------------------------------------------ listening
 
-    def _listen(self, audio: np.ndarray, voiced: bool, metrics: dict[str, Any]) -> DuplexStep:
-        if voiced:
-            if not self._heard and self._preroll is not None:
-                self._heard.append(self._preroll)  # a soft onset may sit in the chunk before
-            self._heard.append(audio)
-            self._silent_after_speech = 0
-        elif self._heard:
-            self._heard.append(audio)
-            self._silent_after_speech += 1
-        self._preroll = None if voiced else audio
-        heard_s = sum(a.size for a in self._heard) / INPUT_SAMPLE_RATE
-        metrics["state"] = "hearing" if self._heard else "listening"
-        end_of_speech = self._heard and (
-            self._silent_after_speech >= self._b.silence_chunks
-            or heard_s >= self._b.max_utterance_s
-        )
-        if not end_of_speech:
-            return DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
-        utterance = np.concatenate(self._heard)
-        self._heard, self._preroll, self._silent_after_speech = [], None, 0
-        return self._start_reply(utterance, metrics)
-
-    def _start_reply(self, utterance: np.ndarray, metrics: dict[str, Any]) -> DuplexStep:
+    def _start_reply(self, ended: list[SpeechEnded], metrics: dict[str, Any]) -> DuplexStep:
+        """Transcribe the utterance(s) this chunk completed and start the reply, at once."""
         t0 = time.perf_counter()
+        utterance = np.concatenate([e.audio for e in ended])
         transcript = self._b.asr.transcribe(utterance)
+        rate = INPUT_SAMPLE_RATE
         metrics["asr_s"] = round(time.perf_counter() - t0, 4)
-        metrics["asr_audio_s"] = round(utterance.size / INPUT_SAMPLE_RATE, 3)
+        metrics["asr_audio_s"] = round(utterance.size / rate, 3)
+        metrics["asr_window_s"] = self._b.asr.last_window_s
         metrics["transcript"] = transcript
+        # where, in the signal, the speech ended and the end was decided: seconds before the
+        # last sample of this chunk (what a client can relate to its own clock)
+        metrics["speech_end_before_chunk_end_s"] = round(
+            (self._turns.position - ended[-1].end) / rate, 3
+        )
+        metrics["end_decided_before_chunk_end_s"] = round(
+            (self._turns.position - ended[-1].decided_at) / rate, 3
+        )
+        metrics["utterance_forced_end"] = ended[-1].forced
         if not transcript:  # noise, not words
             metrics["state"] = "listening"
             return DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
@@ -158,7 +170,7 @@ class PocketDuplexSession(DuplexSession):
         reply.thread = threading.Thread(target=self._generate, args=(reply, messages), daemon=True)
         self._reply = reply
         reply.thread.start()
-        result = self._speak(metrics)
+        result = self._speak(metrics, first=True)
         result.metrics["first_audio_s"] = round(time.perf_counter() - t0, 4)
         return result
 
@@ -177,18 +189,26 @@ class PocketDuplexSession(DuplexSession):
             ):
                 if piece.audio is not None:
                     reply.out.put((piece.sentence, piece.audio))
-        except BaseException as exc:  # handed to the step thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the step thread
             reply.error = exc
         finally:
             reply.out.put(_DONE)
 
-    def _next_segment(self, reply: _Reply) -> bool:
-        """Move the next sentence (or the end) from the thread into ``pending``; False at the end."""
+    def _next_segment(self, reply: _Reply, wait: bool = True) -> bool | None:
+        """Move the next sentence (or the end) from the thread into ``pending``.
+
+        True: a sentence came; False: the reply is over; None: nothing yet (only if not ``wait``).
+        """
         if reply.finished:
             return False
         try:
-            item = reply.out.get(timeout=self._b.first_audio_timeout_s)
+            if wait:
+                item = reply.out.get(timeout=self._b.first_audio_timeout_s)
+            else:
+                item = reply.out.get_nowait()
         except queue.Empty:
+            if not wait:
+                return None
             reply.cancel.set()
             raise InferenceError("the pocket reply took too long") from None
         if item is _DONE:
@@ -200,23 +220,37 @@ class PocketDuplexSession(DuplexSession):
         reply.pending.append([sentence, audio])
         return True
 
-    def _speak(self, metrics: dict[str, Any]) -> DuplexStep:
+    def _speak(self, metrics: dict[str, Any], first: bool = False) -> DuplexStep:
+        """Hand out the next <= 1 s of the reply (waiting for it if it is not spoken yet).
+
+        Whether a piece is the reply's last is known by looking ahead. Later steps wait for the
+        next sentence or the end; the first step never does (it would delay the first audio by a
+        whole sentence): when it cannot tell, it keeps the piece's last ``_TAIL`` samples back,
+        so the end of the turn always rides on audio in a later step.
+        """
         reply = self._reply
         assert reply is not None
         try:
             if not reply.pending:
                 self._next_segment(reply)
             text, audio = "", np.zeros(0, dtype=np.float32)
+            last = False
             if reply.pending:
                 head = reply.pending[0]
+                take = OUTPUT_SAMPLE_RATE
+                if first and len(reply.pending) == 1 and head[1].size <= take:
+                    ahead = self._next_segment(reply, wait=False)
+                    if ahead is None:
+                        take = max(0, head[1].size - _TAIL)
+                    last = ahead is False
                 text, head[0] = head[0], ""
-                audio, head[1] = head[1][:OUTPUT_SAMPLE_RATE], head[1][OUTPUT_SAMPLE_RATE:]
+                audio, head[1] = head[1][:take], head[1][take:]
                 if text:
                     reply.spoken.append(text)
                 if not head[1].size:
                     reply.pending.popleft()
-            # Is this the last piece? Look ahead (waits for the next sentence, or the end).
-            last = not reply.pending and not self._next_segment(reply)
+            if not first:
+                last = not reply.pending and not self._next_segment(reply)
         except InferenceError:
             self._stop_reply()
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 _END = re.compile(r"(?<=[.!?;:])[\"')\]]*\s+|\n+")
+_LIST_MARK = re.compile(r"\s*(\d{1,3}|[a-zA-Z])[.)]\s*")  # "1. " starts an item, ends nothing
 
 
 class SentenceSplitter:
@@ -20,14 +21,19 @@ class SentenceSplitter:
         """Add a delta; return the sentences it completed."""
         self._buffer += delta
         out: list[str] = []
+        pos = 0
         while True:
-            match = _END.search(self._buffer)
+            match = _END.search(self._buffer, pos)
             if match is None:
                 break
+            if _LIST_MARK.fullmatch(self._buffer[: match.end()]):
+                pos = match.end()  # a list item's number: keep it with the item's text
+                continue
             sentence, self._buffer = (
                 self._buffer[: match.end()].strip(),
                 self._buffer[match.end() :],
             )
+            pos = 0
             if sentence:
                 out.append(sentence)
         if not out and not self._started and self._first_clause_words:
