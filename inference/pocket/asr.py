@@ -64,14 +64,17 @@ class SpeechRecognizer:
         self._silence_encoding = np.array(self._encode(self._features(silence, WINDOW_FRAMES)))
         self.last_window_s = 0.0  # encoder window of the last transcription (30.0: full)
 
-    def transcribe(self, samples: np.ndarray) -> str:
-        """The text spoken in ``samples`` (16 kHz float32); "" for silence or too-short input."""
+    def transcribe(self, samples: np.ndarray, full_window: bool = False) -> str:
+        """The text spoken in ``samples`` (16 kHz float32); "" for silence or too-short input.
+
+        ``full_window``: encode all 30 s as Whisper normally does (slower; for comparison).
+        """
         audio = np.asarray(samples, dtype=np.float32).reshape(-1)
         if audio.size < 1600:  # < 0.1 s: nothing Whisper can use
             return ""
         frames = -(-audio.size // HOP) + self._margin_frames
         with self._lock:
-            if frames < WINDOW_FRAMES:
+            if frames < WINDOW_FRAMES and not full_window:
                 text, ok = self._decode(audio, frames + frames % 2)
                 self.last_window_s = (frames + frames % 2) * HOP / SAMPLE_RATE
                 if ok:

@@ -74,6 +74,11 @@ class TurnDetector:
         """Samples received so far (the stream position of the next sample)."""
         return self._received
 
+    @property
+    def buffered(self) -> int:
+        """Samples of audio held (the speech in progress, or a pre-roll)."""
+        return int(self._audio.size)
+
     def push(self, audio: np.ndarray) -> list[TurnEvent]:
         """Take the next piece of the stream; return what it started or ended, in order."""
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
