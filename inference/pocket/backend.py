@@ -63,6 +63,7 @@ class PocketBackend(Backend):
         asr_margin_s: float = 2.0,
         llm_cache_dir: str | Path | None = None,
         llm_cache: bool = True,
+        first_clause_priority: bool = True,
     ) -> None:
         """Load the three models (~20 s on 2 cores). Every option has a default.
 
@@ -82,6 +83,8 @@ class PocketBackend(Backend):
         asr_margin_s: silence after the utterance that Whisper's encoder reads (asr.py).
         llm_cache_dir / llm_cache: where the LLM converted for CTranslate2 is kept (default
             ~/.cache/omniserve/pocket); ``llm_cache=False`` converts at every load instead.
+        first_clause_priority: the LLM pauses while the first clause is synthesized (it goes on
+            during its playback); False runs both at once.
         """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -98,6 +101,7 @@ class PocketBackend(Backend):
         self.min_speech_s = min_speech_s
         self.end_silence_s = end_silence_s
         self.barge_in = barge_in
+        self.first_clause_priority = first_clause_priority
         self.max_utterance_s = max_utterance_s
         self.first_audio_timeout_s = first_audio_timeout_s
         started = time.perf_counter()
@@ -126,7 +130,14 @@ class PocketBackend(Backend):
         asr_s, messages = self._to_chat_messages(request)
         stats = TurnStats()
         speaker = self.speaker if request.tts.enabled else None
-        pieces = respond(self.llm, speaker, messages, request.generation.max_new_tokens, stats)
+        pieces = respond(
+            self.llm,
+            speaker,
+            messages,
+            request.generation.max_new_tokens,
+            stats,
+            first_clause_priority=self.first_clause_priority,
+        )
         text_parts: list[str] = []
         audio_parts: list[np.ndarray] = []
         first = next(pieces, None)  # runs the prefill

@@ -186,6 +186,7 @@ class PocketDuplexSession(DuplexSession):
                 self._b.duplex_max_new_tokens,
                 reply.stats,
                 reply.cancel.is_set,
+                first_clause_priority=self._b.first_clause_priority,
             ):
                 if piece.audio is not None:
                     reply.out.put((piece.sentence, piece.audio))
