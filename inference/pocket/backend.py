@@ -63,7 +63,7 @@ class PocketBackend(Backend):
         asr_margin_s: float = 2.0,
         llm_cache_dir: str | Path | None = None,
         llm_cache: bool = True,
-        first_clause_priority: bool = True,
+        first_clause_priority: bool = False,
     ) -> None:
         """Load the three models (~20 s on 2 cores). Every option has a default.
 
@@ -84,7 +84,8 @@ class PocketBackend(Backend):
         llm_cache_dir / llm_cache: where the LLM converted for CTranslate2 is kept (default
             ~/.cache/omniserve/pocket); ``llm_cache=False`` converts at every load instead.
         first_clause_priority: the LLM pauses while the first clause is synthesized (it goes on
-            during its playback); False runs both at once.
+            during its playback); False (default) runs both at once. No difference was measured
+            on 2 cores (docs/POCKET.md).
         """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
