@@ -293,9 +293,19 @@ def test_missing_package_names_it_and_the_extra() -> None:
 # --------------------------------------------------------------------------- latency path
 
 
+@pytest.fixture
+def speculation(backend: PocketBackend, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Sessions opened in the test start answers at pauses (or not), as parametrized."""
+    saved = backend.speculate_after_s
+    backend.speculate_after_s = request.param
+    yield
+    backend.speculate_after_s = saved
+
+
+@pytest.mark.parametrize("speculation", [None, 0.16], indirect=True, ids=["at-end", "at-pause"])
 @pytest.mark.parametrize("size", [4000, 16000])
 def test_end_of_speech_is_answered_in_the_chunk_that_carries_it(
-    backend: PocketBackend, size: int
+    backend: PocketBackend, size: int, speculation: None
 ) -> None:
     """The answer comes in the step whose chunk holds end of speech + end_silence_s, not later."""
     speech = speech_16k(backend, "What is the capital of France?")
@@ -328,7 +338,12 @@ def test_end_of_speech_is_answered_in_the_chunk_that_carries_it(
     # every stage is timed, and the step's time holds them all
     stages = ("vad_s", "asr_s", "llm_first_clause_s", "tts_first_clause_s")
     assert all(m[k] > 0 for k in stages), m
-    assert m["step_s"] >= m["first_audio_s"] >= m["asr_s"]
+    assert m["first_audio_s"] >= m["asr_s"]
+    if m["speculative"]:  # begun at a pause in an earlier chunk (250 ms chunks)
+        assert backend.speculate_after_s and size < INPUT_SAMPLE_RATE
+        assert m["prepared_before_step_s"] > 0
+    else:  # all of it in this step
+        assert m["prepared_before_step_s"] == 0 and m["step_s"] >= m["first_audio_s"]
     session.close()
 
 
@@ -365,3 +380,38 @@ def test_short_window_transcripts_match_whisper_full_window(backend: PocketBacke
         full = backend.asr.transcribe(audio, full_window=True)
         assert backend.asr.last_window_s == 30.0
         assert short == full, (short, full)
+
+
+@pytest.mark.parametrize("speculation", [0.16], indirect=True)
+def test_an_answer_begun_at_a_pause_is_dropped_when_the_user_goes_on(
+    backend: PocketBackend, speculation: None
+) -> None:
+    """A 0.3 s pause starts an answer to "What is the capital"; the rest of the question
+    arrives, so that answer is dropped unseen and the whole question is answered."""
+    first, rest = speech_16k(backend, "What is the capital"), speech_16k(backend, "of France?")
+    loud = np.nonzero(np.abs(first) > 0.01)[0][-1], np.nonzero(np.abs(rest) > 0.01)[0][0]
+    first, rest = first[: loud[0] + 1], rest[loud[1] :]  # Piper's own silences trimmed
+    pause = np.zeros(int(0.3 * INPUT_SAMPLE_RATE), np.float32)
+    signal = np.concatenate([first, pause, rest, np.zeros(INPUT_SAMPLE_RATE, np.float32)])
+    session = backend.open_duplex()
+    session.prepare(DuplexConfig())
+    size, answer, seen = 4000, None, []  # per step: the answer begun so far, if any
+    for start in range(0, signal.size, size):
+        step = session.step(DuplexInput(audio=signal[start : start + size]))
+        if not step.listen:
+            answer = step
+            break
+        seen.append(session._prepared.transcript if session._prepared else None)
+    assert answer is not None
+    partial = [i for i, t in enumerate(seen) if t and "france" not in t.lower()]
+    assert partial, seen  # an answer to "What is the capital" was begun at the pause ...
+    assert None in seen[partial[-1] :], seen  # ... and dropped when the question went on
+    assert "capital of france" in answer.metrics["transcript"].lower(), answer.metrics
+    # the dropped answer left nothing behind: only the whole question is in the history
+    rest_steps = [answer, *run_turn(session)]
+    assert rest_steps[-1].end_of_turn
+    assert "paris" in " ".join(s.text for s in rest_steps).lower()
+    history = session._history
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    assert "capital of france" in history[0]["content"].lower()
+    session.close()

@@ -20,7 +20,13 @@ from faster_whisper.vad import SileroVADModel  # noqa: E402
 
 from inference.pocket.assets import default_piper_voice  # noqa: E402
 from inference.pocket.tts import Speaker  # noqa: E402
-from inference.pocket.turns import SpeechEnded, SpeechStarted, TurnDetector  # noqa: E402
+from inference.pocket.turns import (  # noqa: E402
+    SpeechEnded,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    TurnDetector,
+)
 from inference.pocket.vad import WINDOW, SileroVAD, default_model_path  # noqa: E402
 from omnicore.audio import resample  # noqa: E402
 
@@ -140,3 +146,31 @@ def test_buffer_stays_bounded_in_long_silence(vad) -> None:
     for _ in range(60):
         detector.push(np.zeros(RATE, np.float32))
     assert detector.buffered < RATE  # only a pre-roll is kept, never the whole stream
+
+
+def test_a_pause_is_reported_before_the_end_and_a_resumption_after_it(vad, speaker) -> None:
+    first = spoken(speaker, "What is the capital")
+    rest = spoken(speaker, "of France?")
+    first = first[: energy_end(first)]
+    rest = rest[np.nonzero(np.abs(rest) > 0.01)[0][0] :]
+    gap = np.zeros(int(0.3 * RATE), np.float32)
+    signal = np.concatenate([first, gap, rest, np.zeros(RATE, np.float32)])
+    detector = TurnDetector(vad, end_silence_s=0.4, speculate_after_s=0.16)
+    events = feed(detector, signal, 4000)
+    kinds = [type(e) for e in events]
+    assert kinds == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechPaused, SpeechEnded], kinds
+    pause, _, final_pause, end = events[1], events[2], events[3], events[4]
+    assert isinstance(pause, SpeechPaused) and isinstance(end, SpeechEnded)
+    assert abs(pause.end - first.size) <= 0.1 * RATE  # the pause is where the first part ends
+    assert 0.16 * RATE <= pause.decided_at - pause.end < 0.16 * RATE + WINDOW
+    # the last pause holds the same utterance the end does, 0.24 s sooner
+    assert isinstance(final_pause, SpeechPaused)
+    assert final_pause.start == end.start and final_pause.end == end.end
+    assert end.decided_at - final_pause.decided_at == pytest.approx(0.24 * RATE, abs=WINDOW)
+    np.testing.assert_array_equal(final_pause.audio, end.audio)
+
+
+def test_no_pause_events_without_speculation(vad, speaker) -> None:
+    signal = np.concatenate([spoken(speaker, "Hello there."), np.zeros(RATE, np.float32)])
+    events = feed(TurnDetector(vad, speculate_after_s=None), signal, 4000)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechEnded]

@@ -64,6 +64,7 @@ class PocketBackend(Backend):
         llm_cache_dir: str | Path | None = None,
         llm_cache: bool = True,
         first_clause_priority: bool = False,
+        speculate_after_s: float | None = 0.16,
     ) -> None:
         """Load the three models (~20 s on 2 cores). Every option has a default.
 
@@ -86,6 +87,8 @@ class PocketBackend(Backend):
         first_clause_priority: the LLM pauses while the first clause is synthesized (it goes on
             during its playback); False (default) runs both at once. No difference was measured
             on 2 cores (docs/POCKET.md).
+        speculate_after_s: at this much silence after speech the answer is started, before the
+            turn is known to be over (dropped if the user goes on); None: start at the end only.
         """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -103,6 +106,7 @@ class PocketBackend(Backend):
         self.end_silence_s = end_silence_s
         self.barge_in = barge_in
         self.first_clause_priority = first_clause_priority
+        self.speculate_after_s = speculate_after_s
         self.max_utterance_s = max_utterance_s
         self.first_audio_timeout_s = first_audio_timeout_s
         started = time.perf_counter()
@@ -208,6 +212,7 @@ class PocketBackend(Backend):
             min_speech_s=self.min_speech_s,
             end_silence_s=self.end_silence_s,
             max_utterance_s=self.max_utterance_s,
+            speculate_after_s=self.speculate_after_s,
         )
 
     def close(self) -> None:

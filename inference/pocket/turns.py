@@ -5,6 +5,10 @@ found inside the chunk that carries it, not at a chunk boundary: the decision ne
 ``end_silence_s`` of silence after the last voiced window. The rule follows Silero's own
 ``get_speech_timestamps``: a window at or above ``threshold`` is speech; silence starts at the
 first window below ``threshold - 0.15`` and is reset only by a window at or above ``threshold``.
+
+A shorter silence, ``speculate_after_s``, reports a pause with the utterance so far: work on an
+answer can start while it is not yet known whether the user goes on (``SpeechResumed``) or has
+finished (``SpeechEnded``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,24 @@ class SpeechEnded:
     forced: bool = False  # cut at ``max_utterance_s`` rather than ended by silence
 
 
-TurnEvent = SpeechStarted | SpeechEnded
+@dataclass(slots=True)
+class SpeechPaused:
+    """``speculate_after_s`` of silence after speech: the utterance so far, perhaps the whole."""
+
+    audio: np.ndarray
+    start: int
+    end: int
+    decided_at: int
+
+
+@dataclass(slots=True)
+class SpeechResumed:
+    """Speech again after a ``SpeechPaused``: that utterance goes on."""
+
+    at: int
+
+
+TurnEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded
 
 
 class TurnDetector:
@@ -49,6 +70,7 @@ class TurnDetector:
         end_silence_s: float = 0.4,
         pad_s: float = 0.2,
         max_utterance_s: float = 28.0,
+        speculate_after_s: float | None = None,
         sample_rate: int = 16_000,
     ) -> None:
         self._stream = vad.stream()
@@ -58,6 +80,9 @@ class TurnDetector:
         self._end_silence = int(end_silence_s * sample_rate)
         self._pad = int(pad_s * sample_rate)
         self._max_utterance = int(max_utterance_s * sample_rate)
+        spec = speculate_after_s
+        self._speculate = int(spec * sample_rate) if spec and spec < end_silence_s else None
+        self._paused = False  # a SpeechPaused was reported for the current silence
         self.sample_rate = sample_rate
         self._audio = np.zeros(0, dtype=np.float32)
         self._audio_start = 0  # stream position of self._audio[0]
@@ -100,6 +125,7 @@ class TurnDetector:
         self.in_speech = False
         self._voiced_run = 0
         self._silence_from = None
+        self._paused = False
 
     def _window(self, begin: int, end: int, p: float) -> TurnEvent | None:
         if not self.in_speech:
@@ -116,21 +142,36 @@ class TurnDetector:
             return None
         if p >= self.threshold:
             self._last_voiced, self._silence_from = end, None
+            if self._paused:
+                self._paused = False
+                return SpeechResumed(at=begin)
         elif p < self.neg_threshold and self._silence_from is None:
             self._silence_from = begin
-        if self._silence_from is not None and end - self._silence_from >= self._end_silence:
-            return self._ended(self._silence_from, end, forced=False)
+        if self._silence_from is not None:
+            silent = end - self._silence_from
+            if silent >= self._end_silence:
+                return self._ended(self._silence_from, end, forced=False)
+            if self._speculate is not None and not self._paused and silent >= self._speculate:
+                self._paused = True
+                return SpeechPaused(
+                    audio=self._cut(self._silence_from),
+                    start=self._start,
+                    end=self._silence_from,
+                    decided_at=end,
+                )
         if end - self._start >= self._max_utterance:
             return self._ended(end, end, forced=True)
         return None
 
-    def _ended(self, speech_end: int, decided_at: int, forced: bool) -> SpeechEnded:
+    def _cut(self, speech_end: int) -> np.ndarray:
+        """The utterance's audio, ``pad_s`` either side of the speech (as far as received)."""
         lo = max(self._audio_start, self._start - self._pad)
         hi = min(self._audio_start + self._audio.size, speech_end + self._pad)
-        audio = self._audio[lo - self._audio_start : hi - self._audio_start].copy()
-        self.in_speech = False
-        self._voiced_run = 0
-        self._silence_from = None
+        return self._audio[lo - self._audio_start : hi - self._audio_start].copy()
+
+    def _ended(self, speech_end: int, decided_at: int, forced: bool) -> SpeechEnded:
+        audio = self._cut(speech_end)
+        self.reset()
         return SpeechEnded(
             audio=audio, start=self._start, end=speech_end, decided_at=decided_at, forced=forced
         )
