@@ -13,15 +13,19 @@ their real proportion. Per turn:
 
 - ``from_chunk_s``: first audio frame received - send time of the chunk whose step answered,
   i.e. the chunk in which the end of speech was found (the issue's figure);
+- ``from_true_end_chunk_s``: the same, from the send of the chunk holding the true end (longer
+  by a chunk when the end of speech is decided in the next one);
 - ``from_true_end_s``: first audio frame received - the true end of speech (wall clock);
 - stages, from the worker's step metrics in that frame: VAD decision (``vad_s``), ASR
   (``asr_s``), LLM to the first clause (``llm_first_clause_s``: prompt to a finished clause),
-  TTS of that clause (``tts_first_clause_s``), the rest of the step (reply hand-offs, token
-  counting), and relay (``from_chunk_s - step_s``: client -> gateway -> Redis -> worker and
-  back, JSON and base64 included).
+  TTS of that clause (``tts_first_clause_s``), relay (``from_chunk_s - step_s``: client ->
+  gateway -> Redis -> worker and back, JSON and base64 included) and the rest (hand-offs, token
+  counting). When the answer was begun at a pause in an earlier chunk (``speculative``), part of
+  that work was done before the chunk was sent: ``head_start_s``. The stages add up to
+  ``from_chunk_s + head_start_s``.
 
-Shares are means (they add up); medians and the 10th-90th percentile give the spread. The 1-min
-load average is sampled at every turn: the 2 cores are shared. Writes
+Shares are of that sum, by means (they add up); medians and the 10th-90th percentile give the
+spread. The 1-min load average is sampled at every turn: the 2 cores are shared. Writes
 bench/results/pocket_latency.json. Every process started is killed on exit.
 """
 
@@ -57,9 +61,10 @@ STAGES = [
     ("asr_s", "ASR (Whisper tiny.en, short window)"),
     ("llm_first_clause_s", "LLM to the first clause (SmolLM2, CT2 int8)"),
     ("tts_first_clause_s", "TTS of the first clause (Piper)"),
-    ("step_other_s", "rest of the worker step (hand-offs)"),
+    ("other_s", "rest in the worker (hand-offs, token counts)"),
     ("relay_s", "relay: client -> worker -> client"),
 ]
+HEAD_START = ("head_start_s", "  done before the chunk was sent (at a pause)")
 
 
 def true_end(audio: np.ndarray, frame: int = 160, level: float = 0.01) -> int:
@@ -143,8 +148,16 @@ async def one_turn(url: str, signal: np.ndarray, end: int, chunk: int) -> dict[s
         }
         for key in ("vad_s", "asr_s", "llm_first_clause_s", "tts_first_clause_s"):
             row[key] = float(m.get(key) or 0.0)
-        row["step_other_s"] = float(m.get("step_s") or 0.0) - sum(
-            row[k] for k in ("vad_s", "asr_s", "llm_first_clause_s", "tts_first_clause_s")
+        row["speculative"] = bool(m.get("speculative"))
+        row["head_start_s"] = min(
+            float(m.get("prepared_before_step_s") or 0.0), float(m.get("first_audio_s") or 0.0)
+        )
+        row["from_true_end_chunk_s"] = received - sent[row["true_end_chunk"]]
+        row["other_s"] = (
+            from_chunk
+            + row["head_start_s"]
+            - sum(row[k] for k in ("vad_s", "asr_s", "llm_first_clause_s", "tts_first_clause_s"))
+            - row["relay_s"]
         )
         # the VAD's own error: where it put the end vs the true end (+ = later)
         if m.get("speech_end_before_chunk_end_s") is not None:
@@ -191,15 +204,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "mean": round(statistics.fmean(v), 4),
         }
 
-    total = statistics.fmean(r["from_chunk_s"] for r in rows)
+    work = statistics.fmean(r["from_chunk_s"] + r["head_start_s"] for r in rows)
     stages = {}
-    for key, _label in STAGES:
+    for key, _label in [*STAGES, HEAD_START]:
         s = stats(key)
-        s["share"] = round(s["mean"] / total, 3) if total else 0.0
+        s["share"] = round(s["mean"] / work, 3) if work else 0.0
         stages[key] = s
     return {
         "turns": len(rows),
+        "speculative": sum(r["speculative"] for r in rows),
         "from_chunk_s": stats("from_chunk_s"),
+        "from_true_end_chunk_s": stats("from_true_end_chunk_s"),
         "from_true_end_s": stats("from_true_end_s"),
         "under_0_7_s": sum(r["from_chunk_s"] < 0.7 for r in rows),
         "decided_in_next_chunk": sum(r["answered_chunk"] > r["true_end_chunk"] for r in rows),
@@ -279,15 +294,16 @@ def render(out: dict[str, Any]) -> str:
         lines.append(f"{label:<46}" + "".join(f"{c:>24}" for c in cells))
 
     row("first audio after the chunk with the end [s]", lambda s: s["from_chunk_s"])
+    row("  after the chunk with the true end [s]", lambda s: s["from_true_end_chunk_s"])
     row("first audio after the true end of speech [s]", lambda s: s["from_true_end_s"])
     row("  of which waiting for the chunk [s]", lambda s: s["wait_after_true_end_s"])
     row("VAD end vs true end [s]", lambda s: s["vad_end_error_s"])
     lines.append("")
     lines.append(
-        f"{'stage (share of the first figure, by means)':<46}"
+        f"{'stage (share of the work, by means)':<46}"
         + "".join(f"{'median  share':>24}" for _ in sizes)
     )
-    for key, label in STAGES:
+    for key, label in [*STAGES, HEAD_START]:
         cells = []
         for s in sizes:
             st = out["by_chunk"][s]["summary"]["stages"][key]
@@ -298,7 +314,8 @@ def render(out: dict[str, Any]) -> str:
         sm = out["by_chunk"][s]["summary"]
         lines.append(
             f"{s} s chunks: {sm['turns']} turns, {sm['under_0_7_s']} under 0.7 s from the chunk; "
-            f"{sm['decided_in_next_chunk']} decided in the chunk after the true end; "
+            f"{sm['decided_in_next_chunk']} decided in a chunk after the true end's; "
+            f"{sm['speculative']} begun at a pause in an earlier chunk; "
             f"1-min load average {_fmt(sm['load_1m'])} (min {_fmt(sm['load_1m'], 'min')}, "
             f"max {_fmt(sm['load_1m'], 'max')}) on {os.cpu_count()} CPUs"
         )
