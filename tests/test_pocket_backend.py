@@ -406,12 +406,15 @@ def test_an_answer_begun_at_a_pause_is_dropped_when_the_user_goes_on(
     partial = [i for i, t in enumerate(seen) if t and "france" not in t.lower()]
     assert partial, seen  # an answer to "What is the capital" was begun at the pause ...
     assert None in seen[partial[-1] :], seen  # ... and dropped when the question went on
-    assert "capital of france" in answer.metrics["transcript"].lower(), answer.metrics
-    # the dropped answer left nothing behind: only the whole question is in the history
+    # the whole question was answered (Piper's voice varies from run to run, and Whisper may
+    # hear the pause: "What is the capital? A France?")
+    heard = answer.metrics["transcript"].lower()
+    assert "capital" in heard and "france" in heard, answer.metrics
     rest_steps = [answer, *run_turn(session)]
     assert rest_steps[-1].end_of_turn
-    assert "paris" in " ".join(s.text for s in rest_steps).lower()
+    # the dropped answer left nothing behind: only the whole question is in the history
     history = session._history
     assert [m["role"] for m in history] == ["user", "assistant"]
-    assert "capital of france" in history[0]["content"].lower()
+    assert history[0]["content"] == answer.metrics["transcript"]
+    assert history[1]["content"] == " ".join(s.text for s in rest_steps if s.text)
     session.close()
