@@ -174,9 +174,13 @@ def test_force_listen_stops_speech_at_once(backend: PocketBackend, how: str) -> 
     session.close()
 
 
-def test_barge_in_stops_speech_and_hears_the_new_question(backend: PocketBackend) -> None:
+@pytest.mark.parametrize("size", [4000, 16000])
+def test_barge_in_stops_speech_and_hears_the_new_question(
+    backend: PocketBackend, size: int
+) -> None:
     session = _speaking_session(backend)
-    chunks = chunks_of(speech_16k(backend, "What is the capital of France?"), silence_after=1)
+    question = speech_16k(backend, "What is the capital of France?")
+    chunks = chunks_of(question, silence_after=1, size=size)
     barge = session.step(DuplexInput(audio=chunks[0]))
     assert barge.listen and barge.audio is None
     assert barge.metrics["interrupted"] == "barge_in"
