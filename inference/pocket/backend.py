@@ -26,6 +26,7 @@ from inference.base import (
 )
 from inference.pocket import assets, llm_convert
 from inference.pocket.asr import SpeechRecognizer
+from inference.pocket.duplex import PocketDuplexSession
 from inference.pocket.llm import ChatMessages, LanguageModel
 from inference.pocket.pipeline import TurnStats, respond
 from inference.pocket.tts import Speaker
@@ -200,8 +201,6 @@ class PocketBackend(Backend):
 
     def open_duplex(self) -> DuplexSession:
         """A new voice conversation; turns are found by voice-activity detection."""
-        from inference.pocket.duplex import PocketDuplexSession
-
         return PocketDuplexSession(self)
 
     def turn_detector(self) -> TurnDetector:

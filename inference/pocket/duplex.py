@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +29,9 @@ from inference.base import (
     InferenceError,
 )
 from inference.pocket.llm import ChatMessages
+from inference.pocket.models import PocketModels
 from inference.pocket.reply import Reply
 from inference.pocket.turns import SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
-
-if TYPE_CHECKING:
-    from inference.pocket.backend import PocketBackend
 
 
 @dataclass(slots=True)
@@ -51,7 +49,7 @@ class _Prepared:
 class PocketDuplexSession(DuplexSession):
     """One voice conversation with history, over the backend's loaded models."""
 
-    def __init__(self, backend: PocketBackend) -> None:
+    def __init__(self, backend: PocketModels) -> None:
         self._b = backend
         self._system_prompt = backend.system_prompt
         self._history: ChatMessages = []  # the conversation: the one place it is kept

@@ -11,16 +11,14 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from inference.base import OUTPUT_SAMPLE_RATE, InferenceError
 from inference.pocket.llm import ChatMessages
+from inference.pocket.models import PocketModels
 from inference.pocket.pipeline import TurnStats, respond
-
-if TYPE_CHECKING:
-    from inference.pocket.backend import PocketBackend
 
 _DONE = object()  # end of a reply on the queue
 TAIL = OUTPUT_SAMPLE_RATE // 10  # audio the first piece may keep back (see ``take``)
@@ -29,7 +27,7 @@ TAIL = OUTPUT_SAMPLE_RATE // 10  # audio the first piece may keep back (see ``ta
 class Reply:
     """A reply being generated for ``messages``; its thread starts at construction."""
 
-    def __init__(self, backend: PocketBackend, messages: ChatMessages, prompt_tokens: int) -> None:
+    def __init__(self, backend: PocketModels, messages: ChatMessages, prompt_tokens: int) -> None:
         self.messages = messages
         self.prompt_tokens = prompt_tokens
         self.stats = TurnStats()
