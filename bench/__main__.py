@@ -190,9 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "pocket":
         from bench import pocket_latency
 
-        sys.argv = ["python -m bench pocket", *argv[1:]]
-        pocket_latency.main()
-        return 0
+        return pocket_latency.main(argv[1:])
     args = parse(argv)
     from bench import report
     from bench.stack import install_cleanup, kill_all

@@ -73,19 +73,28 @@ def speech_16k(backend: PocketBackend, text: str) -> np.ndarray:
     return resample(backend.speaker.synthesize(text), OUTPUT_SAMPLE_RATE, INPUT_SAMPLE_RATE)
 
 
-def chunks_of(audio: np.ndarray, silence_after: int = 1) -> list[np.ndarray]:
-    """1 s chunks (the last one zero-padded) followed by ``silence_after`` silent chunks."""
-    size = INPUT_SAMPLE_RATE
+def chunks_of(audio: np.ndarray, silence_after: int = 1, size: int = INPUT_SAMPLE_RATE):
+    """``size``-sample chunks (the last one zero-padded) and ``silence_after`` s of silence."""
     out = [audio[i : i + size] for i in range(0, audio.size, size)]
     out[-1] = np.pad(out[-1], (0, size - out[-1].size))
-    return [c.astype(np.float32) for c in out] + [SILENCE] * silence_after
+    quiet = [np.zeros(size, np.float32)] * (silence_after * INPUT_SAMPLE_RATE // size)
+    return [c.astype(np.float32) for c in out] + quiet
 
 
-def say(session, backend: PocketBackend, text: str) -> tuple[list[DuplexStep], DuplexStep]:
-    """Speak ``text`` into the session; return the steps while it plays and the first answer."""
-    chunks = chunks_of(speech_16k(backend, text), silence_after=1)
-    steps = [session.step(DuplexInput(audio=c)) for c in chunks]
-    return steps[:-1], steps[-1]
+def say(
+    session, backend: PocketBackend, text: str, size: int = INPUT_SAMPLE_RATE
+) -> tuple[list[DuplexStep], DuplexStep]:
+    """Speak ``text`` (then silence) into the session, chunk by chunk, until it answers.
+
+    Returns the steps that listened and the first answer step (its end-of-speech step).
+    """
+    listened: list[DuplexStep] = []
+    for chunk in chunks_of(speech_16k(backend, text), silence_after=1, size=size):
+        step = session.step(DuplexInput(audio=chunk))
+        if not step.listen:
+            return listened, step
+        listened.append(step)
+    raise AssertionError(f"no answer after the speech and 1 s of silence: {listened[-1].metrics}")
 
 
 def run_turn(session, max_steps: int = 40) -> list[DuplexStep]:
@@ -114,8 +123,16 @@ def test_spoken_question_gets_a_spoken_answer_about_paris(backend: PocketBackend
     assert while_speaking and all(s.listen and s.audio is None for s in while_speaking)
     assert not first.listen, first.metrics
     assert first.metrics["transcript"].lower().startswith("what is the capital of france")
-    for key in ("asr_s", "llm_s", "tts_s", "step_s"):
-        assert key in first.metrics
+    for key in (
+        "vad_s",
+        "asr_s",
+        "llm_first_clause_s",
+        "tts_first_clause_s",
+        "first_audio_s",
+        "step_s",
+        "speech_end_before_chunk_end_s",
+    ):
+        assert isinstance(first.metrics[key], float), key
     steps = [first] if first.end_of_turn else [first, *run_turn(session)]
     assert steps[-1].end_of_turn
     assert all(not s.listen for s in steps)
@@ -157,17 +174,25 @@ def test_force_listen_stops_speech_at_once(backend: PocketBackend, how: str) -> 
     session.close()
 
 
-def test_barge_in_stops_speech_and_hears_the_new_question(backend: PocketBackend) -> None:
+@pytest.mark.parametrize("size", [4000, 16000])
+def test_barge_in_stops_speech_and_hears_the_new_question(
+    backend: PocketBackend, size: int
+) -> None:
     session = _speaking_session(backend)
-    chunks = chunks_of(speech_16k(backend, "What is the capital of France?"), silence_after=1)
+    question = speech_16k(backend, "What is the capital of France?")
+    chunks = chunks_of(question, silence_after=1, size=size)
     barge = session.step(DuplexInput(audio=chunks[0]))
     assert barge.listen and barge.audio is None
     assert barge.metrics["interrupted"] == "barge_in"
-    steps = [session.step(DuplexInput(audio=c)) for c in chunks[1:]]
-    assert all(s.listen for s in steps[:-1])
-    answer = steps[-1]
-    assert not answer.listen
-    assert "capital of france" in answer.metrics["transcript"].lower()
+    answer = None
+    for chunk in chunks[1:]:
+        step = session.step(DuplexInput(audio=chunk))
+        if not step.listen:
+            answer = step
+            break
+    assert answer is not None
+    # the barge-in chunk began the new question: it was heard from its first word
+    assert answer.metrics["transcript"].lower().startswith("what is the capital of france")
     session.close()
 
 
@@ -267,3 +292,133 @@ def test_missing_package_names_it_and_the_extra() -> None:
         require("surely_not_installed_pocket_pkg", "surely-not-installed")
     assert "surely-not-installed" in str(info.value)
     assert "pip install 'omniserve[pocket]'" in str(info.value)
+
+
+# --------------------------------------------------------------------------- latency path
+
+
+@pytest.fixture
+def speculation(backend: PocketBackend, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Sessions opened in the test start answers at pauses (or not), as parametrized."""
+    saved = backend.speculate_after_s
+    backend.speculate_after_s = request.param
+    yield
+    backend.speculate_after_s = saved
+
+
+@pytest.mark.parametrize("speculation", [None, 0.16], indirect=True, ids=["at-end", "at-pause"])
+@pytest.mark.parametrize("size", [4000, 16000])
+def test_end_of_speech_is_answered_in_the_chunk_that_carries_it(
+    backend: PocketBackend, size: int, speculation: None
+) -> None:
+    """The answer comes in the step whose chunk holds end of speech + end_silence_s, not later."""
+    speech = speech_16k(backend, "What is the capital of France?")
+    # the end of speech 0.1 s into a chunk (with 1 s chunks the 0.4 s of silence fits in it)
+    lead = (int(0.1 * INPUT_SAMPLE_RATE) - speech.size) % size + size
+    signal = np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(2 * size, np.float32)])
+    session = backend.open_duplex()
+    session.prepare(DuplexConfig())
+    answer, index = None, 0
+    while answer is None and index * size < signal.size:
+        step = session.step(DuplexInput(audio=signal[index * size : (index + 1) * size]))
+        if step.listen:
+            assert step.audio is None
+            index += 1
+        else:
+            answer = step
+    assert answer is not None
+    m = answer.metrics
+    chunk_end = (index + 1) * size
+    detected_end = chunk_end - m["speech_end_before_chunk_end_s"] * INPUT_SAMPLE_RATE
+    decided = chunk_end - m["end_decided_before_chunk_end_s"] * INPUT_SAMPLE_RATE
+    assert index * size <= decided <= chunk_end  # decided inside this very chunk
+    assert decided - detected_end == pytest.approx(
+        backend.end_silence_s * INPUT_SAMPLE_RATE, abs=512
+    )
+    true_end = lead + speech.size
+    assert detected_end <= true_end + 0.1 * INPUT_SAMPLE_RATE
+    assert m["transcript"].lower().startswith("what is the capital of france")
+    assert answer.audio is not None and answer.audio.size > 0
+    # every stage is timed, and the step's time holds them all
+    stages = ("vad_s", "asr_s", "llm_first_clause_s", "tts_first_clause_s")
+    assert all(m[k] > 0 for k in stages), m
+    assert m["first_audio_s"] >= m["asr_s"]
+    if m["speculative"]:  # begun at a pause in an earlier chunk (250 ms chunks)
+        assert backend.speculate_after_s and size < INPUT_SAMPLE_RATE
+        assert m["prepared_before_step_s"] > 0
+    else:  # all of it in this step
+        assert m["prepared_before_step_s"] == 0 and m["step_s"] >= m["first_audio_s"]
+    session.close()
+
+
+def test_the_llm_goes_on_while_the_first_clause_is_spoken(backend: PocketBackend) -> None:
+    """The first clause's audio is out while the reply is still being generated, unasked."""
+    import time
+
+    from inference.pocket.pipeline import TurnStats, respond
+
+    stats = TurnStats()
+    messages = [
+        {"role": "system", "content": "You are a chatty assistant. Answer at length."},
+        {"role": "user", "content": "Tell me about dogs."},
+    ]
+    pieces = respond(backend.llm, backend.speaker, messages, 64, stats)
+    try:
+        first = next(p for p in pieces if p.audio is not None)
+        at_first_audio = stats.llm.generated_tokens
+        assert first.sentence and at_first_audio < 64
+        deadline = time.monotonic() + 60
+        while stats.llm.generated_tokens == at_first_audio and time.monotonic() < deadline:
+            time.sleep(0.01)  # nothing is consumed meanwhile: the LLM thread goes on alone
+        assert stats.llm.generated_tokens > at_first_audio
+    finally:
+        pieces.close()
+    assert stats.llm.stopped in ("cancelled", "eos", "length")
+
+
+def test_short_window_transcripts_match_whisper_full_window(backend: PocketBackend) -> None:
+    for text in ("What is two plus two?", "Yes.", "Tell me about dogs."):
+        audio = speech_16k(backend, text)
+        short = backend.asr.transcribe(audio)
+        assert backend.asr.last_window_s < 10
+        full = backend.asr.transcribe(audio, full_window=True)
+        assert backend.asr.last_window_s == 30.0
+        assert short == full, (short, full)
+
+
+@pytest.mark.parametrize("speculation", [0.16], indirect=True)
+def test_an_answer_begun_at_a_pause_is_dropped_when_the_user_goes_on(
+    backend: PocketBackend, speculation: None
+) -> None:
+    """A 0.3 s pause starts an answer to "What is the capital"; the rest of the question
+    arrives, so that answer is dropped unseen and the whole question is answered."""
+    first, rest = speech_16k(backend, "What is the capital"), speech_16k(backend, "of France?")
+    loud = np.nonzero(np.abs(first) > 0.01)[0][-1], np.nonzero(np.abs(rest) > 0.01)[0][0]
+    first, rest = first[: loud[0] + 1], rest[loud[1] :]  # Piper's own silences trimmed
+    pause = np.zeros(int(0.3 * INPUT_SAMPLE_RATE), np.float32)
+    signal = np.concatenate([first, pause, rest, np.zeros(INPUT_SAMPLE_RATE, np.float32)])
+    session = backend.open_duplex()
+    session.prepare(DuplexConfig())
+    size, answer, seen = 4000, None, []  # per step: the answer begun so far, if any
+    for start in range(0, signal.size, size):
+        step = session.step(DuplexInput(audio=signal[start : start + size]))
+        if not step.listen:
+            answer = step
+            break
+        seen.append(session._prepared.transcript if session._prepared else None)
+    assert answer is not None
+    partial = [i for i, t in enumerate(seen) if t and "france" not in t.lower()]
+    assert partial, seen  # an answer to "What is the capital" was begun at the pause ...
+    assert None in seen[partial[-1] :], seen  # ... and dropped when the question went on
+    # the whole question was answered (Piper's voice varies from run to run, and Whisper may
+    # hear the pause: "What is the capital? A France?")
+    heard = answer.metrics["transcript"].lower()
+    assert "capital" in heard and "france" in heard, answer.metrics
+    rest_steps = [answer, *run_turn(session)]
+    assert rest_steps[-1].end_of_turn
+    # the dropped answer left nothing behind: only the whole question is in the history
+    history = session._history
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    assert history[0]["content"] == answer.metrics["transcript"]
+    assert history[1]["content"] == " ".join(s.text for s in rest_steps if s.text)
+    session.close()

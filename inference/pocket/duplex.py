@@ -1,74 +1,49 @@
-"""Duplex voice sessions for the pocket backend: VAD turns, a reply thread, ~1 s speech steps.
+"""Duplex voice sessions for the pocket backend: streaming VAD turns, a reply thread, speech steps.
 
-States: listening (waiting for speech) -> hearing (buffering the utterance) -> speaking (the
-reply is generated on a background thread, sentence by sentence, and handed out in <= 1 s
-pieces, one per step). Voiced input while speaking (barge-in), ``force_listen`` or
-``interrupt()`` stop the reply at once; the part already spoken stays in the history.
+States: listening -> hearing (the VAD found speech) -> speaking. The end of the utterance is
+found inside the chunk that carries it (``turns.TurnDetector``, 32 ms resolution); in that very
+step the reply is handed out as soon as its first clause is spoken. Work on it starts earlier
+when it can: at a pause (``speculate_after_s`` of silence) the utterance so far is transcribed
+and a reply starts on a background thread (LLM -> clauses -> Piper, the LLM going on while Piper
+speaks); if the user goes on, that reply is dropped unseen; if the pause becomes the end of the
+turn, it is the answer, and often already spoken. Later steps hand out <= 1 s of the reply each.
+Speech while speaking (barge-in), ``force_listen`` or ``interrupt()`` stop the reply at once;
+the part already spoken stays in the history.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from inference.base import (
     INPUT_SAMPLE_RATE,
-    OUTPUT_SAMPLE_RATE,
     DuplexConfig,
     DuplexInput,
     DuplexSession,
     DuplexStep,
     InferenceError,
 )
-from inference.pocket.asr import SpeechRecognizer
-from inference.pocket.llm import ChatMessages, LanguageModel
-from inference.pocket.pipeline import TurnStats, respond
-from inference.pocket.tts import Speaker
-from inference.pocket.vad import EnergyVAD
-
-
-class PocketModels(Protocol):
-    """What a duplex session uses of its backend: the loaded models and the session options.
-
-    (``PocketBackend`` is one; naming the needs here keeps this module below backend.py, which
-    imports it, instead of the two importing each other.)
-    """
-
-    asr: SpeechRecognizer
-    llm: LanguageModel
-    speaker: Speaker
-    vad: EnergyVAD
-    system_prompt: str
-    barge_in: bool
-    silence_chunks: int
-    max_utterance_s: float
-    max_history_tokens: int
-    duplex_max_new_tokens: int
-    first_audio_timeout_s: float
-
-
-_DONE = object()  # end of a reply on the reply queue
+from inference.pocket.llm import ChatMessages
+from inference.pocket.models import PocketModels
+from inference.pocket.reply import Reply
+from inference.pocket.turns import SpeechEnded, SpeechPaused, SpeechResumed, SpeechStarted
 
 
 @dataclass(slots=True)
-class _Reply:
-    """One assistant turn being generated on a background thread."""
+class _Prepared:
+    """An answer started at a pause, before it is known whether the user has finished."""
 
-    stats: TurnStats = field(default_factory=TurnStats)
-    out: queue.Queue[Any] = field(default_factory=queue.Queue)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    pending: deque = field(default_factory=deque)  # [text, audio] not yet handed out
-    spoken: list[str] = field(default_factory=list)
-    finished: bool = False
-    error: BaseException | None = None
-    thread: threading.Thread | None = None
-    prompt_tokens: int = 0
+    start: int  # stream position where the utterance starts
+    history: ChatMessages  # the conversation with the user's words, trimmed
+    transcript: str
+    asr: dict[str, Any]  # asr_s, asr_audio_s, asr_window_s
+    began: float  # perf_counter when the ASR started
+    reply: Reply | None  # None: nothing to answer (no words)
 
 
 class PocketDuplexSession(DuplexSession):
@@ -77,12 +52,12 @@ class PocketDuplexSession(DuplexSession):
     def __init__(self, backend: PocketModels) -> None:
         self._b = backend
         self._system_prompt = backend.system_prompt
-        self._history: ChatMessages = []
+        self._history: ChatMessages = []  # the conversation: the one place it is kept
         self._kv = 0
-        self._heard: list[np.ndarray] = []
-        self._preroll: np.ndarray | None = None
-        self._silent_after_speech = 0
-        self._reply: _Reply | None = None
+        self._turns = backend.turn_detector()
+        self._overheard = False  # speech that began while speaking, with barge-in off
+        self._reply: Reply | None = None
+        self._prepared: _Prepared | None = None
         self._interrupt = threading.Event()
         self._frames_total = 0
         self._closed = False
@@ -92,11 +67,13 @@ class PocketDuplexSession(DuplexSession):
     def prepare(self, config: DuplexConfig) -> int:
         """Start a fresh conversation; ``config.system_prompt`` replaces the default one."""
         self._stop_reply()
+        self._drop_prepared()
         self._system_prompt = config.system_prompt.strip() or self._b.system_prompt
         self._history = []
-        self._heard, self._preroll, self._silent_after_speech = [], None, 0
+        self._turns = self._b.turn_detector()
+        self._overheard = False
         self._interrupt.clear()
-        self._kv = self._b.llm.count_tokens(self._messages())
+        self._kv = self._b.llm.count_tokens(self._messages(self._history))
         return self._kv
 
     def interrupt(self) -> None:
@@ -108,142 +85,142 @@ class PocketDuplexSession(DuplexSession):
     def close(self) -> None:
         """Stop any reply and drop all conversation state."""
         self._stop_reply()
-        self._history, self._heard, self._preroll = [], [], None
+        self._drop_prepared()
+        self._history = []
         self._kv = 0
         self._closed = True
 
     def step(self, chunk: DuplexInput) -> DuplexStep:
-        """Consume ~1 s of input; listen, or hand out the next <= 1 s of the reply."""
+        """Consume one input chunk (any length); listen, or hand out the next <= 1 s of reply."""
         if self._closed:
             raise InferenceError("the duplex session is closed")
         started = time.perf_counter()
         audio = np.asarray(chunk.audio, dtype=np.float32).reshape(-1)
         self._frames_total += len(chunk.frames)
-        ratio = self._b.vad.voiced_ratio(audio)
-        voiced = ratio >= self._b.vad.min_voiced_ratio
+        events = self._turns.push(audio)
         metrics: dict[str, Any] = {
-            "vad_voiced_ratio": round(ratio, 3),
+            "vad_s": round(time.perf_counter() - started, 4),
             "vision_frames": len(chunk.frames),
             "vision_frames_total": self._frames_total,
         }
-        forced = chunk.force_listen or self._interrupt.is_set()
-        self._interrupt.clear()
-        if self._reply is not None and (forced or (voiced and self._b.barge_in)):
-            metrics["interrupted"] = "force_listen" if forced else "barge_in"
-            self._stop_reply()
-        if self._reply is not None:
+        if chunk.force_listen or self._interrupt.is_set():
+            self._interrupt.clear()
+            self._drop_prepared()
+            if self._reply is not None:
+                metrics["interrupted"] = "force_listen"
+                self._stop_reply()
+        ended: list[SpeechEnded] = []
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                if self._reply is None:
+                    self._overheard = False
+                elif self._b.barge_in:
+                    metrics["interrupted"] = "barge_in"
+                    self._stop_reply()
+                    self._overheard = False
+                else:
+                    self._overheard = True
+            elif isinstance(event, SpeechResumed):
+                self._drop_prepared()
+            elif isinstance(event, SpeechPaused):
+                if not self._overheard and self._reply is None:
+                    self._prepare_answer(event)
+            elif self._overheard:
+                self._overheard = False  # spoken over the reply: not a question to answer
+            else:
+                ended.append(event)
+        if ended and self._reply is None:
+            result = self._answer(ended, metrics, started)
+        elif self._reply is not None:
             result = self._speak(metrics)
         else:
-            result = self._listen(audio, voiced, metrics)
+            metrics["state"] = "hearing" if self._turns.in_speech else "listening"
+            result = DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
         result.metrics["step_s"] = round(time.perf_counter() - started, 4)
         return result
 
     # ------------------------------------------------------------------ listening
 
-    def _listen(self, audio: np.ndarray, voiced: bool, metrics: dict[str, Any]) -> DuplexStep:
-        if voiced:
-            if not self._heard and self._preroll is not None:
-                self._heard.append(self._preroll)  # a soft onset may sit in the chunk before
-            self._heard.append(audio)
-            self._silent_after_speech = 0
-        elif self._heard:
-            self._heard.append(audio)
-            self._silent_after_speech += 1
-        self._preroll = None if voiced else audio
-        heard_s = sum(a.size for a in self._heard) / INPUT_SAMPLE_RATE
-        metrics["state"] = "hearing" if self._heard else "listening"
-        end_of_speech = self._heard and (
-            self._silent_after_speech >= self._b.silence_chunks
-            or heard_s >= self._b.max_utterance_s
-        )
-        if not end_of_speech:
-            return DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
-        utterance = np.concatenate(self._heard)
-        self._heard, self._preroll, self._silent_after_speech = [], None, 0
-        return self._start_reply(utterance, metrics)
+    def _prepare_answer(self, event: SpeechEnded | SpeechPaused) -> _Prepared:
+        """Transcribe the utterance and start its reply (not handed out until it is wanted)."""
+        self._drop_prepared()
+        began = time.perf_counter()
+        transcript = self._b.asr.transcribe(event.audio)
+        asr = {
+            "asr_s": round(time.perf_counter() - began, 4),
+            "asr_audio_s": round(event.audio.size / INPUT_SAMPLE_RATE, 3),
+            "asr_window_s": self._b.asr.last_window_s,
+        }
+        history, reply = self._history, None
+        if transcript:
+            history = self._trimmed([*self._history, {"role": "user", "content": transcript}])
+            messages = self._messages(history)
+            reply = Reply(self._b, messages, self._b.llm.count_tokens(messages))
+        self._prepared = _Prepared(event.start, history, transcript, asr, began, reply)
+        return self._prepared
 
-    def _start_reply(self, utterance: np.ndarray, metrics: dict[str, Any]) -> DuplexStep:
-        t0 = time.perf_counter()
-        transcript = self._b.asr.transcribe(utterance)
-        metrics["asr_s"] = round(time.perf_counter() - t0, 4)
-        metrics["asr_audio_s"] = round(utterance.size / INPUT_SAMPLE_RATE, 3)
-        metrics["transcript"] = transcript
-        if not transcript:  # noise, not words
+    def _answer(
+        self, ended: list[SpeechEnded], metrics: dict[str, Any], started: float
+    ) -> DuplexStep:
+        """The user's turn ended in this chunk: hand out the answer's first clause at once."""
+        last, prepared = ended[-1], self._prepared
+        usable = prepared is not None and len(ended) == 1 and prepared.start == last.start
+        if prepared is None or not usable:
+            if len(ended) > 1:  # several short utterances in one chunk: one question
+                audio = np.concatenate([e.audio for e in ended])
+                last = SpeechEnded(audio, ended[0].start, last.end, last.decided_at, last.forced)
+            prepared = self._prepare_answer(last)
+        self._prepared = None
+        rate = INPUT_SAMPLE_RATE
+        metrics.update(prepared.asr)
+        metrics["transcript"] = prepared.transcript
+        # started at a pause in an earlier step: part of the work was done before this chunk
+        metrics["speculative"] = prepared.began < started
+        metrics["prepared_before_step_s"] = round(max(0.0, started - prepared.began), 4)
+        # where, in the signal, the speech ended and the end was decided: seconds before the
+        # last sample of this chunk (what a client can relate to its own clock)
+        metrics["speech_end_before_chunk_end_s"] = round(
+            (self._turns.position - last.end) / rate, 3
+        )
+        metrics["end_decided_before_chunk_end_s"] = round(
+            (self._turns.position - last.decided_at) / rate, 3
+        )
+        metrics["utterance_forced_end"] = last.forced
+        if prepared.reply is None:  # noise, not words
             metrics["state"] = "listening"
             return DuplexStep(listen=True, kv_cache_length=self._kv, metrics=metrics)
-        self._history.append({"role": "user", "content": transcript})
-        self._trim_history()
-        reply = _Reply()
-        messages = self._messages()
-        reply.prompt_tokens = self._kv = self._b.llm.count_tokens(messages)
-        reply.thread = threading.Thread(target=self._generate, args=(reply, messages), daemon=True)
-        self._reply = reply
-        reply.thread.start()
-        result = self._speak(metrics)
-        result.metrics["first_audio_s"] = round(time.perf_counter() - t0, 4)
+        self._history = prepared.history
+        self._reply = prepared.reply
+        self._kv = prepared.reply.prompt_tokens
+        waited = time.perf_counter()
+        result = self._speak(metrics, first=True)
+        result.metrics["first_audio_wait_s"] = round(time.perf_counter() - waited, 4)
+        if prepared.reply.first_audio_at is not None:
+            result.metrics["first_audio_s"] = round(
+                prepared.reply.first_audio_at - prepared.began, 4
+            )
         return result
+
+    def _drop_prepared(self) -> None:
+        """Forget an answer started at a pause (the user went on); never blocks."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared.reply is not None:
+            prepared.reply.stop(wait=False)
 
     # ------------------------------------------------------------------ speaking
 
-    def _generate(self, reply: _Reply, messages: ChatMessages) -> None:
-        """Background thread: LLM tokens -> sentences -> speech, onto ``reply.out``."""
-        try:
-            for piece in respond(
-                self._b.llm,
-                self._b.speaker,
-                messages,
-                self._b.duplex_max_new_tokens,
-                reply.stats,
-                reply.cancel.is_set,
-            ):
-                if piece.audio is not None:
-                    reply.out.put((piece.sentence, piece.audio))
-        except BaseException as exc:  # noqa: BLE001 - handed to the step thread, re-raised there
-            reply.error = exc
-        finally:
-            reply.out.put(_DONE)
-
-    def _next_segment(self, reply: _Reply) -> bool:
-        """Move the next sentence (or the end) from the thread to ``pending``; False at the end."""
-        if reply.finished:
-            return False
-        try:
-            item = reply.out.get(timeout=self._b.first_audio_timeout_s)
-        except queue.Empty:
-            reply.cancel.set()
-            raise InferenceError("the pocket reply took too long") from None
-        if item is _DONE:
-            reply.finished = True
-            if reply.error is not None:
-                raise InferenceError(f"pocket reply failed: {reply.error}") from reply.error
-            return False
-        sentence, audio = item
-        reply.pending.append([sentence, audio])
-        return True
-
-    def _speak(self, metrics: dict[str, Any]) -> DuplexStep:
+    def _speak(self, metrics: dict[str, Any], first: bool = False) -> DuplexStep:
+        """Hand out the next <= 1 s of the reply (``Reply.take``)."""
         reply = self._reply
         assert reply is not None
         try:
-            if not reply.pending:
-                self._next_segment(reply)
-            text, audio = "", np.zeros(0, dtype=np.float32)
-            if reply.pending:
-                head = reply.pending[0]
-                text, head[0] = head[0], ""
-                audio, head[1] = head[1][:OUTPUT_SAMPLE_RATE], head[1][OUTPUT_SAMPLE_RATE:]
-                if text:
-                    reply.spoken.append(text)
-                if not head[1].size:
-                    reply.pending.popleft()
-            # Is this the last piece? Look ahead (waits for the next sentence, or the end).
-            last = not reply.pending and not self._next_segment(reply)
+            text, audio, last = reply.take(first)
         except InferenceError:
             self._stop_reply()
             raise
         metrics.update(reply.stats.as_metrics())
         metrics["state"] = "speaking"
-        kv = reply.prompt_tokens + reply.stats.llm.generated_tokens
+        kv = reply.prompt_tokens + reply.generated_tokens
         if last:
             self._finish_reply(reply)
             kv = self._kv
@@ -260,34 +237,31 @@ class PocketDuplexSession(DuplexSession):
             metrics=metrics,
         )
 
-    def _finish_reply(self, reply: _Reply) -> None:
+    def _finish_reply(self, reply: Reply) -> None:
         """Keep what was said in the history; the session listens again."""
-        if reply.thread is not None:
-            reply.thread.join(timeout=30)
+        reply.stop(wait=True)
         said = " ".join(reply.spoken).strip()
         if said:
             self._history.append({"role": "assistant", "content": said})
         elif self._history and self._history[-1]["role"] == "user":
             self._history.append({"role": "assistant", "content": "..."})
-        self._kv = self._b.llm.count_tokens(self._messages())
+        self._kv = self._b.llm.count_tokens(self._messages(self._history))
         self._reply = None
 
     def _stop_reply(self) -> None:
         """Cancel the reply now (barge-in, force_listen, close)."""
-        reply = self._reply
-        if reply is None:
-            return
-        reply.cancel.set()
-        reply.pending.clear()
-        self._finish_reply(reply)
+        if self._reply is not None:
+            self._finish_reply(self._reply)
 
     # ------------------------------------------------------------------ history
 
-    def _messages(self) -> ChatMessages:
-        return [{"role": "system", "content": self._system_prompt}, *self._history]
+    def _messages(self, history: ChatMessages) -> ChatMessages:
+        return [{"role": "system", "content": self._system_prompt}, *history]
 
-    def _trim_history(self) -> None:
+    def _trimmed(self, history: ChatMessages) -> ChatMessages:
         """Drop the oldest exchanges until prompt + reply fit in ``max_history_tokens``."""
         budget = self._b.max_history_tokens - self._b.duplex_max_new_tokens
-        while len(self._history) > 1 and self._b.llm.count_tokens(self._messages()) > budget:
-            del self._history[: 2 if len(self._history) > 2 else 1]
+        history = list(history)
+        while len(history) > 1 and self._b.llm.count_tokens(self._messages(history)) > budget:
+            del history[: 2 if len(history) > 2 else 1]
+        return history

@@ -1,8 +1,12 @@
-"""The language model: SmolLM2-135M-Instruct from a GGUF file, run by transformers on CPU."""
+"""The language model: SmolLM2-135M-Instruct from its GGUF file, run by CTranslate2 (int8, CPU).
+
+The chat template and tokenizer are transformers'; decoding is CTranslate2's, greedy and
+streamed token by token (``llm_convert`` explains the conversion and its cache).
+"""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import threading
 import time
@@ -11,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.pocket.assets import require
+from inference.pocket.llm_convert import META, TOKENIZER_DIR, converted
 
 ChatMessages = list[dict[str, str]]
 
@@ -21,70 +26,46 @@ class GenerationStats:
 
     input_tokens: int = 0
     generated_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
+    prefill_s: float = 0.0  # prompt in -> first token out
+    decode_s: float = 0.0  # first token -> last token
     stopped: str = ""  # "eos", "length" or "cancelled"
     extra: dict[str, float] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _quiet_gguf_progress() -> Iterator[None]:
-    """Hide transformers' GGUF de-quantization progress bar (cosmetic; a worker log is no TTY)."""
-    try:
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # layout changed: keep the bar
-        yield
-        return
-    original = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original
-
-
 class LanguageModel:
-    """Greedy, token-by-token chat generation with a chat template and a KV cache."""
+    """Greedy, token-by-token chat generation with a chat template."""
 
     def __init__(
-        self, gguf_path: str | Path, threads: int = 2, repetition_penalty: float = 1.15
+        self,
+        gguf_path: str | Path,
+        threads: int = 2,
+        repetition_penalty: float = 1.1,
+        cache_dir: str | Path | None = None,
+        quantization: str = "int8",
     ) -> None:
+        """Load (converting first when ``cache_dir`` has no copy; None: convert every load)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
-            require(module, package)
-        self._torch = require("torch", "torch")
+        ct2 = require("ctranslate2", "ctranslate2")
         transformers = require("transformers", "transformers")
-        transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
-        self._torch.set_num_threads(threads)
-        gguf_path = Path(gguf_path)
-        kwargs = {"gguf_file": gguf_path.name, "local_files_only": True}
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
-        with _quiet_gguf_progress():
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(gguf_path.parent), dtype=self._torch.float32, **kwargs
+        cache = Path(cache_dir) if cache_dir is not None else None
+        with converted(Path(gguf_path), quantization, cache) as model_dir:
+            facts = json.loads((model_dir / META).read_text())
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(model_dir / TOKENIZER_DIR), local_files_only=True
             )
-        self.model.eval()
+            self._generator = ct2.Generator(
+                str(model_dir),
+                device="cpu",
+                compute_type=quantization,
+                intra_threads=threads,
+                inter_threads=1,
+            )
         self.repetition_penalty = repetition_penalty
-        self.eos_ids = self._eos_ids()
-        self.context_tokens = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.eos_tokens: list[str] = list(facts["eos_tokens"])
+        self.context_tokens = int(facts["context_tokens"])
         self._lock = threading.Lock()
-
-    def _eos_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for source in (
-            self.tokenizer.eos_token_id,
-            getattr(self.model.generation_config, "eos_token_id", None),
-        ):
-            if isinstance(source, int):
-                ids.add(source)
-            elif source:
-                ids.update(int(i) for i in source)
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(end, int) and end != self.tokenizer.unk_token_id:
-            ids.add(end)
-        return ids
 
     def encode_chat(self, messages: ChatMessages, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the chat-templated conversation."""
@@ -105,57 +86,68 @@ class LanguageModel:
         max_new_tokens: int,
         stats: GenerationStats | None = None,
         cancelled: Callable[[], bool] = lambda: False,
+        gate: threading.Event | None = None,
     ) -> Iterator[str]:
-        """Yield text deltas of the assistant's reply as tokens are generated (greedy)."""
+        """Yield text deltas of the assistant's reply as tokens are generated (greedy).
+
+        Decoding runs on CTranslate2's own thread; with a ``gate``, it pauses (between two
+        tokens) while the gate is clear, so a caller can give the CPU to something more urgent.
+        """
         stats = stats if stats is not None else GenerationStats()
-        torch = self._torch
         prompt = self.encode_chat(messages)
         stats.input_tokens = len(prompt)
         budget = max(0, min(max_new_tokens, self.context_tokens - len(prompt)))
+        stats.stopped = "length"
+        if budget == 0:
+            return
+        tokens = self.tokenizer.convert_ids_to_tokens(prompt)
         generated: list[int] = []
         emitted = ""
-        with self._lock:  # held across yields; inference mode only around model calls
+
+        def on_token(_step: object) -> bool:  # on the decoding thread; True stops it
+            if gate is not None:
+                while not gate.wait(0.05):
+                    if cancelled():
+                        return True
+            return cancelled()
+
+        with self._lock:  # held across yields: one generation at a time
             t0 = time.perf_counter()
-            out = self._forward(torch.tensor([prompt]), None)
-            stats.prefill_s = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            stats.stopped = "length"
-            for _ in range(budget):
-                logits = out.logits[0, -1, :].float().clone()
-                if self.repetition_penalty != 1.0 and generated:
-                    seen = torch.tensor(sorted(set(generated)))
-                    scores = logits[seen]
-                    logits[seen] = torch.where(
-                        scores > 0,
-                        scores / self.repetition_penalty,
-                        scores * self.repetition_penalty,
-                    )
-                token = int(torch.argmax(logits))
-                if token in self.eos_ids:
-                    stats.stopped = "eos"
-                    break
-                generated.append(token)
-                stats.generated_tokens = len(generated)
-                text = self.tokenizer.decode(generated, skip_special_tokens=True)
-                if (
-                    not text.endswith("\ufffd")
-                    and len(text) > len(emitted)
-                    and text.startswith(emitted)
-                ):
-                    delta, emitted = text[len(emitted) :], text
-                    stats.decode_s = time.perf_counter() - t1
-                    yield delta
-                if cancelled():
-                    stats.stopped = "cancelled"
-                    break
-                out = self._forward(torch.tensor([[token]]), out.past_key_values)
-            stats.decode_s = time.perf_counter() - t1
+            steps = self._generator.generate_tokens(
+                tokens,
+                max_length=budget,
+                sampling_topk=1,
+                repetition_penalty=self.repetition_penalty,
+                end_token=self.eos_tokens,
+                callback=on_token,
+            )
+            try:
+                for step in steps:
+                    now = time.perf_counter()
+                    if not generated:
+                        stats.prefill_s = now - t0
+                    if step.token in self.eos_tokens:
+                        stats.stopped = "eos"
+                        break
+                    generated.append(int(step.token_id))
+                    stats.generated_tokens = len(generated)
+                    stats.decode_s = now - t0 - stats.prefill_s
+                    text = self.tokenizer.decode(generated, skip_special_tokens=True)
+                    if (
+                        not text.endswith("\ufffd")
+                        and len(text) > len(emitted)
+                        and text.startswith(emitted)
+                    ):
+                        delta, emitted = text[len(emitted) :], text
+                        yield delta
+                    if cancelled():
+                        stats.stopped = "cancelled"
+                        break
+                else:
+                    if len(generated) < budget:
+                        stats.stopped = "eos"
+            finally:
+                steps.close()  # stops the decoding at once when the caller leaves early
         final = self.tokenizer.decode(generated, skip_special_tokens=True)
         if final.startswith(emitted) and len(final) > len(emitted):
             yield final[len(emitted) :]
-
-    def _forward(self, input_ids, past):  # type: ignore[no-untyped-def]
-        with self._torch.inference_mode():
-            return self.model(
-                input_ids=input_ids, past_key_values=past, use_cache=True, logits_to_keep=1
-            )
