@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     max_video_frames: int = 8
     recordings_dir: str | None = None  # when set, /ws/chat turns are recorded here as JSON
 
+    # --- security (docs/SECURITY.md)
+    voices_dir: str | None = None  # the only files a client may name (tts.ref_audio_path)
+
     # --- leases (seconds): a dead worker's clients are told within about lease_ttl_s + 1 s
     lease_ttl_s: float = 1.5  # worker alive keys and session leases
     gateway_lease_ttl_s: float = 6.0  # gateway alive keys (a busy event loop must not lose it)

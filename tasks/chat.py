@@ -48,7 +48,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     backend = ctx.rt.backend
     assert backend is not None
     try:
-        req = build_chat_request(request)
+        req = build_chat_request(request, ctx.rt.settings.voices_dir)
     except UnsupportedInput as exc:
         ctx.error(ErrorCode.INVALID_PAYLOAD, str(exc), field=exc.field_name)
         return
