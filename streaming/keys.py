@@ -87,6 +87,11 @@ class Keys:
             self.input_control(session_id),
         ]
 
+    # --- per-client limits
+    def client_connections(self, address: str) -> str:
+        """HASH gateway_id -> open connections from one client address (streaming/connections)."""
+        return f"{self.prefix}:client:{address}:conns"
+
     # --- statistics
     @property
     def duration_stats(self) -> str:
