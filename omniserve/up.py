@@ -38,8 +38,12 @@ def wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]])
 
 def workers_loading(base: str) -> str:
     """What the workers say they are loading (from the registry), for the progress line."""
+    from omnicore.settings import get_settings
+
+    token = get_settings().admin_token  # /v1/workers is an operator endpoint
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
     try:
-        workers = httpx.get(base + "/v1/workers", timeout=2.0).json()["workers"]
+        workers = httpx.get(base + "/v1/workers", headers=headers, timeout=2.0).json()["workers"]
     except (httpx.HTTPError, ValueError, KeyError):
         return "the backend"
     for w in workers:
