@@ -129,10 +129,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     url = args.url.rstrip("/")
     if args.what == "chat":
-        return asyncio.run(probe.chat(url, " ".join(args.text), tts_out=args.out))
+        return asyncio.run(
+            probe.chat(url, " ".join(args.text), tts_out=args.out, api_key=args.api_key)
+        )
     return asyncio.run(
         probe.audio(
-            url, args.input, args.out, mode=args.mode, realtime=not args.fast, tail_s=args.tail
+            url,
+            args.input,
+            args.out,
+            mode=args.mode,
+            realtime=not args.fast,
+            tail_s=args.tail,
+            api_key=args.api_key,
         )
     )
 
@@ -205,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("probe", help="try the service from the command line")
     pr.add_argument("--url", default="ws://127.0.0.1:8006")
+    pr.add_argument("--api-key", dest="api_key", help="sent as Authorization: Bearer")
     psub = pr.add_subparsers(dest="what", required=True)
     pc = psub.add_parser("chat", help="send text, print the streamed answer")
     pc.add_argument("text", nargs="+")

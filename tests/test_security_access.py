@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -23,7 +24,7 @@ import redis
 
 from omniserve.redis_server import free_port, redis_binary
 from tests.client import Client
-from tests.stack import Stack
+from tests.stack import ROOT, Stack
 
 pytestmark = pytest.mark.asyncio
 
@@ -306,3 +307,25 @@ async def test_a_killed_gateway_does_not_keep_its_count(stack: Stack) -> None:
     await held.closed()
     c = await wait_admitted(stack.url(1))  # once gateway 0's alive key lapsed
     await c.close()
+
+
+async def test_probe_sends_its_key_as_a_bearer_header(stack: Stack) -> None:
+    key = f"sk-{uuid.uuid4().hex}"
+    stack.start_worker()
+    stack.start_gateway(OMNISERVE_API_KEYS=f'["{key}"]')
+
+    def probe(*extra: str) -> subprocess.CompletedProcess[str]:
+        command = ["probe", "--url", stack.url(), *extra, "chat", "Reply with exactly: keyed"]
+        return subprocess.run(
+            [sys.executable, "-m", "omniserve", *command],
+            env=stack.base_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    ok = await asyncio.to_thread(probe, "--api-key", key)
+    assert ok.returncode == 0 and "keyed" in ok.stdout, ok.stderr
+    refused = await asyncio.to_thread(probe)
+    assert refused.returncode != 0 and "unauthorized" in refused.stderr
