@@ -100,7 +100,7 @@ class ClientConnections:
             raise TooManyConnections(address)
 
     async def release(self, address: str) -> None:
-        """One connection from ``address`` ended (never raises)."""
+        """One connection from ``address`` ended (Redis errors are left to the next sync)."""
         if self.limit <= 0:
             return
         # forgotten locally only afterwards: a sync running meanwhile overcounts, never under
