@@ -7,19 +7,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
-from fastapi import FastAPI, WebSocket
+from fastapi import Depends, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from api.connection import authorised, choose_subprotocol, refuse, refuse_with_error
+from api.access_log import AccessLog
+from api.connection import choose_subprotocol, refuse, refuse_with_error
 from api.dialects import legacy_error
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
 from api.pages import install_pages
 from api.realtime_chat import ChatSession
 from api.realtime_duplex import DuplexSession
+from api.security import SecurityPolicy, admitted, require_admin
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings
+from streaming.connections import ClientConnections
 from streaming.events import ErrorCode
 
 log = logging.getLogger("omniserve.gateway")
@@ -30,27 +34,46 @@ MODES = {"chat", "video", "audio"}
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the gateway app (one Gateway per process, started in the lifespan)."""
     settings = settings or get_settings()
+    security = SecurityPolicy(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for warning in security.startup_warnings():
+            log.warning("%s", warning)
         gw = Gateway(settings)
         await gw.start()
+        conns = ClientConnections(
+            gw.redis, gw.keys, gw.gateway_id, settings.max_connections_per_client
+        )
+        await conns.start()
         app.state.gateway = gw
+        app.state.connections = conns
         try:
             yield
         finally:
+            await conns.stop()
             await gw.stop()
 
     app = FastAPI(title="omniserve gateway", version=__version__, lifespan=lifespan)
+    app.state.security = security
+    # outermost first: the client address from a trusted proxy, then the access line with it
+    app.add_middleware(AccessLog)
+    app.add_middleware(
+        ProxyHeadersMiddleware,
+        trusted_hosts=security.trusted_proxies,
+    )
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket, mode: str = "video") -> None:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
-        if not authorised(ws, settings.api_keys):
-            return await refuse_with_error(
-                ws, ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
-            )
+        async with admitted(ws, security, ws.app.state.connections) as refusal:
+            if refusal is not None:
+                code, message, close_code = refusal.code, refusal.message, refusal.close_code
+                return await refuse_with_error(ws, code, message, close_code)
+            await _realtime(ws, gw, mode)
+
+    async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
         if mode not in MODES:
             return await refuse_with_error(
                 ws,
@@ -73,11 +96,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def legacy_chat(ws: WebSocket) -> None:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
-        if not authorised(ws, settings.api_keys):
-            return await refuse(
-                ws, legacy_error("missing or invalid API key"), WS_1008_POLICY_VIOLATION
-            )
-        await LegacyChat(gw, ws).serve()
+        async with admitted(ws, security, ws.app.state.connections) as refusal:
+            if refusal is not None:
+                return await refuse(ws, legacy_error(refusal.message), refusal.close_code)
+            await LegacyChat(gw, ws).serve()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -110,7 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if redis_ok else 503)
 
-    @app.get("/v1/workers")
+    @app.get("/v1/workers", dependencies=[Depends(require_admin)])
     async def workers() -> JSONResponse:
         gw: Gateway = app.state.gateway
         raw = await gw.redis.hgetall(gw.keys.workers)
@@ -121,7 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             out.append({**orjson.loads(info), "alive": alive})
         return JSONResponse({"workers": out})
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(require_admin)])
     async def metrics() -> PlainTextResponse:
         gw: Gateway = app.state.gateway
         lines = []

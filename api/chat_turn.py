@@ -2,19 +2,24 @@
 
 The turn runs on the slot the client was admitted to, as a short ``omniserve.chat_turn`` task
 with its own output channel (``turn_id``); its events are relayed through ``TaskRelay`` (start
-timeout, lease watch, replay catch-up, gaps) until ``TurnEnd``.
+timeout, lease watch, replay catch-up, gaps) until ``TurnEnd``. The request itself goes to the
+task through Redis (``streaming/chat_requests.py``), never as a task argument.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from api.gateway import Gateway
 from api.slot_wait import Admitted
-from api.task_relay import TaskRelay
+from api.task_relay import TaskNotStarted, TaskRelay
+from streaming.chat_requests import drop_chat_request, store_chat_request
 from streaming.events import Event, TurnEnd
 from streaming.jobs import ChatJob
+
+log = logging.getLogger("omniserve.gateway")
 
 POLL_S = 0.5  # how often a quiet turn re-checks ``stopping`` and its worker
 
@@ -49,12 +54,12 @@ class ChatTurn:
         gw.counters["chat_turns_total"] += 1
         relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
         try:
+            await self._store_request()
             await relay.submit(
                 ChatJob(
                     turn_id=self.turn_id,
                     slot_id=self.slot_id,
                     gateway_id=gw.gateway_id,
-                    request=self.request,
                     deadline_ts=self.deadline_ts,
                 )
             )
@@ -68,3 +73,19 @@ class ChatTurn:
                     yield ev
         finally:
             await gw.bus.close(self.turn_id)
+            try:
+                await drop_chat_request(gw.redis, gw.keys, self.turn_id)
+            except Exception:  # Redis away: the request's TTL removes it
+                log.debug("request of turn %s not dropped", self.turn_id, exc_info=True)
+
+    async def _store_request(self) -> None:
+        """Put the request where the task will take it (never a task argument); a Redis error
+        frees the slot like a failed submit."""
+        gw = self.gw
+        try:
+            await store_chat_request(
+                gw.redis, gw.keys, self.turn_id, self.request, gw.settings.task_start_timeout_s
+            )
+        except Exception as exc:
+            await gw.abandon(self.turn_id, self.slot_id)
+            raise TaskNotStarted(str(exc)) from exc

@@ -44,16 +44,6 @@ def choose_subprotocol(ws: WebSocket) -> str | None:
     return offered[0] if offered else None
 
 
-def authorised(ws: WebSocket, api_keys: list[str]) -> bool:
-    """Bearer token or ``api_key`` query parameter, when keys are configured."""
-    if not api_keys:
-        return True
-    header = ws.headers.get("authorization", "")
-    token = header[7:].strip() if header.lower().startswith("bearer ") else None
-    token = token or ws.query_params.get("api_key")
-    return token in api_keys
-
-
 async def refuse(ws: WebSocket, frame: Frame, close_code: int) -> None:
     """Answer an accepted socket that will not get a session: one frame, then close."""
     await ws.send_json(frame)

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from api.queueing import QueueManager
+from omnicore.redact import redact_url
 from omnicore.settings import Settings
 from streaming.admission import Admission
 from streaming.input import InputWriter
@@ -99,7 +100,7 @@ class Gateway:
         await self.bus.start()
         await self.queue.start()
         self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
-        log.info("gateway %s up (redis %s)", self.gateway_id, self.settings.redis_url)
+        log.info("gateway %s up (redis %s)", self.gateway_id, redact_url(self.settings.redis_url))
 
     async def drain(self) -> None:
         """End every session with server_shutdown and wait until their handlers are done."""

@@ -64,7 +64,10 @@ class LegacyChat(Connection):
     async def on_event(self, event: dict[str, Any]) -> None:
         try:
             result: dict[str, Any] | ProtocolError = chat_request(
-                event, LEGACY_CHAT_DEFAULTS, prefix="request"
+                event,
+                LEGACY_CHAT_DEFAULTS,
+                prefix="request",
+                voices_dir=self.gw.settings.voices_dir,
             )
         except ProtocolError as exc:
             result = exc

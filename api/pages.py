@@ -9,25 +9,26 @@ Two small JSON endpoints exist only because the pages need them:
 - ``GET /web/config``: what the client cannot learn from the protocol (duration limits, whether
   an API key is required).
 - ``GET /v1/admin/overview`` and ``GET /v1/admin/recordings/{id}``: workers with the state of each
-  slot, the global queue, live sessions and chat recordings, for the operator page. They require
-  ``Authorization: Bearer <admin token>`` when the settings carry an admin token.
+  slot, the global queue, live sessions and chat recordings, for the operator page. Both are
+  behind the admin guard (``api.security.require_admin``: ``Authorization: Bearer <admin
+  token>``; without a token, open on a loopback bind only). The pages themselves hold no data.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from api.gateway import Gateway
+from api.security import require_admin
 from omnicore import __version__
 from omnicore.settings import Settings
 from streaming.keys import slot_worker
@@ -42,26 +43,6 @@ _NO_CACHE = {"Cache-Control": "no-cache"}
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def admin_token(settings: Settings) -> str | None:
-    """The operator token, when the settings define one (``OMNISERVE_ADMIN_TOKEN``, issue #13)."""
-    token = getattr(settings, "admin_token", None)
-    if token is None:
-        return None
-    secret = token.get_secret_value() if hasattr(token, "get_secret_value") else str(token)
-    return secret or None
-
-
-def require_admin(request: Request, settings: Settings) -> None:
-    """Refuse with 401 unless the request carries the admin token (when one is configured)."""
-    expected = admin_token(settings)
-    if expected is None:
-        return
-    header = request.headers.get("authorization", "")
-    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(401, "admin token required", {"WWW-Authenticate": "Bearer"})
 
 
 async def slot_states(gw: Gateway) -> list[dict[str, Any]]:
@@ -168,9 +149,8 @@ def create_router(settings: Settings) -> APIRouter:
             headers=_NO_CACHE,
         )
 
-    @router.get("/v1/admin/overview")
+    @router.get("/v1/admin/overview", dependencies=[Depends(require_admin)])
     async def overview(request: Request) -> JSONResponse:
-        require_admin(request, settings)
         gw: Gateway = request.app.state.gateway
         snap = await gw.admission.snapshot()
         recordings = (
@@ -202,9 +182,8 @@ def create_router(settings: Settings) -> APIRouter:
         }
         return JSONResponse(body, headers=_NO_CACHE)
 
-    @router.get("/v1/admin/recordings/{recording_id}")
-    async def recording(request: Request, recording_id: str) -> Response:
-        require_admin(request, settings)
+    @router.get("/v1/admin/recordings/{recording_id}", dependencies=[Depends(require_admin)])
+    async def recording(recording_id: str) -> Response:
         if not settings.recordings_dir or not _RECORDING_ID.match(recording_id):
             raise HTTPException(404, "no such recording")
         path = Path(settings.recordings_dir) / f"{recording_id}.json"

@@ -65,7 +65,10 @@ class ChatSession(RealtimeSession):
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "chat mode takes input.append", "type")
         if "input" not in event:
             raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
-        self.turns.put_nowait(chat_request(event["input"], REALTIME_CHAT_DEFAULTS))
+        voices = self.gw.settings.voices_dir
+        self.turns.put_nowait(
+            chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
+        )
 
     async def run(self) -> None:
         self.state = SessionState.CONNECTED

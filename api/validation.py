@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from api.errors import ProtocolError
 from omnicore.audio import AudioFormatError, b64_decode, is_wav, read_audio
+from omnicore.voices import VoiceError, resolve_voice
 from streaming.controls import InitControl
 from streaming.events import ErrorCode
 
@@ -336,8 +337,23 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
                     )
 
 
-def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> dict[str, Any]:
-    """Validate one chat turn and return the normalised request the worker runs."""
+def check_voice_path(name: str, voices_dir: str | None, where: str) -> str:
+    """A server-side voice name: refused unless it names a file inside the voices directory
+    (``omnicore.voices``; the worker resolves it again where it reads the file)."""
+    try:
+        resolve_voice(voices_dir, name)
+    except VoiceError as exc:
+        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: {exc}", where) from None
+    return name
+
+
+def chat_request(
+    value: Any, defaults: ChatDefaults, prefix: str = "input", voices_dir: str | None = None
+) -> dict[str, Any]:
+    """Validate one chat turn and return the normalised request the worker runs.
+
+    ``voices_dir`` is ``OMNISERVE_VOICES_DIR``: without it ``tts.ref_audio_path`` is refused.
+    """
     m: ChatInput = parse(ChatInput, value, prefix)
     _check_content(m.messages, prefix)
     gen = m.generation or Generation()
@@ -345,6 +361,8 @@ def chat_request(value: Any, defaults: ChatDefaults, prefix: str = "input") -> d
     img = m.image or ImageOpts()
     if tts.ref_audio_data:
         check_voice(tts.ref_audio_data, f"{prefix}.tts.ref_audio_data")
+    if tts.ref_audio_path is not None:
+        check_voice_path(tts.ref_audio_path, voices_dir, f"{prefix}.tts.ref_audio_path")
     return {
         "messages": [
             {

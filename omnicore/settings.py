@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, IPvAnyNetwork, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,7 +30,7 @@ class Settings(BaseSettings):
     # --- gateway
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8006
-    api_keys: list[str] = Field(default_factory=list)  # empty: no authentication
+    api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no authentication
     max_queue: int = 1000  # waiting tickets before queue_full
     queue_update_interval_s: float = 3.0  # positions are pushed at least this often
     chat_duration_s: float = 600.0
@@ -42,6 +43,14 @@ class Settings(BaseSettings):
     ws_deflate: bool = False  # permessage-deflate: costs ~half the gateway CPU on audio frames
     max_video_frames: int = 8
     recordings_dir: str | None = None  # when set, /ws/chat turns are recorded here as JSON
+
+    # --- security (docs/SECURITY.md)
+    admin_token: SecretStr | None = None  # guards /metrics, /v1/workers, /v1/admin/*
+    voices_dir: str | None = None  # the only files a client may name (tts.ref_audio_path)
+    # X-Forwarded-For is believed only from these networks (CIDRs; a bare address is a /32)
+    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)  # browser origins besides our own
+    max_connections_per_client: int = Field(0, ge=0)  # per client address, all gateways; 0: off
 
     # --- leases (seconds): a dead worker's clients are told within about lease_ttl_s + 1 s
     lease_ttl_s: float = 1.5  # worker alive keys and session leases
@@ -73,6 +82,37 @@ class Settings(BaseSettings):
     flower: bool = False
     flower_port: int = 5555
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        """Each entry is ``*`` or a web origin ``scheme://host[:port]`` (no path)."""
+        out = []
+        for origin in value:
+            if origin == "*":
+                out.append(origin)
+                continue
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{origin!r} is not an origin like https://example.com")
+            if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+                raise ValueError(f"{origin!r}: an origin has no path, query or user")
+            out.append(origin.rstrip("/"))
+        return out
+
+    def secret_values(self) -> list[str]:
+        """Every configured secret in clear (API keys, admin token, Redis password): the log
+        formatter replaces them wherever they appear."""
+        out = [k.get_secret_value() for k in self.api_keys]
+        if self.admin_token is not None:
+            out.append(self.admin_token.get_secret_value())
+        try:
+            password = urlsplit(self.redis_url).password
+        except ValueError:
+            password = None
+        if password:
+            out.append(password)
+        return [s for s in out if s]
 
     def duration_limit(self, public_mode: str) -> float:
         """Total session duration allowed for a public mode (chat, video, audio)."""

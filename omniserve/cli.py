@@ -34,19 +34,28 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     env_from_args(args)
     import uvicorn
 
+    from api.access_log import quiet_uvicorn_request_lines
     from api.app import create_app
     from api.server import GatewayServer
     from omnicore.logs import setup_logging
     from omnicore.settings import get_settings
 
     s = get_settings()
-    setup_logging(s.log_level)
+    setup_logging(s.log_level, s.secret_values())
+    quiet_uvicorn_request_lines()
     app = create_app(s)
     config = uvicorn.Config(
         app,
         host=s.gateway_host,
         port=s.gateway_port,
         log_level=s.log_level,
+        # our logging (redacted lines) instead of uvicorn's handlers; the app writes its own
+        # access line without the query string (api/access_log.py)
+        log_config=None,
+        access_log=False,
+        # the app decides whom to believe about X-Forwarded-For (OMNISERVE_TRUSTED_PROXIES);
+        # uvicorn's own default would trust 127.0.0.1
+        proxy_headers=False,
         ws_max_size=s.max_frame_bytes,
         ws_per_message_deflate=s.ws_deflate,
         timeout_graceful_shutdown=10,
@@ -65,7 +74,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from omnicore.settings import get_settings
 
     s = get_settings()
-    setup_logging(s.log_level)
+    setup_logging(s.log_level, s.secret_values())
     from inference.registry import choose_backend, preflight
 
     backend, note = choose_backend(s.backend)  # `auto`: each pool process resolves it again
@@ -120,10 +129,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     url = args.url.rstrip("/")
     if args.what == "chat":
-        return asyncio.run(probe.chat(url, " ".join(args.text), tts_out=args.out))
+        return asyncio.run(
+            probe.chat(url, " ".join(args.text), tts_out=args.out, api_key=args.api_key)
+        )
     return asyncio.run(
         probe.audio(
-            url, args.input, args.out, mode=args.mode, realtime=not args.fast, tail_s=args.tail
+            url,
+            args.input,
+            args.out,
+            mode=args.mode,
+            realtime=not args.fast,
+            tail_s=args.tail,
+            api_key=args.api_key,
         )
     )
 
@@ -196,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("probe", help="try the service from the command line")
     pr.add_argument("--url", default="ws://127.0.0.1:8006")
+    pr.add_argument("--api-key", dest="api_key", help="sent as Authorization: Bearer")
     psub = pr.add_subparsers(dest="what", required=True)
     pc = psub.add_parser("chat", help="send text, print the streamed answer")
     pc.add_argument("text", nargs="+")

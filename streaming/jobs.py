@@ -2,7 +2,9 @@
 
 The gateway never imports worker code: it sends ``job.task`` with ``job.kwargs()`` to the queue
 of the worker that owns the slot, and the task functions in ``tasks/`` take exactly these fields
-as keyword arguments (tests/test_streaming_jobs.py checks that they match).
+as keyword arguments (tests/test_streaming_jobs.py checks that they match). Arguments are ids
+and small settings only, never prompts, media or voices: Flower and anyone else who reads the
+broker's task events sees them (tests/test_security_data.py).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ class DuplexJob:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatJob:
-    """One stateless chat turn; ``request`` is the validated request (api/validation.py)."""
+    """One stateless chat turn. Its request (prompts, media) is not an argument: it waits in
+    Redis for the task (``streaming/chat_requests.py``), so the broker never carries it."""
 
     task: ClassVar[str] = CHAT_TASK
     turn_id: str
     slot_id: str
     gateway_id: str
-    request: dict[str, Any]
     deadline_ts: float
 
     def kwargs(self) -> dict[str, Any]:

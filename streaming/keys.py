@@ -74,6 +74,10 @@ class Keys:
     def input_control(self, session_id: str) -> str:
         return f"{self.prefix}:s:{session_id}:in:ctl"
 
+    def chat_request(self, turn_id: str) -> str:
+        """STRING: one chat turn's request (messages, media), read once by its task."""
+        return f"{self.prefix}:s:{turn_id}:request"
+
     def session_keys(self, session_id: str) -> list[str]:
         """Every key a session owns (for cleanup)."""
         return [
@@ -82,6 +86,11 @@ class Keys:
             self.input_audio(session_id),
             self.input_control(session_id),
         ]
+
+    # --- per-client limits
+    def client_connections(self, address: str) -> str:
+        """HASH gateway_id -> open connections from one client address (streaming/connections)."""
+        return f"{self.prefix}:client:{address}:conns"
 
     # --- statistics
     @property

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from inference import ChatDelta, ChatDone, ChatPrefilled, InferenceError, UnsupportedInput
+from streaming.chat_requests import take_chat_request
 from streaming.events import (
     AudioDelta,
     CloseReason,
@@ -47,7 +48,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     backend = ctx.rt.backend
     assert backend is not None
     try:
-        req = build_chat_request(request)
+        req = build_chat_request(request, ctx.rt.settings.voices_dir)
     except UnsupportedInput as exc:
         ctx.error(ErrorCode.INVALID_PAYLOAD, str(exc), field=exc.field_name)
         return
@@ -118,12 +119,17 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
 
 
 @app.task(name=CHAT_TASK, ignore_result=True)
-def chat_turn(
-    turn_id: str, slot_id: str, gateway_id: str, request: dict[str, Any], deadline_ts: float
-) -> None:
-    """Run one chat turn and free the slot."""
+def chat_turn(turn_id: str, slot_id: str, gateway_id: str, deadline_ts: float) -> None:
+    """Run one chat turn and free the slot (its request waits in Redis, read once here)."""
     with running_session(turn_id, slot_id, gateway_id, deadline_ts) as ctx:
         if ctx is None:
             return
-        run_turn(ctx, request)
+        request = take_chat_request(ctx.rt.redis, ctx.rt.keys, turn_id)
+        if request is None:
+            ctx.error(
+                ErrorCode.INFERENCE_ERROR,
+                "the turn's request was not found (expired, or Redis restarted); send it again",
+            )
+        else:
+            run_turn(ctx, request)
         ctx.emit(TurnEnd())

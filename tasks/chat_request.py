@@ -21,6 +21,7 @@ from inference import (
     VideoPart,
 )
 from omnicore.audio import INPUT_RATE, b64_decode, b64_to_pcm, pcm_or_wav_to_16k, resample
+from omnicore.voices import VoiceError, resolve_voice
 
 
 def _audio(data: str, sample_rate: int) -> np.ndarray:
@@ -80,8 +81,19 @@ def _part(item: Any) -> ContentPart:
     raise UnsupportedInput(f"unknown content type {kind!r}", "messages[].content[].type")
 
 
-def build_chat_request(req: dict[str, Any]) -> ChatRequest:
-    """The backend request for one validated turn."""
+def voice_path(name: str | None, voices_dir: str | None) -> str | None:
+    """The real path of a client-named voice inside the voices directory (resolved here, where
+    the backend will read it, with the same rules the gateway checked: ``omnicore.voices``)."""
+    if name is None:
+        return None
+    try:
+        return str(resolve_voice(voices_dir, name))
+    except VoiceError as exc:
+        raise UnsupportedInput(f"tts.ref_audio_path: {exc}", "tts.ref_audio_path") from None
+
+
+def build_chat_request(req: dict[str, Any], voices_dir: str | None = None) -> ChatRequest:
+    """The backend request for one validated turn (``voices_dir``: OMNISERVE_VOICES_DIR)."""
     messages = []
     for m in req["messages"]:
         content = m["content"]
@@ -101,7 +113,7 @@ def build_chat_request(req: dict[str, Any]) -> ChatRequest:
             enabled=bool(tts.get("enabled", False)),
             mode=tts.get("mode") or "default",
             ref_audio=pcm_or_wav_to_16k(b64_decode(ref)) if ref else None,
-            ref_audio_path=tts.get("ref_audio_path"),
+            ref_audio_path=voice_path(tts.get("ref_audio_path"), voices_dir),
             language=tts.get("language"),
         ),
         max_slice_nums=image.get("max_slice_nums"),

@@ -74,6 +74,8 @@ def test_error_codes_know_their_side() -> None:
         "missing_field",
         "invalid_payload",
         "unauthorized",
+        "origin_not_allowed",
+        "too_many_connections",
     }
     assert not E.ErrorCode.OUTPUT_GAP.is_client_error
 

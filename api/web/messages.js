@@ -2,6 +2,8 @@
 
 const ERRORS = {
   unauthorized: "The API key was not accepted. Enter a valid key under Settings.",
+  origin_not_allowed: "This server does not accept connections from pages of this web site.",
+  too_many_connections: "Too many connections from your address are open. Close one and try again.",
   queue_full: "The service is at capacity and its waiting line is full. Please try again in a few minutes.",
   worker_busy: "Every model worker is busy and this server does not queue. Please try again shortly.",
   service_unavailable: "The service is not ready: no model worker is running. Please try again later.",
@@ -31,6 +33,8 @@ export function errorText(err) {
 export function isFatal(code) {
   return [
     "unauthorized",
+    "origin_not_allowed",
+    "too_many_connections",
     "queue_full",
     "worker_busy",
     "service_unavailable",
@@ -73,6 +77,10 @@ export function closeReasonText(reason, limitS) {
       return "The server closed the connection.";
     case "unauthorized":
       return "The server refused the API key.";
+    case "origin_not_allowed":
+      return "The server does not accept connections from this web site.";
+    case "too_many_connections":
+      return "Too many connections from your address were open.";
     case "queue_full":
     case "worker_busy":
       return "The server was too busy to take the session.";

@@ -175,6 +175,12 @@ async function refresh() {
   if (r.status === 401) {
     return notice("This gateway requires the admin token. Enter it above.");
   }
+  if (r.status === 403) {
+    return notice(
+      "This gateway has no admin token configured (OMNISERVE_ADMIN_TOKEN) and is not bound to " +
+        "loopback, so its operator endpoints are off.",
+    );
+  }
   if (!r.ok) return notice(`The gateway answered HTTP ${r.status}.`);
   notice("");
   const o = await r.json();

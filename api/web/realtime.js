@@ -36,6 +36,8 @@ const RESUME_ERRORS = new Set(["session_not_found", "resume_expired"]);
 // Errors the server sends just before it closes the socket (docs/PROTOCOL.md, close codes).
 const CLOSING_ERRORS = new Set([
   "unauthorized",
+  "origin_not_allowed",
+  "too_many_connections",
   "queue_full",
   "worker_busy",
   "service_unavailable",
