@@ -8,19 +8,24 @@ from contextlib import asynccontextmanager
 
 import orjson
 from fastapi import Depends, FastAPI, WebSocket
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from api import telemetry
 from api.access_log import AccessLog
 from api.connection import choose_subprotocol, refuse, refuse_with_error
 from api.dialects import legacy_error
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
+from api.metrics import CONTENT_TYPE
+from api.official_api import create_official_router
 from api.pages import install_pages
 from api.realtime_chat import ChatSession
 from api.realtime_duplex import DuplexSession
+from api.recordings.routes import create_recordings_router
 from api.security import SecurityPolicy, admitted, require_admin
+from api.static_site import install_static_site
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings
 from streaming.connections import ClientConnections
@@ -70,11 +75,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with admitted(ws, security, ws.app.state.connections) as refusal:
             if refusal is not None:
                 code, message, close_code = refusal.code, refusal.message, refusal.close_code
+                telemetry.rejected(gw.metrics, code)
                 return await refuse_with_error(ws, code, message, close_code)
             await _realtime(ws, gw, mode)
 
     async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
         if mode not in MODES:
+            telemetry.rejected(gw.metrics, "invalid_mode")
             return await refuse_with_error(
                 ws,
                 ErrorCode.INVALID_PAYLOAD,
@@ -83,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 field="mode",
             )
         if gw.shutting_down:
+            telemetry.rejected(gw.metrics, "shutting_down")
             return await refuse_with_error(
                 ws,
                 ErrorCode.SERVICE_UNAVAILABLE,
@@ -98,8 +106,35 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await ws.accept(subprotocol=choose_subprotocol(ws))
         async with admitted(ws, security, ws.app.state.connections) as refusal:
             if refusal is not None:
+                telemetry.rejected(gw.metrics, refusal.code)
                 return await refuse(ws, legacy_error(refusal.message), refusal.close_code)
             await LegacyChat(gw, ws).serve()
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        """Liveness: the process serves HTTP (nothing else is checked: a restart fixes nothing
+        that Redis or the workers lack)."""
+        return JSONResponse({"status": "alive", "gateway_id": app.state.gateway.gateway_id})
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Readiness: Redis answers and at least one worker slot is live, and this gateway is
+        not draining; 503 otherwise (a load balancer then sends no new clients here)."""
+        gw: Gateway = app.state.gateway
+        try:
+            await gw.redis.ping()
+            slots = await gw.worker_count()
+            redis_ok = True
+        except Exception:  # noqa: BLE001 - Redis unreachable: not ready
+            slots, redis_ok = 0, False
+        ready = redis_ok and slots > 0 and not gw.shutting_down
+        body = {
+            "ready": ready,
+            "redis": redis_ok,
+            "live_slots": slots,
+            "draining": gw.shutting_down,
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -144,19 +179,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"workers": out})
 
     @app.get("/metrics", dependencies=[Depends(require_admin)])
-    async def metrics() -> PlainTextResponse:
+    async def metrics() -> Response:
         gw: Gateway = app.state.gateway
-        lines = []
-        for name, value in gw.counters.items():
-            lines.append(f"# TYPE omniserve_{name} counter")
-            lines.append(f"omniserve_{name} {value}")
-        lines.append("# TYPE omniserve_sessions_active gauge")
-        lines.append(f"omniserve_sessions_active {len(gw.sessions)}")
-        lines.append("# TYPE omniserve_queue_waiting gauge")
-        lines.append(f"omniserve_queue_waiting {len(gw.queue.waiters)}")
-        lines.append("# TYPE omniserve_queue_updates_total counter")
-        lines.append(f"omniserve_queue_updates_total {gw.queue.updates_sent}")
-        return PlainTextResponse("\n".join(lines) + "\n")
+        try:
+            waiting: int | None = (await gw.admission.snapshot()).length
+        except Exception:  # noqa: BLE001 - Redis unreachable: the gauge keeps its last value
+            waiting = None
+        gw.metrics.refresh(((s.public_mode, s.state) for s in gw.sessions.values()), waiting)
+        return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    app.include_router(create_recordings_router())
     install_pages(app, settings)
+    # the official demo's HTTP API, and its pages when an operator points at them
+    app.include_router(create_official_router(settings))
+    if settings.static_dir:
+        install_static_site(app, settings.static_dir)
     return app

@@ -34,8 +34,10 @@ class ChatTurn:
         admitted: Admitted,
         request: dict[str, Any],
         deadline_ts: float,
+        on_overflow: Callable[[], None] | None = None,
     ) -> None:
         self.gw = gw
+        self.on_overflow = on_overflow  # the turn's undelivered output passed its caps
         self.turn_id = turn_id
         self.slot_id = admitted.slot_id
         self.request = request
@@ -50,8 +52,7 @@ class ChatTurn:
         ``contextlib.aclosing`` so the output channel is closed however the caller leaves.
         """
         gw = self.gw
-        out = await gw.bus.open(self.turn_id)
-        gw.counters["chat_turns_total"] += 1
+        out = await gw.bus.open(self.turn_id, on_overflow=self.on_overflow)
         relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
         try:
             await self._store_request()

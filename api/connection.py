@@ -20,9 +20,11 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
+from api import client_watch, telemetry
 from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
-from streaming.events import ErrorCode
+from api.recordings.recorder import OFF, SessionRecording
+from streaming.events import CloseReason, ErrorCode
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -76,6 +78,15 @@ class Connection:
         self.send_lock = asyncio.Lock()
         self.gone = asyncio.Event()  # the client disconnected (or we closed the socket)
         self.closed_sent = False
+        self.last_server_error: str | None = None  # the last server error code sent, if any
+        self.recording: SessionRecording = OFF  # a subclass opens one (api/recordings)
+        self.log_id = "-"  # names the connection in log lines (a session or turn id)
+        # dead and stuck clients (api/client_watch.py)
+        self.last_heard = time.monotonic()  # the client's last frame
+        self.last_sent = 0.0  # our last frame that the socket took
+        self.alarm = asyncio.Event()  # wakes the watch at once
+        self.output_overflowed = False
+        self.evict_reason: CloseReason | None = None
 
     # ------------------------------------------------------------------ sending
     async def send(self, frame: Frame) -> None:
@@ -88,7 +99,10 @@ class Connection:
                 return
             try:
                 await self.ws.send_text(data)
-                self.gw.counters["frames_out_total"] += 1
+                self.last_sent = time.monotonic()
+                code = telemetry.frame_sent(self.gw.metrics, frame)
+                self.last_server_error = code or self.last_server_error
+                self.recording.sent(frame)
             except Exception:  # noqa: BLE001 - the peer went away mid-send: it is gone
                 self.gone.set()
 
@@ -109,25 +123,48 @@ class Connection:
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
         """Run ``run`` beside the receive loop; close the socket on every exit."""
-        self.gw.counters["connections_total"] += 1
         receiver = asyncio.create_task(self._receive_loop())
+        watcher = asyncio.create_task(client_watch.watch(self))
         try:
             await self.run()
         except Exception:
             log.exception("%s failed", type(self).__name__)
             await self.on_failure()
         finally:
-            receiver.cancel()
-            await asyncio.gather(receiver, return_exceptions=True)
-            await self.close()
+            try:
+                receiver.cancel()
+                await asyncio.gather(receiver, return_exceptions=True)
+                await self.close()
+                self.alarm.set()  # the watch sees ``gone`` now, not at its next look
+                await asyncio.gather(watcher, return_exceptions=True)
+            finally:  # also when cancelled: the writer must not keep an open recording
+                watcher.cancel()
+                self.recording.finish(**self.recording_info())
 
     async def run(self) -> None:
         """The session's own work (queueing, relaying); the socket closes when it returns."""
         raise NotImplementedError
 
+    def recording_info(self) -> dict[str, Any]:
+        """What the recording's metadata says of this connection besides its media."""
+        return {}
+
     async def on_failure(self) -> None:
         """``run`` raised: tell the client if the protocol has a way (default: close 1011)."""
         await self.close(status.WS_1011_INTERNAL_ERROR)
+
+    # ------------------------------------------------------------------ dead and stuck clients
+    def idle_seconds(self) -> float:
+        """How long the client has been silent while it owes input (default: it never does)."""
+        return 0.0
+
+    def output_overflow(self) -> None:
+        """The session's undelivered output passed its caps (called by the output bus)."""
+        self.output_overflowed = True
+        self.alarm.set()
+
+    async def on_evict(self, reason: CloseReason) -> None:
+        """The client stopped keeping up: free its worker at once (default: nothing held)."""
 
     # ------------------------------------------------------------------ receiving
     def decode(self, text: str | None) -> dict[str, Any] | None:
@@ -143,7 +180,6 @@ class Connection:
 
     async def on_client_error(self, exc: ProtocolError) -> None:
         """A client mistake: answer it, the session goes on."""
-        self.gw.counters["client_errors_total"] += 1
         await self.send_error(exc.code, exc.message, exc.field)
 
     async def on_event_failure(self, event: dict[str, Any]) -> None:
@@ -164,6 +200,7 @@ class Connection:
         except Exception:  # noqa: BLE001 - socket trouble: treat as a disconnect
             self.gone.set()
             return False
+        self.last_heard = time.monotonic()
         if msg["type"] == "websocket.disconnect":
             self.gone.set()
             return False
@@ -177,6 +214,7 @@ class Connection:
             return True
         if event is None:
             return True
+        self.recording.client_event(event)
         try:
             await self.on_event(event)
         except ProtocolError as exc:

@@ -20,6 +20,7 @@ from api.errors import Frame, error_frame
 from streaming.events import (
     AudioDelta,
     Closed,
+    CloseReason,
     Created,
     Done,
     Error,
@@ -48,6 +49,16 @@ def dialect_of(event_type: str) -> Dialect:
     return Dialect.OLDER if event_type in OLDER_EVENTS else Dialect.CURRENT
 
 
+def older_close_reason(reason: str, client_reason: str) -> str:
+    """``session.closed.reason`` in spec/04's words: ``stopped`` confirms the client's own
+    ``session.close`` (``client_reason``), ``error`` is any unrecoverable failure."""
+    if reason == client_reason:
+        return CloseReason.STOPPED
+    if reason == CloseReason.BACKEND_ERROR:
+        return CloseReason.ERROR
+    return reason
+
+
 def gap_message(gap: Gap) -> str:
     """What a client is told about lost output."""
     return f"output events {gap.first}..{gap.last} were lost and cannot be replayed"
@@ -66,9 +77,10 @@ def worker_error_frame(ev: Error) -> Frame:
 class DuplexMapper:
     """Maps one duplex session's events for its client."""
 
-    def __init__(self, dialect: Dialect, session_id: str) -> None:
+    def __init__(self, dialect: Dialect, session_id: str, recording_id: str | None = None) -> None:
         self.dialect = dialect
         self.session_id = session_id
+        self.recording_id = recording_id  # named in session.created when the session is recorded
         self.kv_cache_length = 0
 
     def frames(self, ev: Event) -> list[Frame]:
@@ -94,6 +106,8 @@ class DuplexMapper:
             frame["mode"] = "full_duplex"
             frame["metrics"] = ev.metrics
         frame["prompt_length"] = ev.prompt_length
+        if self.recording_id:
+            frame["recording_id"] = self.recording_id
         return frame
 
     def _listen(self, ev: Listen) -> Frame:
@@ -129,6 +143,8 @@ class DuplexMapper:
             "input_id": ev.input_id,
         }
         metrics: dict[str, Any] = {**ev.metrics, "end_of_turn": ev.end_of_turn}
+        if ev.interrupted:  # the closing piece of a response cut short, not one its model ended
+            metrics["interrupted"] = True
         frames = []
         if ev.text:
             frames.append({**base, "kind": "text", "text": ev.text, "metrics": metrics})
@@ -138,16 +154,21 @@ class DuplexMapper:
 
 
 class ChatMapper:
-    """Maps one ``/v1/realtime`` chat turn's events (``Closed`` is the relay's)."""
+    """Maps one ``/v1/realtime`` chat turn's events (``Closed`` is the relay's).
 
-    def __init__(self, session_id: str, response_id: str) -> None:
+    Every delta names the ``input.append`` it answers (``input_id``), as duplex deltas do.
+    """
+
+    def __init__(self, session_id: str, response_id: str, input_id: str) -> None:
         self.base: Frame = {"session_id": session_id, "response_id": response_id}
+        self.input_id = input_id
 
     def _delta(self, kind: str, key: str, value: str) -> Frame:
         return {
             "type": "response.output.delta",
             "kind": kind,
             **self.base,
+            "input_id": self.input_id,
             key: value,
             "metrics": {},
         }
@@ -207,17 +228,22 @@ class LegacyChatMapper:
             case AudioDelta():
                 return [{"type": "chunk", "text_delta": "", "audio_data": ev.audio}]
             case Done():
-                # non-streaming: the whole speech; streaming: its final segment
-                return [
-                    {
-                        "type": "done",
-                        "text": ev.text,
-                        "generated_tokens": ev.generated_tokens,
-                        "input_tokens": ev.input_tokens,
-                        "audio_data": ev.audio or ev.last_audio or None,
-                        "recording_session_id": self.recording_id,
-                    }
-                ]
+                # non-streaming: the whole speech in done. Streaming: every piece of speech in
+                # chunks, the final segment too, and done's audio_data null (nothing left over):
+                # what the official gateway does; players such as its turn-based page play only
+                # the chunks, and a spec/05 client that appends done's segment appends nothing.
+                frames: list[Frame] = []
+                if ev.last_audio:
+                    frames.append({"type": "chunk", "text_delta": "", "audio_data": ev.last_audio})
+                done: Frame = {
+                    "type": "done",
+                    "text": ev.text,
+                    "generated_tokens": ev.generated_tokens,
+                    "input_tokens": ev.input_tokens,
+                    "audio_data": ev.audio or None,
+                    "recording_session_id": self.recording_id,
+                }
+                return [*frames, done]
             case Error():
                 return [legacy_error(ev.message or ev.code.value)]
             case Gap():

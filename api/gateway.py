@@ -11,7 +11,9 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from celery import Celery
 
+from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
+from api.recordings.recorder import Recorder
 from omnicore.redact import redact_url
 from omnicore.settings import Settings
 from streaming.admission import Admission
@@ -19,6 +21,7 @@ from streaming.input import InputWriter
 from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.output import OutputBus
+from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -35,6 +38,8 @@ class LiveSession(Protocol):
     def dialect(self) -> str | None: ...
     @property
     def slot_id(self) -> str | None: ...  # the worker slot held now (a chat session: per turn)
+    @property
+    def slot_since(self) -> float | None: ...  # when that slot was assigned (unix time)
     @property
     def connected_at(self) -> float: ...
     @property
@@ -68,7 +73,14 @@ class Gateway:
             settings.queue_update_interval_s,
             settings.capacity_wait_s,
         )
-        self.bus = OutputBus(self.redis, self.keys, on_queue_event=self.queue.on_event)
+        self.resumes = ResumeStore(self.redis, self.keys)
+        self.bus = OutputBus(
+            self.redis,
+            self.keys,
+            on_queue_event=self.queue.on_event,
+            max_events=settings.output_max_pending_events,
+            max_bytes=settings.output_max_pending_bytes,
+        )
         self.inputs = InputWriter(
             self.redis, self.keys, settings.input_max_pending, settings.session_ttl_s
         )
@@ -79,32 +91,44 @@ class Gateway:
             task_serializer="json",
             broker_connection_retry_on_startup=True,
         )
+        self.recorder = Recorder(settings, self.gateway_id)  # recordings of every session
         self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler
         self.started_at = time.time()
         self.shutting_down = False
         self._live_slots = 0
         self._slots_checked_at = 0.0
         self._lease_task: asyncio.Task[None] | None = None
-        self.counters: dict[str, int] = {
-            "connections_total": 0,
-            "sessions_total": 0,
-            "chat_turns_total": 0,
-            "client_errors_total": 0,
-            "queue_full_total": 0,
-            "frames_out_total": 0,
-        }
+        self.metrics = GatewayMetrics()
 
     async def start(self) -> None:
         """Take the gateway lease, start the output bus and the queue manager."""
         await self._renew_lease()
         await self.bus.start()
         await self.queue.start()
+        self.recorder.start()
         self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
         log.info("gateway %s up (redis %s)", self.gateway_id, redact_url(self.settings.redis_url))
 
-    async def drain(self) -> None:
-        """End every session with server_shutdown and wait until their handlers are done."""
+    async def drain(self, grace_s: float = 0.0) -> None:
+        """Take no new connection; let running sessions finish for up to ``grace_s``, then end
+        the rest with server_shutdown and wait until their handlers are done.
+
+        Clients still waiting in the queue are told at once: they hold no slot, and another
+        gateway can admit them now.
+        """
         self.shutting_down = True
+        queued = [h for h in self.sessions.values() if str(h.state).upper() == "QUEUED"]
+        await asyncio.gather(*(h.shutdown() for h in queued), return_exceptions=True)
+        if grace_s > 0 and self.sessions:
+            log.info(
+                "gateway %s draining: %d session(s) may go on for %.0f s",
+                self.gateway_id,
+                len(self.sessions),
+                grace_s,
+            )
+            deadline = time.monotonic() + grace_s
+            while self.sessions and time.monotonic() < deadline:  # noqa: ASYNC110 - see below
+                await asyncio.sleep(0.2)
         handlers = list(self.sessions.values())
         if handlers:
             await asyncio.gather(*(h.shutdown() for h in handlers), return_exceptions=True)
@@ -118,6 +142,7 @@ class Gateway:
         except TimeoutError:
             log.warning("%d sessions still open at shutdown", len(self.sessions))
         await self.queue.stop()
+        await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:
             self._lease_task.cancel()
         await self.bus.stop()
@@ -153,7 +178,12 @@ class Gateway:
         """Send a task to the queue of the worker that owns the job's slot."""
         queue = worker_queue(slot_worker(job.slot_id))
         await asyncio.to_thread(
-            self.celery.send_task, job.task, kwargs=job.kwargs(), queue=queue, routing_key=queue
+            self.celery.send_task,
+            job.task,
+            kwargs=job.kwargs(),
+            queue=queue,
+            routing_key=queue,
+            task_id=job.task_id,
         )
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:

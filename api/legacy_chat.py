@@ -16,16 +16,19 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api import telemetry
 from api.chat_turn import ChatTurn
+from api.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.connection import Connection, parse_json
 from api.dialects import LegacyChatMapper, legacy_error
 from api.errors import ProtocolError
 from api.gateway import Gateway
-from api.recordings import record_turn
 from api.slot_wait import Refused, wait_for_slot
 from api.task_relay import TaskNotStarted, WorkerLost
-from api.validation import LEGACY_CHAT_DEFAULTS, chat_request
-from streaming.events import ErrorCode
+from omnicore.logs import session_context
+from streaming.controls import CloseControl
+from streaming.events import CloseReason, ErrorCode
+from streaming.keys import slot_worker
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -35,18 +38,46 @@ class LegacyChat(Connection):
 
     def __init__(self, gw: Gateway, ws: WebSocket) -> None:
         super().__init__(gw, ws)
-        self.turn_id = f"chat_{uuid.uuid4().hex[:12]}"
+        self.turn_id = self.log_id = f"chat_{uuid.uuid4().hex[:12]}"
+        self.turn_running = False
+        self.recording = gw.recorder.open(self.turn_id, "legacy_chat", endpoint="/ws/chat")
         self.deadline = time.time() + gw.settings.legacy_chat_timeout_s
+        # what the session-end line and the metrics read (telemetry.EndedSession)
+        self.session_id = self.turn_id
+        self.public_mode = "chat"
+        self.connected_at = time.time()
+        self.admitted_at: float | None = None
+        self.worker_id: str | None = None
+        self.ended_reason: str | None = None
+        self.clock = telemetry.ResponseClock("chat")
         self.request: asyncio.Future[dict[str, Any] | ProtocolError] = (
             asyncio.get_running_loop().create_future()
         )
 
     def stopping(self) -> bool:
-        """The client left, or the request's deadline passed."""
-        return self.gone.is_set() or time.time() >= self.deadline
+        """The client left or stopped keeping up, or the request's deadline passed."""
+        return self.gone.is_set() or bool(self.evict_reason) or time.time() >= self.deadline
+
+    async def on_evict(self, reason: CloseReason) -> None:
+        """Stop the turn now: its output has nowhere to go (api/client_watch.py)."""
+        if self.turn_running:
+            await self.gw.inputs.control(self.turn_id, CloseControl(reason=reason))
+
+    def session_goes_on(self) -> bool:
+        """A turn ends with its connection."""
+        return False
+
+    async def serve(self) -> None:
+        """The turn, its log lines naming it, and its session-end line."""
+        with session_context(self.turn_id):
+            try:
+                await super().serve()
+            finally:
+                telemetry.session_ended(self.gw.metrics, self)
 
     async def fail(self, message: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
         """Send the endpoint's error frame and close."""
+        self.ended_reason = self.ended_reason or "error"
         await self.send(legacy_error(message))
         await self.close(code)
 
@@ -102,25 +133,32 @@ class LegacyChat(Connection):
             full = got.code in (ErrorCode.QUEUE_FULL, ErrorCode.WORKER_BUSY)
             message = "Queue full" if full else f"service unavailable: {got.detail}"
             return await self.fail(message, status.WS_1013_TRY_AGAIN_LATER)
+        self.admitted_at, self.worker_id = time.time(), slot_worker(got.slot_id)
+        self.clock.input_sent(self.turn_id)
         if got.waited:
             await self.send({"type": "session.queue_done"})
-        turn = ChatTurn(self.gw, self.turn_id, got, request, self.deadline)
+            telemetry.handed_off(self.gw.metrics, got.assigned_at)
+        turn = ChatTurn(
+            self.gw, self.turn_id, got, request, self.deadline, on_overflow=self.output_overflow
+        )
         mapper = LegacyChatMapper(self.turn_id)
+        self.turn_running = True
         try:
             async with aclosing(turn.events(self.stopping)) as events:
                 async for ev in events:
                     for frame in mapper.frames(ev):
-                        if frame["type"] == "done":
-                            await record_turn(
-                                self.gw.settings.recordings_dir, self.turn_id, request, frame
-                            )
                         await self.send(frame)
                         if frame["type"] in mapper.ENDING:
+                            telemetry.relayed(self.gw.metrics, self.clock, ev, self.turn_id)
+                            self.ended_reason = self.ended_reason or frame["type"]
                             return await self.close()
+                    telemetry.relayed(self.gw.metrics, self.clock, ev, self.turn_id)
         except TaskNotStarted:
             return await self.fail("worker connection failed", status.WS_1013_TRY_AGAIN_LATER)
         except WorkerLost:
             return await self.fail("the worker running this request was lost")
+        finally:
+            self.turn_running = False
         if not self.gone.is_set():
             timed_out = time.time() >= self.deadline
             await self.fail(

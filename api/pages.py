@@ -1,30 +1,31 @@
 """The gateway's own web pages: the browser client at ``/``, the operator page at ``/ops``.
 
-All page routing lives here, so a later frontend switch (the official demo's static files) can
-take over ``/`` in one place. Assets are served from the package directory ``api/web/`` under
-``/web/``: plain ES modules, no build step, nothing loaded from another host.
+With ``OMNISERVE_STATIC_DIR`` set, that directory (the official demo's static files) takes over
+``/`` and the demo's page routes (``api/static_site.py``); omniserve's own client stays at
+``/web/``. Assets are served from the package directory ``api/web/`` under ``/web/``: plain ES
+modules, no build step, nothing loaded from another host.
 
 Two small JSON endpoints exist only because the pages need them:
 
 - ``GET /web/config``: what the client cannot learn from the protocol (duration limits, whether
   an API key is required).
-- ``GET /v1/admin/overview`` and ``GET /v1/admin/recordings/{id}``: workers with the state of each
-  slot, the global queue, live sessions and chat recordings, for the operator page. Both are
-  behind the admin guard (``api.security.require_admin``: ``Authorization: Bearer <admin
-  token>``; without a token, open on a loopback bind only). The pages themselves hold no data.
+- ``GET /v1/admin/overview``: workers with the state of each slot, the global queue, live
+  sessions and the latest recordings, for the operator page. It is behind the admin guard
+  (``api.security.require_admin``: ``Authorization: Bearer <admin token>``; without a token,
+  open on a loopback bind only). The pages themselves hold no data; a recording's details come
+  from ``/v1/recordings`` (``api/recordings/routes.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from api.gateway import Gateway
@@ -37,7 +38,6 @@ WEB_DIR = Path(__file__).resolve().parent / "web"
 MODES = ("chat", "video", "audio")
 CONTEXT_TOKENS = 8192  # spec/04: fixed duplex context window
 RECORDINGS_LISTED = 50
-_RECORDING_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
@@ -115,22 +115,15 @@ def live_sessions(gw: Gateway) -> list[dict[str, Any]]:
     return out
 
 
-def _recording_list(directory: str) -> list[dict[str, Any]]:
-    files = sorted(Path(directory).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    out = []
-    for path in files[:RECORDINGS_LISTED]:
-        st = path.stat()
-        out.append({"id": path.stem, "saved_at": st.st_mtime, "bytes": st.st_size})
-    return out
-
-
 def create_router(settings: Settings) -> APIRouter:
     """The page routes and the two JSON endpoints behind them."""
     router = APIRouter(include_in_schema=False)
 
-    @router.get("/")
-    async def index() -> FileResponse:
-        return FileResponse(WEB_DIR / "index.html", headers=_NO_CACHE)
+    if not settings.static_dir:  # else "/" is the static directory's (api/static_site.py)
+
+        @router.get("/")
+        async def index() -> FileResponse:
+            return FileResponse(WEB_DIR / "index.html", headers=_NO_CACHE)
 
     @router.get("/ops")
     async def ops() -> FileResponse:
@@ -153,11 +146,9 @@ def create_router(settings: Settings) -> APIRouter:
     async def overview(request: Request) -> JSONResponse:
         gw: Gateway = request.app.state.gateway
         snap = await gw.admission.snapshot()
-        recordings = (
-            await asyncio.to_thread(_recording_list, settings.recordings_dir)
-            if settings.recordings_dir
-            else []
-        )
+        store = gw.recorder.store
+        metas = await asyncio.to_thread(store.metas) if store else []
+        recordings = metas[:RECORDINGS_LISTED]
         body = {
             "gateway": {
                 "gateway_id": gw.gateway_id,
@@ -177,25 +168,17 @@ def create_router(settings: Settings) -> APIRouter:
                 ],
             },
             "sessions": live_sessions(gw),
-            "recordings": {"enabled": bool(settings.recordings_dir), "items": recordings},
-            "counters": dict(gw.counters),
+            "recordings": {"enabled": store is not None, "items": recordings},
+            "counters": gw.metrics.totals(),
         }
         return JSONResponse(body, headers=_NO_CACHE)
-
-    @router.get("/v1/admin/recordings/{recording_id}", dependencies=[Depends(require_admin)])
-    async def recording(recording_id: str) -> Response:
-        if not settings.recordings_dir or not _RECORDING_ID.match(recording_id):
-            raise HTTPException(404, "no such recording")
-        path = Path(settings.recordings_dir) / f"{recording_id}.json"
-        if not path.is_file():
-            raise HTTPException(404, "no such recording")
-        data = await asyncio.to_thread(path.read_bytes)
-        return Response(data, media_type="application/json", headers=_NO_CACHE)
 
     return router
 
 
 def install_pages(app: FastAPI, settings: Settings) -> None:
-    """Add the pages, their JSON endpoints and the ``/web`` assets to the gateway app."""
+    """Add the pages, their JSON endpoints and the ``/web`` assets to the gateway app (with
+    ``OMNISERVE_STATIC_DIR`` set, ``api/static_site.py`` serves ``/`` instead)."""
     app.include_router(create_router(settings))
-    app.mount("/web", StaticFiles(directory=WEB_DIR), name="web")
+    # html=True: omniserve's own client also answers at /web/ (needed when "/" is another's)
+    app.mount("/web", StaticFiles(directory=WEB_DIR, html=True), name="web")

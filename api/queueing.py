@@ -36,6 +36,8 @@ class Waiter:
     last_position: int | None = None
     last_sent: float = 0.0
     missing_since: float | None = None  # when the ticket was first seen missing, unassigned
+    assigned_at: float | None = None  # when this gateway took the ticket's slot assignment
+    owner: object | None = None  # the connection waiting (what the operator views show of it)
 
 
 class QueueManager:
@@ -87,11 +89,17 @@ class QueueManager:
         self._wake.set()
 
     async def acquire(
-        self, notify: Notify, queued_event: str = "session.queued"
-    ) -> tuple[str, str, bool]:
-        """Wait in the global FIFO for a worker slot; returns (ticket_id, slot_id, waited).
+        self,
+        notify: Notify,
+        queued_event: str = "session.queued",
+        owner: object | None = None,
+        front: bool = False,
+    ) -> tuple[str, str, float | None]:
+        """Wait in the global FIFO for a worker slot; returns (ticket_id, slot_id, assigned_at).
 
-        ``waited`` is True when the client was told it is queued.
+        ``assigned_at`` (monotonic: when the slot was taken) is set when the client was told it
+        is queued, None when it never waited. ``front``: a failover's session goes ahead of every
+        ordinary ticket.
 
         Sends ``session.queued`` and then ``session.queue_update`` through ``notify`` while
         waiting. Raises QueueFull at capacity. Cancelling the call leaves the queue at once (and
@@ -99,10 +107,10 @@ class QueueManager:
         """
         ticket = self.new_ticket_id()
         loop = asyncio.get_running_loop()
-        waiter = Waiter(ticket, notify, loop.create_future())
+        waiter = Waiter(ticket, notify, loop.create_future(), owner=owner)
         self.waiters[ticket] = waiter
         try:
-            await self.admission.enqueue(ticket, self.max_queue)
+            await self.admission.enqueue(ticket, self.max_queue, front)
             await self._dispatch()
             if not waiter.future.done():
                 snap = await self.admission.snapshot()
@@ -113,23 +121,25 @@ class QueueManager:
                     # dispatched by another gateway between our enqueue and snapshot
                     await self._claim(ticket)
             slot = await waiter.future
-            return ticket, slot, waiter.last_position is not None
+            return ticket, slot, waiter.assigned_at if waiter.last_position is not None else None
         except BaseException:
             self.waiters.pop(ticket, None)
-            if (
-                waiter.future.done()
-                and not waiter.future.cancelled()
-                and not waiter.future.exception()
-            ):
-                await self.admission.release(waiter.future.result())
-            else:
-                try:
-                    await asyncio.shield(self.admission.leave(ticket))
-                except Exception:
-                    log.warning("could not withdraw %s", ticket, exc_info=True)
+            # shielded: a second cancel must not cut the hand-back short (a leaked slot)
+            await asyncio.shield(self._give_back(waiter))
             raise
         finally:
             self.waiters.pop(ticket, None)
+
+    async def _give_back(self, waiter: Waiter) -> None:
+        """A wait that ended without its slot being taken: give the slot back, or leave."""
+        fut = waiter.future
+        try:
+            if fut.done() and not fut.cancelled() and not fut.exception():
+                await self.admission.release(fut.result())
+            else:
+                await self.admission.leave(waiter.ticket_id)
+        except Exception:
+            log.warning("could not withdraw %s", waiter.ticket_id, exc_info=True)
 
     async def _claim(self, ticket: str) -> bool:
         waiter = self.waiters.get(ticket)
@@ -141,6 +151,7 @@ class QueueManager:
         if waiter.future.done() or ticket not in self.waiters:
             await self.admission.release(slot)
             return True
+        waiter.assigned_at = time.monotonic()
         waiter.future.set_result(slot)
         return True
 

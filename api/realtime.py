@@ -16,12 +16,17 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api import telemetry
 from api.connection import Connection, new_session_id, parse_json
-from api.dialects import Dialect, dialect_of
+from api.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
+from api.dialects import Dialect, dialect_of, older_close_reason
 from api.errors import Frame, ProtocolError
 from api.gateway import Gateway
+from api.queueing import Notify
 from api.slot_wait import Admitted, Refused, wait_for_slot
+from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
+from streaming.keys import slot_worker
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -32,9 +37,11 @@ KNOWN_EVENTS = frozenset(
         "input.append",
         "input_audio_buffer.append",
         "session.close",
+        "session.resume",
     }
 )
 INIT_EVENTS = frozenset({"session.init", "session.update"})
+CLOSE_EVENT = "session.close"
 
 
 class SessionState(StrEnum):
@@ -44,6 +51,7 @@ class SessionState(StrEnum):
     CONNECTED = "CONNECTED"
     INITIALIZING = "INITIALIZING"
     ACTIVE = "ACTIVE"
+    RECOVERING = "RECOVERING"  # a new worker is being found for the session (failover)
     CLOSED = "CLOSED"
 
 
@@ -64,13 +72,41 @@ class RealtimeSession(Connection):
         self.public_mode = public_mode
         self.session_id = new_session_id()
         self.connected_at = time.time()
+        self.log_id = self.session_id
         self.deadline = self.connected_at + gw.settings.duration_limit(public_mode)
-        self.state = SessionState.QUEUED
+        self._state = SessionState.QUEUED
+        self.state_since = time.monotonic()
         self.dialect: Dialect | None = None
         self.slot_id: str | None = None  # the worker slot held now (chat: only during a turn)
+        self.slot_since: float | None = None  # when the slot was assigned (chat: this turn's)
         self.close_reason: str | None = None  # set when the client asks to close
         self.close_wanted = asyncio.Event()
+        self.superseded = asyncio.Event()  # the client resumes another session instead
         self.shutdown_reason: CloseReason | None = None
+        self.clock = telemetry.ResponseClock(public_mode)  # first text/audio per response
+        self.admitted_at: float | None = None  # unix time a worker slot was first assigned
+        self.worker_id: str | None = None  # the worker of the last slot held
+        self.ended_reason: str | None = None  # what session.closed said (None: not sent)
+        self.diagnostics = ClientDiagnostics(self.session_id, gw.metrics.client_playback_gaps)
+        self.recording = gw.recorder.open(self.session_id, public_mode, endpoint="/v1/realtime")
+
+    def recording_info(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "dialect": self.dialect}
+
+    @property
+    def state(self) -> SessionState:
+        """docs/PROTOCOL.md, "State machine" (``state_since``: when it was entered)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: SessionState) -> None:
+        self._state = value
+        self.state_since = time.monotonic()
+
+    def session_goes_on(self) -> bool:
+        """Whether the session outlives this connection (a resumable one may: see
+        ``api/duplex_resumable.py``); then its end is neither counted nor logged here."""
+        return False
 
     def time_left(self) -> float:
         """Seconds until the mode's duration limit (counted from connect)."""
@@ -84,6 +120,10 @@ class RealtimeSession(Connection):
         """Reason and close code for a session ended by shutdown, the client, or the clock."""
         if self.shutdown_reason:
             return self.shutdown_reason, status.WS_1001_GOING_AWAY
+        if self.evict_reason is CloseReason.CLIENT_IDLE:
+            return self.evict_reason, status.WS_1000_NORMAL_CLOSURE
+        if self.evict_reason:
+            return self.evict_reason, status.WS_1008_POLICY_VIOLATION
         if self.close_wanted.is_set():
             return self.close_reason or CloseReason.USER_STOP, status.WS_1000_NORMAL_CLOSURE
         return CloseReason.TIMEOUT, status.WS_1000_NORMAL_CLOSURE
@@ -105,33 +145,51 @@ class RealtimeSession(Connection):
         return event
 
     def accept_event(self, event: dict[str, Any]) -> str | None:
-        """What every mode does first: fix the dialect, refuse unknown types, note a close.
+        """What every mode does first: note diagnostics, fix the dialect, refuse unknown types,
+        note a close.
 
-        Returns the event type, or None when the event was a ``session.close``.
+        Returns the event type for the mode to handle (``session.close`` only to let it tell its
+        worker), or None when nothing is left to do (a ``client_diagnostic``).
         """
         kind: str = event["type"]
+        if kind == DIAGNOSTIC_EVENT:  # any state; it does not choose the dialect
+            self.diagnostics.note(event)
+            return None
         if self.dialect is None:
             self.dialect = dialect_of(kind)
         if kind not in KNOWN_EVENTS:
             raise ProtocolError(ErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}", "type")
-        if kind == "session.close":
+        if kind == CLOSE_EVENT:
             reason = event.get("reason")
             self.close_reason = (
                 reason if isinstance(reason, str) and reason else CloseReason.USER_STOP
             )
             self.close_wanted.set()
-            return None
         return kind
 
     async def on_event_failure(self, event: dict[str, Any]) -> None:
         await self.send_error(ErrorCode.INFERENCE_ERROR, "the server could not handle this event")
 
     # ------------------------------------------------------------------ queueing
-    async def acquire_slot(self) -> Admitted | None:
-        """Wait for a worker slot; None when the session ended instead (the client was told)."""
-        got = await wait_for_slot(self, self.deadline, self.close_wanted)
+    async def acquire_slot(self, notify: Notify | None = None) -> Admitted | None:
+        """Wait for a worker slot; None when the session ended instead (the client was told,
+        unless it resumes another session: ``superseded``).
+
+        The queue events go to the client, or to ``notify`` when given.
+        """
+        got = await wait_for_slot(
+            self, self.deadline, self.close_wanted, self.superseded, notify=notify
+        )
         if isinstance(got, Admitted):
+            if self.superseded.is_set():  # the slot came with the resume request
+                await self.gw.admission.release(got.slot_id)
+                return None
+            self.admitted_at = self.admitted_at or time.time()
+            self.worker_id = slot_worker(got.slot_id)
+            self.slot_since = time.time()
             return got
+        if self.superseded.is_set():
+            return None
         if isinstance(got, Refused):
             message = refusal_message(got)
             await self.send_error(got.code, message)
@@ -149,16 +207,22 @@ class RealtimeSession(Connection):
         if not self.closed_sent:
             self.closed_sent = True
             self.state = SessionState.CLOSED
-            if self.dialect is Dialect.OLDER and reason == (
-                self.close_reason or CloseReason.USER_STOP
-            ):
-                reason = CloseReason.STOPPED  # spec/04: the confirmation of a client's close
+            if self.dialect is Dialect.OLDER:
+                reason = older_close_reason(reason, self.close_reason or CloseReason.USER_STOP)
+            self.ended_reason = str(reason)
             await self.send(self.closed_frame(reason))
+        elif self.ended_reason is None:  # a subclass sent its own session.closed (chat resume)
+            self.ended_reason = str(reason)
         await self.close(code)
 
     def closed_frame(self, reason: str) -> Frame:
         """The ``session.closed`` server event."""
         return {"type": "session.closed", "session_id": self.session_id, "reason": str(reason)}
+
+    async def on_evict(self, reason: CloseReason) -> None:
+        """The client stopped keeping up: the session ends with ``reason`` (api/client_watch.py);
+        the modes also tell the worker at once."""
+        self.close_wanted.set()
 
     async def shutdown(self) -> None:
         """Server shutdown: tell the client, end the work."""
@@ -173,7 +237,11 @@ class RealtimeSession(Connection):
     async def serve(self) -> None:
         """Run the session, registered with the gateway (for shutdown) while it lives."""
         self.gw.sessions[self.session_id] = self
-        try:
-            await super().serve()
-        finally:
-            self.gw.sessions.pop(self.session_id, None)
+        with session_context(self.session_id):
+            try:
+                await super().serve()
+            finally:
+                # (a connection that resumed this session on this gateway may be registered now)
+                if self.gw.sessions.get(self.session_id) is self:
+                    del self.gw.sessions[self.session_id]
+                telemetry.session_ended(self.gw.metrics, self)

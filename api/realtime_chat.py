@@ -1,7 +1,14 @@
 """``/v1/realtime?mode=chat``: turns run one at a time, each taking its own place in the queue.
 
 The connection holds no worker slot between turns: ``session.queue_done`` is sent at once, and
-each ``input.append`` waits in the global FIFO and runs as one ``ChatTurn``.
+each ``input.append`` waits in the global FIFO and runs as one ``ChatTurn``. spec/01 sends the
+``session.queue*`` events only before ``session.init``, so a turn that has to wait is told with
+the extension events ``response.queued`` / ``response.queue_update`` / ``response.queue_done``
+(same fields, plus the turn's ``response_id`` and ``input_id``), which a client that knows only
+the spec ignores.
+
+A session is resumable (``api/chat_resumable.py``): its frames after ``session.created`` carry a
+``seq`` and a connection whose first event is ``session.resume`` takes an existing session over.
 """
 
 from __future__ import annotations
@@ -11,31 +18,53 @@ import uuid
 from contextlib import aclosing
 from typing import Any
 
+import orjson
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api import telemetry
+from api.chat_resumable import ResumableChat
 from api.chat_turn import ChatTurn
+from api.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
 from api.dialects import ChatMapper
-from api.errors import ProtocolError
+from api.duplex_recovery import parse_resume
+from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
-from api.realtime import INIT_EVENTS, RealtimeSession, SessionState
+from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, WorkerLost
-from api.validation import REALTIME_CHAT_DEFAULTS, chat_request
-from streaming.events import Closed, ErrorCode
+from streaming.controls import CloseControl
+from streaming.events import Closed, CloseReason, ErrorCode, Gap
+
+TURN_QUEUE_EVENTS = {
+    "session.queued": "response.queued",
+    "session.queue_update": "response.queue_update",
+}
+"""The queue's own events -> the names a waiting chat turn hears them by."""
+CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
 
 
-class ChatSession(RealtimeSession):
+class ChatSession(ResumableChat):
     """Chat mode: turns run one at a time, each taking its own place in the global queue."""
 
     def __init__(self, gw: Gateway, ws: WebSocket) -> None:
-        super().__init__(gw, ws, "chat")
-        self.turns: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.turn_count = 0
+        super().__init__(gw, ws)
+        self.turns: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.current_turn: str | None = None  # the id of the turn running or last run
 
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
+        self.first_event.set()  # (after this call: the held session.queue_done goes out, or not)
         kind = self.accept_event(event)
-        if kind is None:
+        if kind is None or kind == CLOSE_EVENT:
+            return
+        if kind == "session.resume":
+            if self.resume_request or self.state is not SessionState.CONNECTED:
+                raise ProtocolError(
+                    ErrorCode.INVALID_PAYLOAD, "session.resume must be the first event", "type"
+                )
+            self.resume_request = parse_resume(event)
+            self.superseded.set()
             return
         if kind in INIT_EVENTS:
             if self.state is not SessionState.CONNECTED:
@@ -50,14 +79,16 @@ class ChatSession(RealtimeSession):
             if not isinstance(event[field], dict):
                 raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{field} must be an object", field)
             self.state = SessionState.ACTIVE
-            await self.send(
-                {
-                    "type": "session.created",
-                    "session_id": self.session_id,
-                    "mode": "turn_based",
-                    "metrics": {},
-                }
-            )
+            created = {
+                "type": "session.created",
+                "session_id": self.session_id,
+                "mode": "turn_based",
+                "metrics": {},
+            }
+            if self.recording.id:
+                created["recording_id"] = self.recording.id
+            await self.offer(created, orjson.dumps(event[field]))
+            await self.send(created)
             return
         if self.state is not SessionState.ACTIVE:
             raise ProtocolError(ErrorCode.NOT_READY, "send input only after session.created")
@@ -65,65 +96,126 @@ class ChatSession(RealtimeSession):
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "chat mode takes input.append", "type")
         if "input" not in event:
             raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
+        limit = self.gw.settings.max_chat_turns_queued
+        if self.turns.qsize() >= limit:
+            raise ProtocolError(
+                ErrorCode.TURN_QUEUE_FULL,
+                f"{limit} turns are already waiting on this connection; send the next one after"
+                " a response.done",
+            )
         voices = self.gw.settings.voices_dir
-        self.turns.put_nowait(
-            chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
-        )
+        request = chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
+        self.input_seq += 1
+        self.turns.put_nowait((f"input_{self.input_seq}", request))
+        await self.note_input()
+
+    async def on_evict(self, reason: CloseReason) -> None:
+        await super().on_evict(reason)
+        if self.slot_id is not None and self.current_turn:  # stop the running turn now: its
+            # output has nowhere to go
+            await self.gw.inputs.control(self.current_turn, CloseControl(reason=reason))
 
     async def run(self) -> None:
+        """Turns one at a time until the session ends; a vanished client's session is kept
+        for a resume (detached) when it has a token."""
         self.state = SessionState.CONNECTED
-        await self.send({"type": "session.queue_done", "session_id": self.session_id})
+        await self.queue_frame({"type": "session.queue_done", "session_id": self.session_id})
+        try:
+            await self.run_turns()
+        finally:
+            await self.note_gone()
+
+    async def run_turns(self) -> None:
+        resumed = False
         while True:
+            if self.resume_request is not None and not resumed:
+                resumed = True
+                if not await self.resume_chat(self.resume_request):
+                    return
+                self.superseded.clear()  # this connection's own turns queue from now on
             get = asyncio.ensure_future(self.turns.get())
-            gone = asyncio.ensure_future(self.gone.wait())
-            close = asyncio.ensure_future(self.close_wanted.wait())
+            stops = [self.gone, self.close_wanted] + ([] if resumed else [self.superseded])
+            waits = [asyncio.ensure_future(ev.wait()) for ev in stops]
             done, _ = await asyncio.wait(
-                {get, gone, close}, timeout=self.time_left(), return_when=asyncio.FIRST_COMPLETED
+                {get, *waits},
+                timeout=min(self.time_left(), CHECK_S),
+                return_when=asyncio.FIRST_COMPLETED,
             )
-            for t in (gone, close):
+            for t in waits:
                 t.cancel()
             if get not in done:
                 get.cancel()
-                if not self.gone.is_set():
-                    await self.finish(*self.end_reason())
+            if self.gone.is_set():
                 return
-            if not await self.turn(get.result()):
+            if get in done:
+                if not await self.turn(*get.result()):
+                    return
+            elif self.close_wanted.is_set() or self.time_left() <= 0:
+                return await self.finish(*self.end_reason())
+            elif self.resumable and await self._was_replaced():
                 return
 
-    async def turn(self, request: dict[str, Any]) -> bool:
+    async def turn(self, input_id: str, request: dict[str, Any]) -> bool:
         """Run one turn through the queue and a worker; False when the session ended."""
-        admitted = await self.acquire_slot()
-        if admitted is None:
-            return False
-        self.turn_count += 1
+        names: Frame = {
+            "session_id": self.session_id,
+            "response_id": f"resp_{uuid.uuid4().hex[:12]}",
+            "input_id": input_id,
+        }
+
+        async def queue_event(frame: Frame) -> None:
+            await self.send({**frame, "type": TURN_QUEUE_EVENTS[frame["type"]], **names})
+
+        async with self.hold_turn():
+            admitted = await self.acquire_slot(queue_event)
+            if admitted is None:
+                return False
+            return await self.run_turn(admitted, input_id, request, names)
+
+    async def run_turn(
+        self, admitted: Admitted, input_id: str, request: dict[str, Any], names: Frame
+    ) -> bool:
+        """Relay one admitted turn; False when the session ended."""
         self.slot_id = admitted.slot_id
         if admitted.waited:
-            await self.send({"type": "session.queue_done", "session_id": self.session_id})
+            await self.send({"type": "response.queue_done", **names})
+            telemetry.handed_off(self.gw.metrics, admitted.assigned_at)
+        # (input ids are unique in a session, across resumes: so are the turn ids)
+        turn_id = f"{self.session_id}_t{input_id.removeprefix('input_')}"
+        self.current_turn = turn_id
+        self.clock.input_sent(turn_id)
         turn = ChatTurn(
-            self.gw, f"{self.session_id}_t{self.turn_count}", admitted, request, self.deadline
+            self.gw, turn_id, admitted, request, self.deadline, on_overflow=self.output_overflow
         )
-        mapper = ChatMapper(self.session_id, f"resp_{uuid.uuid4().hex[:12]}")
+        mapper = ChatMapper(self.session_id, names["response_id"], input_id)
         try:
-            async with aclosing(turn.events(self.stopping)) as events:
+            async with aclosing(turn.events(self.must_stop_turn)) as events:
                 async for ev in events:
                     if isinstance(ev, Closed):
                         # the worker ended the turn early (drain, deadline, cancel)
-                        if not self.stopping():
-                            await self.send_error(
-                                ErrorCode.INFERENCE_ERROR, f"turn interrupted: {ev.reason}"
+                        if not self.must_stop_turn():
+                            await self.emit(
+                                error_frame(
+                                    ErrorCode.INFERENCE_ERROR, f"turn interrupted: {ev.reason}"
+                                )
                             )
                         continue
                     for frame in mapper.frames(ev):
-                        await self.send(frame)
+                        # (an output_gap error is about this connection: not replayed)
+                        await (self.send(frame) if isinstance(ev, Gap) else self.emit(frame))
+                    telemetry.relayed(self.gw.metrics, self.clock, ev, turn_id)
         except TaskNotStarted as exc:
-            await self.send_error(
-                ErrorCode.WORKER_CONNECT_FAILED, f"Worker connection failed: {exc.detail}"
+            await self.emit(
+                error_frame(
+                    ErrorCode.WORKER_CONNECT_FAILED, f"Worker connection failed: {exc.detail}"
+                )
             )
+            await self.end_record()
             await self.close(status.WS_1013_TRY_AGAIN_LATER)
             return False
         except WorkerLost:
-            await self.send_error(
-                ErrorCode.INFERENCE_ERROR, "the worker running this turn was lost"
+            await self.emit(
+                error_frame(ErrorCode.INFERENCE_ERROR, "the worker running this turn was lost")
             )
             return True
         finally:

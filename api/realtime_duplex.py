@@ -1,7 +1,17 @@
 """``/v1/realtime`` video and audio: one long task pinned to one worker slot.
 
 States (docs/PROTOCOL.md): QUEUED until a slot is assigned, CONNECTED until a valid init,
-INITIALIZING until the worker's ``Created``, ACTIVE until ``Closed``; then CLOSED.
+INITIALIZING until the worker's ``Created``, ACTIVE until ``Closed``; then CLOSED. RECOVERING
+while a failover looks for a new worker (``api/duplex_recovery.py``).
+
+A connection whose first event is ``session.resume`` drops the new session it was starting and
+takes over an existing one instead (``resume``); the session's record (``streaming/resume.py``)
+says which connection relays it now, so the one it replaced learns so and closes (``replaced``).
+
+An init sent while QUEUED is validated at once and kept (the latest one wins); it goes to the
+worker the moment the slot is assigned. Browser clients (the official demo's pages) send their
+``session.update`` shortly after connecting whether or not they had to wait, and the official
+gateway does not read client frames while a client waits, so there a queued user simply waits.
 """
 
 from __future__ import annotations
@@ -13,14 +23,25 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api import client_watch, telemetry
 from api.dialects import Dialect, DuplexMapper
-from api.errors import ProtocolError
+from api.duplex_recovery import parse_resume
+from api.duplex_resumable import ResumableSession, with_seq
+from api.errors import Frame, ProtocolError
 from api.gateway import Gateway
-from api.realtime import INIT_EVENTS, RealtimeSession, SessionState
+from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
-from api.validation import duplex_append, duplex_init
+from api.validation import DuplexInit, duplex_append, duplex_init
 from streaming.controls import CloseControl
-from streaming.events import Closed, CloseReason, Created, Error, ErrorCode, Event
+from streaming.events import (
+    Closed,
+    CloseReason,
+    Created,
+    Error,
+    ErrorCode,
+    Event,
+    Recovering,
+)
 from streaming.input import AudioChunk
 from streaming.jobs import DuplexJob
 
@@ -29,47 +50,61 @@ log = logging.getLogger("omniserve.gateway")
 CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not waited for
 
 
-class DuplexSession(RealtimeSession):
+class DuplexSession(ResumableSession):
     """Video / audio full-duplex: one long task pinned to one worker slot."""
 
     def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:
         super().__init__(gw, ws, public_mode)
-        self.mapper: DuplexMapper | None = None
         self.input_seq = 0
         self.default_slices = 1
         self.init_since: float | None = None
+        self.pending_init: DuplexInit | None = None  # sent while queued; applied at admission
 
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
+        self.first_event.set()  # (after this call: the held queue events go out, or not)
         kind = self.accept_event(event)
         S = SessionState
         if kind is None:
+            return
+        if kind == CLOSE_EVENT:
             if self.state in (S.CONNECTED, S.INITIALIZING, S.ACTIVE):
                 await self.gw.inputs.control(
                     self.session_id, CloseControl(reason=self.close_reason)
                 )
             return
-        if self.state is S.QUEUED:
-            raise ProtocolError(
-                ErrorCode.NOT_READY, f"wait for session.queue_done before sending {kind}"
-            )
+        if kind == "session.resume":
+            started = self.init_since is not None or self.pending_init is not None
+            if self.resume_request or self.state not in (S.QUEUED, S.CONNECTED) or started:
+                raise ProtocolError(
+                    ErrorCode.INVALID_PAYLOAD, "session.resume must be the first event", "type"
+                )
+            self.resume_request = parse_resume(event)
+            self.superseded.set()
+            return
         if kind in INIT_EVENTS:
+            if self.state is S.QUEUED:
+                self.pending_init = duplex_init(event)  # the latest valid one wins
+                return
             if self.state is not S.CONNECTED:
                 raise ProtocolError(
                     ErrorCode.INVALID_PAYLOAD, "session already initialised", "type"
                 )
             init = duplex_init(event)
-            self.default_slices = init.max_slice_nums or 1
-            self.state = S.INITIALIZING
-            self.init_since = time.monotonic()
-            await self.gw.inputs.control(self.session_id, init.control())
+            self._begin_init()
+            await self._send_init(init)
             return
+        if self.state is S.QUEUED:
+            raise ProtocolError(
+                ErrorCode.NOT_READY, f"wait for session.queue_done before sending {kind}"
+            )
         # input.append / input_audio_buffer.append
-        if self.state is not S.ACTIVE:
+        if self.state not in (S.ACTIVE, S.RECOVERING):
             raise ProtocolError(ErrorCode.NOT_READY, "send input only after session.created")
         chunk = duplex_append(event, self.default_slices)
         self.input_seq += 1
+        self.clock.input_sent(f"input_{self.input_seq}")
         await self.gw.inputs.append(
             self.session_id,
             AudioChunk(
@@ -82,13 +117,34 @@ class DuplexSession(RealtimeSession):
             ),
         )
 
+    def _begin_init(self) -> None:
+        """Enter INITIALIZING (synchronously: a second init arriving meanwhile is refused)."""
+        self.state = SessionState.INITIALIZING
+        self.init_since = time.monotonic()
+
+    async def _send_init(self, init: DuplexInit) -> None:
+        self.default_slices = init.max_slice_nums or 1
+        control = init.control()
+        control.split_deltas = self.dialect is Dialect.CURRENT
+        self.init_control = control  # kept in the resume record for a failover
+        await self.gw.inputs.control(self.session_id, control)
+
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        admitted = await self.acquire_slot()
+        """A new session, unless the client's first event is ``session.resume``: then the new
+        one stops where it is (its ticket or slot given back) and the old one is taken over."""
+        await self.run_new()
+        if self.resume_request is not None and not self.gone.is_set():
+            await self.resume(self.resume_request)
+
+    async def run_new(self) -> None:
+        """Queue, start the task, relay it."""
+        admitted = await self.acquire_slot(self.queue_frame)
         if admitted is None:
             return
         slot = self.slot_id = admitted.slot_id
-        out = await self.gw.bus.open(self.session_id)  # before the worker can emit anything
+        # subscribed before the worker can emit anything
+        out = await self.gw.bus.open(self.session_id, on_overflow=self.output_overflow)
         relay = TaskRelay(self.gw, out, self.session_id, slot, "session")
         try:
             try:
@@ -108,21 +164,35 @@ class DuplexSession(RealtimeSession):
                 )
                 await self.close(status.WS_1013_TRY_AGAIN_LATER)
                 return
-            self.gw.counters["sessions_total"] += 1
             self.state = SessionState.CONNECTED
+            await self.release_queue_frames()
+            if self.superseded.is_set():  # the client resumes another session instead
+                return await relay.stop(CloseReason.CLIENT_CLOSED)
+            pending, self.pending_init = self.pending_init, None
+            if pending is not None:
+                self._begin_init()
             await self.send({"type": "session.queue_done", "session_id": self.session_id})
+            telemetry.handed_off(self.gw.metrics, admitted.assigned_at)
+            if pending is not None:
+                await self._send_init(pending)
             await self.relay(relay)
         finally:
-            await self.gw.bus.close(self.session_id)
-            if self.gone.is_set() and not self.closed_sent:
-                await self._tell_worker(CloseReason.CLIENT_CLOSED)  # the client vanished
+            await self.gw.bus.close(self.session_id, out)
+            await self._left()
 
     async def relay(self, relay: TaskRelay) -> None:
         """Forward worker events until the session closes."""
         closing_since: float | None = None
+        next_owner_check = 0.0
         while True:
             if self.gone.is_set():
                 return
+            if self.superseded.is_set() and self.created_seq is None:
+                return await relay.stop(CloseReason.CLIENT_CLOSED)  # resuming another one
+            if self.resumable and time.monotonic() >= next_owner_check:
+                next_owner_check = time.monotonic() + 0.5
+                if await self._was_replaced():
+                    return
             if closing_since is None and (self.close_wanted.is_set() or self.time_left() <= 0):
                 closing_since = time.monotonic()
                 reason, code = self.end_reason()
@@ -130,7 +200,7 @@ class DuplexSession(RealtimeSession):
                     await self.gw.inputs.control(self.session_id, CloseControl(reason=reason))
                 if self.shutdown_reason or not relay.started:
                     if not relay.started:
-                        await self.gw.abandon(self.session_id, relay.slot_id)
+                        await self.gw.abandon(relay.claim_id, relay.slot_id)
                     return await self.finish(reason, code)
             if closing_since is not None and time.monotonic() - closing_since > CLOSE_GRACE_S:
                 return await self.finish(self.end_reason()[0])
@@ -146,6 +216,13 @@ class DuplexSession(RealtimeSession):
                 self.closed_sent = True
                 return await self.close(status.WS_1013_TRY_AGAIN_LATER)
             except WorkerLost:
+                if self._can_recover() and await self.gw.resumes.restartable(self.session_id):
+                    await self.handle(await self.failover.announce(relay.out, "worker_lost"))
+                    got = await self._restart(relay.out)
+                    if got is None:
+                        return None
+                    relay = got
+                    continue
                 await self.send_error(
                     ErrorCode.BACKEND_ERROR, "the worker running this session was lost"
                 )
@@ -172,24 +249,53 @@ class DuplexSession(RealtimeSession):
     async def handle(self, ev: Event) -> bool:
         """Send one worker event to the client; True when the session is over."""
         if self.mapper is None:
-            self.mapper = DuplexMapper(self.dialect or Dialect.CURRENT, self.session_id)
+            self.mapper = DuplexMapper(
+                self.dialect or Dialect.CURRENT, self.session_id, self.recording.id
+            )
+        seq = self._client_seq(ev)
         match ev:
             case Closed():
+                self.closed_seq = seq
                 await self.finish(self.shutdown_reason or ev.reason or CloseReason.ERROR)
                 return True
+            case Created(recovered=True):
+                self.state = SessionState.ACTIVE
+                frame: Frame = {
+                    "type": "session.recovered",
+                    "session_id": self.session_id,
+                    "prompt_length": ev.prompt_length,
+                    "metrics": ev.metrics,
+                }
+                await self.send(with_seq(frame, seq))
+                return False
             case Created():
                 self.state = SessionState.ACTIVE
+                await self._created(ev)
+                return False
+            case Recovering():
+                self.state = SessionState.RECOVERING
+                frame = {"type": "session.recovering", "session_id": self.session_id}
+                await self.send(with_seq({**frame, "reason": ev.reason}, seq))
+                return False
             case Error(code=ErrorCode.INVALID_PAYLOAD) if self.state is SessionState.INITIALIZING:
                 self.state = SessionState.CONNECTED  # the init was refused; the client may retry
         for frame in self.mapper.frames(ev):
-            await self.send(frame)
+            await self.send(with_seq(frame, seq))
+        telemetry.relayed(self.gw.metrics, self.clock, ev)
         return False
 
-    async def _tell_worker(self, reason: CloseReason) -> None:
-        try:
-            await self.gw.inputs.control(self.session_id, CloseControl(reason=reason))
-        except Exception:
-            log.warning("could not stop %s", self.session_id, exc_info=True)
+    def idle_seconds(self) -> float:
+        """A client holding a slot owes input: init after queue_done, then audio every second
+        (not while its init is being prepared, nor while the answer to its last input is still
+        streaming to it)."""
+        if self.state not in (SessionState.CONNECTED, SessionState.ACTIVE):
+            return 0.0
+        return client_watch.idle_seconds(self.last_heard, self.last_sent, self.state_since)
+
+    async def on_evict(self, reason: CloseReason) -> None:
+        await super().on_evict(reason)
+        if self.state is not SessionState.QUEUED:
+            await self._tell_worker(reason)  # its slot is free within a step
 
     async def shutdown(self) -> None:
         await super().shutdown()

@@ -15,17 +15,23 @@ DRAIN_TIMEOUT_S = 5.0
 
 
 class GatewayServer(uvicorn.Server):
-    """On SIGTERM/SIGINT, first end every session with ``server_shutdown``, then stop uvicorn.
+    """On SIGTERM/SIGINT, drain first, then stop uvicorn.
 
-    (Plain uvicorn closes WebSockets with 1012 before the application's shutdown runs, so clients
-    would never see ``session.closed``.)
+    The drain (``Gateway.drain``): no new connections (``/readyz`` answers 503), running sessions
+    may finish for up to ``OMNISERVE_DRAIN_GRACE_S``, then the rest hear ``server_shutdown``. A
+    second signal cuts the grace short. (Plain uvicorn closes WebSockets with 1012 before the
+    application's shutdown runs, so clients would never see ``session.closed``.)
     """
 
     _draining = False
     _drain_task: asyncio.Task[None] | None = None
+    _grace_task: asyncio.Future[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining:
+            if self._grace_task is not None and not self._grace_task.done():
+                self._grace_task.cancel()  # a second signal: no more grace
+                return None
             return super().handle_exit(sig, frame)
         self._draining = True
         try:
@@ -41,6 +47,14 @@ class GatewayServer(uvicorn.Server):
             gw = getattr(getattr(app, "state", None), "gateway", None)
             app = getattr(app, "app", None)
         if gw is not None:
+            grace = asyncio.ensure_future(gw.drain(gw.settings.drain_grace_s))
+            self._grace_task = grace
+            try:
+                await grace
+            except asyncio.CancelledError:
+                log.warning("second signal: ending %d session(s) now", len(gw.sessions))
+            except Exception:
+                log.warning("drain incomplete", exc_info=True)
             try:
                 await asyncio.wait_for(gw.drain(), DRAIN_TIMEOUT_S)
             except Exception:

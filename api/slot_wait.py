@@ -13,8 +13,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+from api import telemetry
 from api.connection import Connection
-from api.queueing import NoCapacity
+from api.gateway import Gateway
+from api.queueing import NoCapacity, Notify
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
 
@@ -28,6 +30,7 @@ class Admitted:
     ticket_id: str
     slot_id: str
     waited: bool  # the client was told it is queued (so it expects session.queue_done)
+    assigned_at: float | None = None  # monotonic, when a queued client's slot was taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,21 +42,28 @@ class Refused:
 
 
 async def wait_for_slot(
-    conn: Connection, deadline: float, close_wanted: asyncio.Event | None = None
+    conn: Connection,
+    deadline: float,
+    *stop_events: asyncio.Event,
+    notify: Notify | None = None,
 ) -> Admitted | Refused | None:
-    """Queue ``conn`` for a slot until ``deadline`` (unix time); see the module docstring."""
+    """Queue ``conn`` for a slot until ``deadline`` (unix time); see the module docstring.
+
+    ``notify`` receives the queue events instead of the client (a chat turn renames them).
+    """
     gw = conn.gw
+    since = time.monotonic()
     try:
         ready = await gw.has_workers()
     except Exception as exc:  # noqa: BLE001 - Redis unreachable
         log.warning("cannot count the worker slots: %s", exc)
         ready = False
     if not ready:
+        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
-    acquire = asyncio.ensure_future(gw.queue.acquire(conn.send))
+    acquire = asyncio.ensure_future(gw.queue.acquire(notify or conn.send, owner=conn))
     stops = [asyncio.ensure_future(conn.gone.wait())]
-    if close_wanted is not None:
-        stops.append(asyncio.ensure_future(close_wanted.wait()))
+    stops += [asyncio.ensure_future(ev.wait()) for ev in stop_events]
     try:
         done, _ = await asyncio.wait(
             {acquire, *stops},
@@ -64,19 +74,37 @@ async def wait_for_slot(
         for task in stops:
             task.cancel()
     if acquire not in done:
-        acquire.cancel()  # leaves the queue, gives back a slot assigned meanwhile
-        await asyncio.gather(acquire, return_exceptions=True)
+        await _withdraw(gw, acquire)
         return None
     try:
-        ticket, slot, waited = acquire.result()
+        ticket, slot, assigned_at = acquire.result()
     except QueueFull:
-        gw.counters["queue_full_total"] += 1
-        busy = gw.settings.max_queue == 0
-        return Refused(ErrorCode.WORKER_BUSY if busy else ErrorCode.QUEUE_FULL, "")
+        code = ErrorCode.WORKER_BUSY if gw.settings.max_queue == 0 else ErrorCode.QUEUE_FULL
+        telemetry.rejected(gw.metrics, code)
+        return Refused(code, "")
     except NoCapacity as exc:  # workers were loading, none became ready in time
         log.warning("admission gave up: %s", exc)
+        telemetry.rejected(gw.metrics, "no_capacity")
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     except Exception as exc:
         log.exception("admission failed")
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
-    return Admitted(ticket, slot, waited)
+    conn.recording.admitted(slot)
+    telemetry.admitted(gw.metrics, telemetry.mode_of(conn), since)
+    return Admitted(ticket, slot, assigned_at is not None, assigned_at)
+
+
+async def _withdraw(gw: Gateway, acquire: asyncio.Future[tuple[str, str, float | None]]) -> None:
+    """Cancel a wait in the queue (it leaves the queue, gives back a slot assigned meanwhile).
+
+    Cancelled again until it ends: a cancel that lands while it sends a queue update to the
+    client can be swallowed by the socket's send, and the wait then goes on; if it got its slot
+    after all, the slot is given back here.
+    """
+    while not acquire.done():
+        acquire.cancel()
+        await asyncio.wait({acquire}, timeout=0.1)
+    if acquire.cancelled() or acquire.exception() is not None:
+        return
+    _ticket, slot, _assigned_at = acquire.result()
+    await gw.admission.release(slot)

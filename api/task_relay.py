@@ -16,7 +16,7 @@ import time
 
 from api.gateway import Gateway
 from streaming.controls import CloseControl
-from streaming.events import FINAL_EVENTS, Event, Started
+from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
 from streaming.output import SessionOutput
 
@@ -43,9 +43,16 @@ class TaskRelay:
     """Submit a task and read its events; see the module docstring."""
 
     def __init__(
-        self, gw: Gateway, out: SessionOutput, task_id: str, slot_id: str, what: str
+        self,
+        gw: Gateway,
+        out: SessionOutput,
+        task_id: str,
+        slot_id: str,
+        what: str,
+        claim_id: str | None = None,
     ) -> None:
         self.gw = gw
+        self.claim_id = claim_id or task_id  # a failover's attempt claims its own id
         self.what = what  # "session" or "turn", for messages
         self.out = out
         self.task_id = task_id
@@ -61,7 +68,7 @@ class TaskRelay:
         try:
             await self.gw.submit(job)
         except Exception as exc:
-            await self.gw.abandon(self.task_id, self.slot_id)
+            await self.gw.abandon(self.claim_id, self.slot_id)
             raise TaskNotStarted(str(exc)) from exc
         self._start_by = time.monotonic() + self.gw.settings.task_start_timeout_s
 
@@ -80,7 +87,7 @@ class TaskRelay:
         now = time.monotonic()
         if not self.started:
             if now > self._start_by:
-                if await self.gw.abandon(self.task_id, self.slot_id):
+                if await self.gw.abandon(self.claim_id, self.slot_id):
                     raise TaskNotStarted(f"the {self.what} did not start")
                 self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
         elif now >= self._next_lease_check:
@@ -98,9 +105,12 @@ class TaskRelay:
         """Ask the worker to end the task; one that has not started is abandoned (never runs)."""
         await self.gw.inputs.control(self.task_id, CloseControl(reason=reason))
         if not self.started:
-            await self.gw.abandon(self.task_id, self.slot_id)
+            await self.gw.abandon(self.claim_id, self.slot_id)
 
     def _consume_started(self, events: list[Event]) -> list[Event]:
+        if not self.started and any(isinstance(ev, Created) and ev.recovered for ev in events):
+            self.started = True  # a failover's worker sends no Started (its Created tells)
+            self._next_lease_check = time.monotonic() + LEASE_CHECK_S
         if any(isinstance(ev, Started) for ev in events):
             self.started = True
             self._next_lease_check = time.monotonic() + LEASE_CHECK_S

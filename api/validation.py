@@ -7,24 +7,33 @@ Every problem raises ProtocolError with the documented code and a message naming
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from api.errors import ProtocolError
 from omnicore.audio import AudioFormatError, b64_decode, is_wav, read_audio
-from omnicore.voices import VoiceError, resolve_voice
 from streaming.controls import InitControl
 from streaming.events import ErrorCode
 
-MIN_INPUT_SAMPLES = 4000
+OLDER_MIN_INPUT_SAMPLES = 4000  # spec/04, input_audio_buffer.append only: "Minimum: 4000 samples"
 MAX_SLICE_NUMS = 9
-Number = float | int
+Number = StrictFloat  # strict: an int is a number, a string is not
 
 
-def _b64(value: str, where: str) -> bytes:
+def b64_field(value: str, where: str) -> bytes:
     try:
         return b64_decode(value)
     except AudioFormatError:
@@ -33,9 +42,13 @@ def _b64(value: str, where: str) -> bytes:
         ) from None
 
 
-def decode_pcm(value: str, where: str, min_samples: int = MIN_INPUT_SAMPLES) -> bytes:
-    """Base64 float32 PCM -> raw bytes, with the protocol's length checks."""
-    raw = _b64(value, where)
+def decode_pcm(value: str, where: str, min_samples: int = 1) -> bytes:
+    """Base64 float32 PCM -> raw bytes, with the protocol's length checks.
+
+    The current dialect takes chunks of any length (at least one sample: the worker builds the
+    model's units from them); the older one keeps spec/04's minimum of 4000 samples (250 ms).
+    """
+    raw = b64_field(value, where)
     if len(raw) % 4:
         raise ProtocolError(
             ErrorCode.INVALID_PAYLOAD,
@@ -43,9 +56,12 @@ def decode_pcm(value: str, where: str, min_samples: int = MIN_INPUT_SAMPLES) -> 
             where,
         )
     if len(raw) // 4 < min_samples:
+        if min_samples == 1:
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: empty audio", where)
         raise ProtocolError(
             ErrorCode.INVALID_PAYLOAD,
-            f"{where}: {len(raw) // 4} samples is too short (minimum {min_samples}, 250 ms)",
+            f"{where}: {len(raw) // 4} samples is too short"
+            f" (minimum {min_samples}, {min_samples * 1000 // 16000} ms)",
             where,
         )
     return raw
@@ -53,7 +69,7 @@ def decode_pcm(value: str, where: str, min_samples: int = MIN_INPUT_SAMPLES) -> 
 
 def check_voice(value: str, where: str) -> str:
     """Reference audio: base64 float32 PCM or a base64 WAV file (RIFF header). Returns it."""
-    raw = _b64(value, where)
+    raw = b64_field(value, where)
     if is_wav(raw):
         try:
             read_audio(raw)
@@ -70,7 +86,7 @@ def check_voice(value: str, where: str) -> str:
 
 def decode_jpeg(value: str, where: str) -> bytes:
     """Base64 JPEG -> bytes, checked to be a decodable JPEG."""
-    raw = _b64(value, where)
+    raw = b64_field(value, where)
     if not raw.startswith(b"\xff\xd8"):
         raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: not a JPEG image", where)
     verify_image(raw, where, "JPEG")
@@ -89,9 +105,37 @@ def verify_image(raw: bytes, where: str, required_format: str | None = None) -> 
         raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: invalid {what}", where) from None
 
 
+def _is_branch(part: int | str) -> bool:
+    """A union member's label pydantic puts in an error's location (``str``,
+    ``list[ContentItem]``, ...): no field of these models is named like one."""
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool"})
+
+
+def field_path(prefix: str, loc: Sequence[int | str]) -> str:
+    """The path an error names, whether pydantic or a later check found it: ``input`` and
+    ``("messages", 0, "content", 1, "data")`` give ``input.messages[0].content[1].data``."""
+    path = prefix
+    for part in loc:
+        if _is_branch(part):
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path = f"{path}.{part}" if path else part
+    return path
+
+
 def _raise_from(exc: ValidationError, prefix: str) -> None:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+    errors = exc.errors()
+    err = errors[0]
+    # a value no member of a union accepts fails once per member: the error of the member that
+    # got furthest into the value says what is wrong (a list item's bad type, not "not a str")
+    first_branch = next((i for i, p in enumerate(err["loc"]) if _is_branch(p)), None)
+    if first_branch is not None:
+        head = err["loc"][:first_branch]
+        related = [e for e in errors if e["loc"][:first_branch] == head]
+        err = max(related, key=lambda e: len(e["loc"]))
+    loc = field_path(prefix, err["loc"])
     if err["type"] == "missing":
         raise ProtocolError(ErrorCode.MISSING_FIELD, f"missing required field {loc}", loc) from None
     raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{loc}: {err['msg']}", loc) from None
@@ -107,19 +151,19 @@ def parse(model: type[BaseModel], value: Any, prefix: str) -> Any:
         _raise_from(exc, prefix)
 
 
-class _Loose(BaseModel):
+class LooseModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
 # --------------------------------------------------------------------------- duplex
 
 
-class Voice(_Loose):
+class Voice(LooseModel):
     ref_audio_base64: StrictStr | None = None
     tts_ref_audio_base64: StrictStr | None = None
 
 
-class InitPayload(_Loose):
+class InitPayload(LooseModel):
     system_prompt: StrictStr | None = None
     instructions: StrictStr | None = None
     config: dict[str, Any] | None = None
@@ -127,19 +171,23 @@ class InitPayload(_Loose):
     max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
 
 
-class LegacySession(_Loose):
+class LegacySession(LooseModel):
     instructions: StrictStr
     ref_audio: StrictStr | None = None
     tts_ref_audio: StrictStr | None = None
     config: dict[str, Any] | None = None
+    # the official gateway's names: voice_config is the backend config, max_slice_nums the
+    # session's default for its inputs (its pages send both)
+    voice_config: dict[str, Any] | None = None
+    max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
 
 
-class Hints(_Loose):
+class Hints(LooseModel):
     force_listen: StrictBool | None = None
     max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
 
 
-class DuplexInputModel(_Loose):
+class DuplexInputModel(LooseModel):
     audio: StrictStr
     video_frames: list[StrictStr] | None = None
     force_listen: StrictBool | None = None
@@ -147,7 +195,7 @@ class DuplexInputModel(_Loose):
     hints: Hints | None = None
 
 
-class LegacyAppend(_Loose):
+class LegacyAppend(LooseModel):
     audio: StrictStr
     force_listen: StrictBool | None = None
     video_frames: list[StrictStr] | None = None
@@ -185,7 +233,8 @@ def duplex_init(event: dict[str, Any]) -> DuplexInit:
         s = parse(LegacySession, event["session"], "session")
         ref = check_voice(s.ref_audio, "session.ref_audio") if s.ref_audio else None
         tts = check_voice(s.tts_ref_audio, "session.tts_ref_audio") if s.tts_ref_audio else None
-        return DuplexInit(s.instructions, ref, tts, dict(s.config or {}))
+        config = {**(s.config or {}), **(s.voice_config or {})}  # voice_config wins
+        return DuplexInit(s.instructions, ref, tts, config, s.max_slice_nums)
     if "payload" not in event:
         raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field payload", "payload")
     p = parse(InitPayload, event["payload"], "payload")
@@ -215,185 +264,22 @@ class DuplexAppend:
 
 
 def duplex_append(event: dict[str, Any], default_slices: int = 1) -> DuplexAppend:
-    """Validate ``input.append {input}`` or ``input_audio_buffer.append {audio}``."""
+    """Validate ``input.append {input}`` or ``input_audio_buffer.append {audio}``.
+
+    Only the older event keeps spec/04's 4000-sample minimum; ``input.append`` takes any length.
+    """
     if event["type"] == "input_audio_buffer.append":
         m = parse(LegacyAppend, event, "")
-        where, hints = "audio", None
+        where, hints, min_samples = "audio", None, OLDER_MIN_INPUT_SAMPLES
         frames_where = "video_frames"
     else:
         if "input" not in event:
             raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
         m = parse(DuplexInputModel, event["input"], "input")
-        where, hints = "input.audio", m.hints
+        where, hints, min_samples = "input.audio", m.hints, 1
         frames_where = "input.video_frames"
-    audio = decode_pcm(m.audio, where)
+    audio = decode_pcm(m.audio, where, min_samples)
     frames = [decode_jpeg(f, f"{frames_where}[{i}]") for i, f in enumerate(m.video_frames or [])]
     force = m.force_listen if m.force_listen is not None else bool(hints and hints.force_listen)
     slices = m.max_slice_nums or (hints.max_slice_nums if hints else None) or default_slices
     return DuplexAppend(audio, frames, bool(force), int(slices))
-
-
-# --------------------------------------------------------------------------- chat
-
-
-class ContentItem(_Loose):
-    type: Literal["text", "image", "audio", "video"]
-    text: StrictStr | None = None
-    data: StrictStr | None = None
-    sample_rate: StrictInt | None = Field(None, gt=0, le=384_000)
-    stack_frames: StrictInt | None = Field(None, ge=1, le=64)
-
-
-class ChatMessage(_Loose):
-    role: Literal["system", "user", "assistant"]
-    content: StrictStr | list[ContentItem]
-
-
-class Generation(_Loose):
-    max_new_tokens: StrictInt | None = Field(None, ge=1, le=8192)
-    temperature: Number | None = Field(None, ge=0, le=10)
-    top_p: Number | None = Field(None, gt=0, le=1)
-    length_penalty: Number | None = Field(None, gt=0, le=10)
-
-
-class TTS(_Loose):
-    enabled: StrictBool | None = None
-    mode: (
-        Literal["default", "audio_assistant", "omni", "audio_roleplay", "voice_cloning"] | None
-    ) = None
-    ref_audio_path: StrictStr | None = None
-    ref_audio_data: StrictStr | None = None
-    language: StrictStr | None = None
-
-
-class ImageOpts(_Loose):
-    max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
-    use_image_id: StrictBool | None = None
-
-
-class ChatInput(_Loose):
-    messages: list[ChatMessage] = Field(min_length=1)
-    streaming: StrictBool | None = None
-    generation: Generation | None = None
-    tts: TTS | None = None
-    image: ImageOpts | None = None
-    omni_mode: StrictBool | None = None
-    use_tts_template: StrictBool | None = None
-    enable_thinking: StrictBool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChatDefaults:
-    """Defaults differ between the Realtime chat mode and the legacy /ws/chat endpoint."""
-
-    max_new_tokens: int
-    length_penalty: float
-    tts_enabled: bool
-    temperature: float = 0.7
-    top_p: float = 0.8
-
-
-REALTIME_CHAT_DEFAULTS = ChatDefaults(max_new_tokens=256, length_penalty=1.1, tts_enabled=False)
-LEGACY_CHAT_DEFAULTS = ChatDefaults(max_new_tokens=512, length_penalty=1.0, tts_enabled=True)
-
-
-def _check_content(messages: list[ChatMessage], prefix: str) -> None:
-    for i, msg in enumerate(messages):
-        if isinstance(msg.content, str):
-            continue
-        for j, item in enumerate(msg.content):
-            where = f"{prefix}.messages[{i}].content[{j}]"
-            if item.type == "text":
-                if item.text is None:
-                    raise ProtocolError(
-                        ErrorCode.MISSING_FIELD,
-                        f"missing required field {where}.text",
-                        f"{where}.text",
-                    )
-                continue
-            if item.data is None:
-                raise ProtocolError(
-                    ErrorCode.MISSING_FIELD, f"missing required field {where}.data", f"{where}.data"
-                )
-            if item.type == "image":
-                raw = _b64(item.data, f"{where}.data")
-                verify_image(raw, f"{where}.data")
-            elif item.type == "audio":
-                raw = _b64(item.data, f"{where}.data")
-                if len(raw) % 4:
-                    raise ProtocolError(
-                        ErrorCode.INVALID_PAYLOAD,
-                        f"{where}.data: PCM byte length is not a multiple of 4",
-                        f"{where}.data",
-                    )
-                if not raw:
-                    raise ProtocolError(
-                        ErrorCode.INVALID_PAYLOAD, f"{where}.data: empty audio", f"{where}.data"
-                    )
-            else:
-                if not _b64(item.data, f"{where}.data"):
-                    raise ProtocolError(
-                        ErrorCode.INVALID_PAYLOAD, f"{where}.data: empty video", f"{where}.data"
-                    )
-
-
-def check_voice_path(name: str, voices_dir: str | None, where: str) -> str:
-    """A server-side voice name: refused unless it names a file inside the voices directory
-    (``omnicore.voices``; the worker resolves it again where it reads the file)."""
-    try:
-        resolve_voice(voices_dir, name)
-    except VoiceError as exc:
-        raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{where}: {exc}", where) from None
-    return name
-
-
-def chat_request(
-    value: Any, defaults: ChatDefaults, prefix: str = "input", voices_dir: str | None = None
-) -> dict[str, Any]:
-    """Validate one chat turn and return the normalised request the worker runs.
-
-    ``voices_dir`` is ``OMNISERVE_VOICES_DIR``: without it ``tts.ref_audio_path`` is refused.
-    """
-    m: ChatInput = parse(ChatInput, value, prefix)
-    _check_content(m.messages, prefix)
-    gen = m.generation or Generation()
-    tts = m.tts or TTS()
-    img = m.image or ImageOpts()
-    if tts.ref_audio_data:
-        check_voice(tts.ref_audio_data, f"{prefix}.tts.ref_audio_data")
-    if tts.ref_audio_path is not None:
-        check_voice_path(tts.ref_audio_path, voices_dir, f"{prefix}.tts.ref_audio_path")
-    return {
-        "messages": [
-            {
-                "role": msg.role,
-                "content": msg.content
-                if isinstance(msg.content, str)
-                else [item.model_dump(exclude_none=True) for item in msg.content],
-            }
-            for msg in m.messages
-        ],
-        "streaming": True if m.streaming is None else m.streaming,
-        "generation": {
-            "max_new_tokens": gen.max_new_tokens or defaults.max_new_tokens,
-            "temperature": defaults.temperature if gen.temperature is None else gen.temperature,
-            "top_p": defaults.top_p if gen.top_p is None else gen.top_p,
-            "length_penalty": (
-                defaults.length_penalty if gen.length_penalty is None else gen.length_penalty
-            ),
-        },
-        "tts": {
-            "enabled": defaults.tts_enabled if tts.enabled is None else tts.enabled,
-            "mode": tts.mode or "default",
-            "ref_audio_path": tts.ref_audio_path,
-            "ref_audio_data": tts.ref_audio_data,
-            "language": tts.language,
-        },
-        "image": {
-            "max_slice_nums": img.max_slice_nums,
-            "use_image_id": True if img.use_image_id is None else img.use_image_id,
-        },
-        "omni_mode": bool(m.omni_mode),
-        "use_tts_template": bool(m.use_tts_template),
-        "enable_thinking": bool(m.enable_thinking),
-    }

@@ -1,7 +1,9 @@
 """Run the omniserve benchmarks on loopback with the scripted backend (fixed output timing).
 
     python -m bench [--quick | --smoke] [--only relay,capacity,chat,admission] [--output NAME]
+    python -m bench --check [--smoke] [--update-expected]   the regression guard (bench/check.py)
     python -m bench pocket [ARGS]      the pocket-backend latency benchmark (needs extra [pocket])
+    python -m bench soak [--minutes N] many sessions under random faults (bench/soak.py)
 
 Starts a private redis-server, gateways, scripted workers, a pub/sub tap and the bare baseline
 server, all on 127.0.0.1; every process is killed when the run ends (also on Ctrl-C or error).
@@ -11,9 +13,11 @@ Prints tables and writes bench/results/<NAME>.json (and docs/bench_relay_latency
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 PARTS = ("relay", "capacity", "chat", "admission")
@@ -48,6 +52,8 @@ FULL = Config(
     10.0,
 )
 SMOKE = Config([1, 2], [], 1.5, 0.5, (2, 1), 2, 20, [50, 100], 1.5)
+# the guard's smoke form (CI): enough deltas (~50 per level) for a p50 that means something
+CHECK_SMOKE = Config([1, 10], [], 5.0, 1.0, (5, 1), 2, 20, [50, 100], 1.5)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -59,6 +65,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--output", help="results file name (bench/results/NAME.json)")
     p.add_argument("--plot", action="store_true", help="write docs/bench_relay_latency.png")
     p.add_argument(
+        "--check",
+        action="store_true",
+        help="regression guard: a quick run (or --smoke) of relay and chat, compared as ratios "
+        "to the baseline with the committed figures (bench/expected.json); exit 1 on regression",
+    )
+    p.add_argument(
+        "--update-expected",
+        action="store_true",
+        help="with --check: record this run's figures as the committed ones",
+    )
+    p.add_argument("--margin", type=float, help="with --check: override the allowed margin")
+    p.add_argument("--expected", help="with --check: the committed figures file to use")
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin the gateway (and baseline) to one core and the rest to the others",
+    )
+    p.add_argument(
         "--no-deflate",
         action="store_true",
         help="duplex clients do not offer permessage-deflate (browsers do)",
@@ -69,18 +93,27 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="gateway and baseline negotiate permessage-deflate "
         "(OMNISERVE_WS_DEFLATE=true; off by default)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="the gateway records every session (OMNISERVE_RECORDINGS=true, a temporary store)",
+    )
     return p.parse_args(argv)
 
 
 def run_relay_capacity(
-    cfg: Config, parts: set[str], out: dict[str, Any], deflate: bool = False
+    cfg: Config, parts: set[str], out: dict[str, Any], deflate: bool = False, record: bool = False
 ) -> None:
     """Relay levels, capacity ramp, baseline comparison and chat, on one stack."""
+    import tempfile
+
     from bench import capacity, chat, relay
     from bench.stack import Stack, shared_redis, start_baseline, stop
 
     slots = max(cfg.levels + cfg.ramp)
-    stack = Stack(shared_redis(), deflate=deflate)
+    store = tempfile.mkdtemp(prefix="omniserve-bench-recordings-")
+    env = {"OMNISERVE_RECORDINGS": "true", "OMNISERVE_RECORDINGS_URL": store} if record else {}
+    stack = Stack(shared_redis(), deflate=deflate, env=env)
     stack.start_gateway()
     stack.start_workers(slots)
     base_proc, base_port = start_baseline(deflate)
@@ -106,7 +139,7 @@ def run_relay_capacity(
                 set(cfg.levels) | ({cap["max_sessions"]} if cap["max_sessions"] else set())
             )
             for n in wanted:
-                b = relay.baseline_level(base_url, n, cfg.seconds, cfg.warmup)
+                b = relay.baseline_level(base_url, n, cfg.seconds, cfg.warmup, base_proc.pid)
                 _progress(
                     f"baseline {n:>4} sessions: p50 {b['latency_ms']['p50']} "
                     f"p99 {b['latency_ms']['p99']} ms"
@@ -129,6 +162,7 @@ def run_relay_capacity(
     finally:
         stack.stop()
         stop(base_proc)
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _ratios(levels: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -191,43 +225,45 @@ def main(argv: list[str] | None = None) -> int:
         from bench import pocket_latency
 
         return pocket_latency.main(argv[1:])
+    if argv and argv[0] == "soak":
+        from bench import soak
+
+        return soak.main(argv[1:])
     args = parse(argv)
-    from bench import report
-    from bench.stack import install_cleanup, kill_all
+    from bench import pinning, report
+    from bench.stack import install_cleanup
 
     install_cleanup()
+    pin = pinning.plan(not args.no_pin)
+    pinning.activate(pin)
     if args.no_deflate:
         from bench import duplex_load
 
         duplex_load.COMPRESSION[0] = None
-    cfg = QUICK if args.quick else SMOKE if args.smoke else FULL
+    cfg = SMOKE if args.smoke else QUICK if (args.quick or args.check) else FULL
+    if args.check and args.smoke:
+        cfg = CHECK_SMOKE
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    if args.check:
+        parts = {"relay", "chat"}  # the parts with a same-run baseline
     unknown = parts - set(PARTS)
     if unknown:
         print(f"unknown part(s): {sorted(unknown)}", file=sys.stderr)
         return 2
-    name = args.output or ("quick" if args.quick else "smoke" if args.smoke else "full")
-    out: dict[str, Any] = {
+    mode = "smoke" if args.smoke else "quick" if (args.quick or args.check) else "full"
+    name = args.output or (f"check-{mode}" if args.check else mode)
+    header: dict[str, Any] = {
         "command": "python -m bench " + " ".join(argv),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": report.machine(),
         "backend": "scripted (deterministic, model-free): trigger=always, 1 s of 24 kHz audio "
         "per step, token_delay_s=0.01",
         "config": cfg.__dict__,
         "gateway": "omniserve gateway" + (" with permessage-deflate" if args.deflate else ""),
         "client_permessage_deflate": not args.no_deflate,
+        "recordings": args.record,
+        "pinning": pin.describe() if pin else "not pinned",
     }
-    t0 = time.perf_counter()
-    try:
-        if parts & {"relay", "capacity", "chat"}:
-            run_relay_capacity(cfg, parts, out, args.deflate)
-        if "admission" in parts:
-            run_admission(cfg, out)
-    finally:
-        kill_all()
-    out["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    path = report.write_json(name, out)
-    print(report.render(out))
+    out = _measure(cfg, parts, args.deflate, header, name, args.record)
     if args.plot and "relay" in out:
         png = report.plot_relay(
             out["relay"]["levels"],
@@ -235,8 +271,68 @@ def main(argv: list[str] | None = None) -> int:
             report.DOCS / "bench_relay_latency.png",
         )
         print(f"plot: {png}")
+    if not args.check:
+        return 0
+    rc = _check(args, mode, out)
+    if rc == 1:  # noise or a real regression: a regression must show in a second run too
+        print("re-measuring once to confirm", file=sys.stderr)
+        confirm = _measure(cfg, parts, args.deflate, header, name + "-confirm", args.record)
+        rc = _check(args, mode, confirm)
+    return rc
+
+
+def _measure(
+    cfg: Config,
+    parts: set[str],
+    deflate: bool,
+    header: dict[str, Any],
+    name: str,
+    record: bool = False,
+) -> dict[str, Any]:
+    """One run of the chosen parts on a fresh private Redis; prints and writes the results."""
+    from bench import report
+    from bench.stack import kill_all
+
+    out = dict(header, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    t0 = time.perf_counter()
+    try:
+        if parts & {"relay", "capacity", "chat"}:
+            run_relay_capacity(cfg, parts, out, deflate, record)
+        if "admission" in parts:
+            run_admission(cfg, out)
+    finally:
+        kill_all()
+    out["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    path = report.write_json(name, out)
+    print(report.render(out))
     print(f"results: {path}  ({out['elapsed_s']} s)")
-    return 0
+    return out
+
+
+def _check(args: argparse.Namespace, mode: str, out: dict[str, Any]) -> int:
+    """Compare a run with the committed figures: 0 within the margin, 1 on a regression,
+    2 when there is nothing to compare with."""
+    from bench import check
+
+    figs = check.figures(out)
+    path = Path(args.expected) if args.expected else check.EXPECTED
+    if args.update_expected:
+        check.save_expected(mode, figs, out, path)
+        print(f"committed figures for {mode} written to {path}")
+        return 0
+    expected = check.load_expected(mode, path)
+    if expected is None:
+        print(f"no committed {mode} figures in {path}; run with --update-expected")
+        return 2
+    margin = args.margin if args.margin is not None else check.MARGINS[mode]
+    rows = check.compare(figs, expected, margin)
+    print(check.render(rows, margin))
+    if not rows:
+        print("no figure in common with the committed ones")
+        return 2
+    bad = [r.name for r in rows if not r.ok]
+    print("regressions: " + ", ".join(bad) if bad else "no regression")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

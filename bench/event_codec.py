@@ -61,7 +61,7 @@ def samples() -> dict[str, E.Event]:
 @dataclasses.dataclass(slots=True, kw_only=True)
 class _DSpeak:
     response_id: str
-    input_id: str | None
+    input_id: str
     text: str = ""
     audio: str = ""
     end_of_turn: bool = False
@@ -89,7 +89,7 @@ _DCLASSES: dict[str, type[Any]] = {"speak": _DSpeak, "listen": _DListen}
 class _PSpeak(pydantic.BaseModel):
     type: Literal["speak"] = "speak"
     response_id: str
-    input_id: str | None
+    input_id: str
     text: str = ""
     audio: str = ""
     end_of_turn: bool = False
@@ -122,7 +122,7 @@ def _msgspec_codecs() -> tuple[Callable[[bytes], Any], Callable[[Any], bytes]] |
 
     class MSpeak(msgspec.Struct, tag="speak", tag_field="type", kw_only=True):
         response_id: str
-        input_id: str | None
+        input_id: str
         text: str = ""
         audio: str = ""
         end_of_turn: bool = False

@@ -96,8 +96,17 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
     return out
 
 
-def baseline_level(url: str, n: int, seconds: float, warmup: float) -> dict[str, Any]:
-    """n real-time sessions against the bare in-process server (no Redis, no Celery)."""
-    res = asyncio.run(run_load(url, n, seconds, warmup))
+def baseline_level(
+    url: str, n: int, seconds: float, warmup: float, pid: int | None = None
+) -> dict[str, Any]:
+    """n real-time sessions against the bare in-process server (no Redis, no Celery); with its
+    ``pid``, also the server's CPU per session (the same core as the gateway when pinned)."""
+    with Sampler({"server": pid} if pid else {}) as sampler:
+        res = asyncio.run(run_load(url, n, seconds, warmup))
     lat = [(r[2], (r[0] - r[4]) * 1000) for r in in_window(res) if r[4] is not None]
-    return _summary(n, res, lat, 0)
+    out = _summary(n, res, lat, 0)
+    if pid:
+        server = sampler.window("server", *res.window)
+        out["procs"] = {"server": server}
+        out["server_cpu_pct_per_session"] = round(server["cpu_pct"] / n, 3)
+    return out

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from bench import pinning
 from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,13 +70,24 @@ def install_cleanup() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start a child in its own process group, logging to LOG_DIR; it is killed at exit."""
+def spawn(
+    name: str, argv: list[str], env: dict[str, str], server: bool = False
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a child in its own process group, logging to LOG_DIR; it is killed at exit.
+
+    ``server``: the process under test (gateway or baseline), placed on the server core when the
+    run is pinned (bench.pinning)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{name}.log"
     with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
         p = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=pinning.server_preexec() if server else None,
         )
     _CHILDREN.append(p)
     return p, log
@@ -110,6 +122,25 @@ def shared_redis() -> str:
     return _REDIS[0].url
 
 
+def service_env(redis_url: str, prefix: str, **settings: str) -> dict[str, str]:
+    """The environment of a gateway or worker the benchmarks start: this one without any
+    OMNISERVE_ or REDIS_URL setting of the caller's, then the run's Redis, key prefix and
+    ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.pop("REDIS_URL", None)
+    env.update(
+        {
+            "OMNISERVE_REDIS_URL": redis_url,
+            "OMNISERVE_KEY_PREFIX": prefix,
+            "OMNISERVE_LOG_LEVEL": "warning",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),
+            **settings,
+        }
+    )
+    return env
+
+
 @dataclass
 class Stack:
     """One omniserve deployment (own key prefix) on the shared private Redis."""
@@ -125,18 +156,11 @@ class Stack:
     gateway_idle_rss_mib: float = 0.0  # measured when the gateway came up
 
     def base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-        env.pop("REDIS_URL", None)
-        env.update(
-            {
-                "OMNISERVE_REDIS_URL": self.redis_url,
-                "OMNISERVE_KEY_PREFIX": self.prefix,
-                "OMNISERVE_LOG_LEVEL": "warning",
-                "OMNISERVE_GATEWAY_HOST": "127.0.0.1",
-                "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": str(ROOT),
-                "OMNISERVE_WS_DEFLATE": "true" if self.deflate else "false",
-            }
+        env = service_env(
+            self.redis_url,
+            self.prefix,
+            OMNISERVE_GATEWAY_HOST="127.0.0.1",
+            OMNISERVE_WS_DEFLATE="true" if self.deflate else "false",
         )
         env.update(self.env)
         return env
@@ -149,6 +173,7 @@ class Stack:
             f"{self.prefix}-gateway",
             [sys.executable, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
             self.base_env(),
+            server=True,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -256,6 +281,7 @@ def start_baseline(deflate: bool = False) -> tuple[subprocess.Popen[bytes], int]
         f"baseline-{port}",
         [sys.executable, "-m", "bench.baseline", str(port), "deflate" if deflate else "plain"],
         env,
+        server=True,
     )
     import socket
 

@@ -19,6 +19,7 @@ from inference.base import (
     DuplexSession,
     DuplexStep,
     GenerationConfig,
+    HistoryTurn,
     ImagePart,
     InferenceError,
     Message,
@@ -26,6 +27,7 @@ from inference.base import (
     TTSConfig,
     UnsupportedInput,
     VideoPart,
+    history_prompt,
 )
 from inference.registry import available_backends, create_backend
 
@@ -44,6 +46,7 @@ __all__ = [
     "DuplexSession",
     "DuplexStep",
     "GenerationConfig",
+    "HistoryTurn",
     "ImagePart",
     "InferenceError",
     "Message",
@@ -53,4 +56,5 @@ __all__ = [
     "VideoPart",
     "available_backends",
     "create_backend",
+    "history_prompt",
 ]

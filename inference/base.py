@@ -152,15 +152,38 @@ ChatEvent = ChatPrefilled | ChatDelta | ChatDone
 # --------------------------------------------------------------------------- duplex sessions
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryTurn:
+    """What one side said, as text (a failover restarts a session with the conversation so far)."""
+
+    role: Literal["user", "assistant"]
+    text: str
+
+
 @dataclass(slots=True)
 class DuplexConfig:
-    """Everything ``session.init`` / ``session.update`` sets for a duplex session."""
+    """Everything ``session.init`` / ``session.update`` sets for a duplex session.
+
+    ``history``: the conversation so far, oldest first, when the session is restarted on this
+    worker after another one failed; every backend puts it in its first prompt.
+    """
 
     mode: Literal["audio", "video"] = "audio"
     system_prompt: str = ""
     ref_audio: np.ndarray | None = None  # LLM reference voice, 16 kHz
     tts_ref_audio: np.ndarray | None = None  # TTS reference voice, 16 kHz (falls back to ref_audio)
     config: dict[str, Any] = field(default_factory=dict)  # e.g. length_penalty
+    history: list[HistoryTurn] = field(default_factory=list)
+
+
+def history_prompt(system_prompt: str, history: list[HistoryTurn]) -> str:
+    """A system prompt followed by the conversation so far, for backends whose duplex prompt is
+    one text (the model cannot take the earlier audio back, only what was said)."""
+    if not history:
+        return system_prompt
+    lines = [f"{'User' if t.role == 'user' else 'Assistant'}: {t.text}" for t in history]
+    head = f"{system_prompt}\n\n" if system_prompt else ""
+    return f"{head}The conversation so far (continue it):\n" + "\n".join(lines)
 
 
 @dataclass(slots=True)
@@ -183,6 +206,7 @@ class DuplexStep:
     audio: np.ndarray | None = None  # 24 kHz float32
     end_of_turn: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
+    heard: str = ""  # the user's words this step, from a backend that transcribes (history)
 
 
 class DuplexSession(abc.ABC):

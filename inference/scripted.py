@@ -7,13 +7,18 @@ It runs no model. It exists for protocol tests and load benchmarks, and labels i
   one word per delta; with TTS on, each word comes with a short deterministic tone (24 kHz).
 - duplex: an energy detector on each 1 s chunk; while the user speaks (or is silent) it listens;
   after speech followed by a silent chunk it speaks ``reply`` over several steps, 1 s of audio per
-  step, ``end_of_turn`` on the last. ``trigger="always"`` speaks on every step (load tests).
+  step (``step_audio_s``: other lengths exercise the cutting into 1 s deltas), ``end_of_turn`` on
+  the last. ``trigger="always"`` speaks on every step (load tests).
   force_listen, or speech over its own speech, stops it at once. ``fail_every=N`` makes every
-  Nth step raise InferenceError (to exercise recoverable errors).
+  Nth step raise InferenceError (to exercise recoverable errors). The session's ``config`` is
+  checked by the ``minicpmo`` rules (``inference.minicpmo.options``): a bad value is refused as
+  the real backend refuses it, an unknown key is ignored.
 - faults, for the fault tests and for operators rehearsing them: ``load_delay_s`` makes loading
   take that long (a big model), ``hang_after_steps=N`` makes the Nth duplex step of every session
   block for ``hang_s`` seconds, ``hang_on_text`` makes a chat turn whose last user message
   contains that text block after its prefill (a hung model).
+- ``prompt_log``: a file to which every duplex prompt (the system prompt and, after a failover,
+  the conversation so far) is appended as a JSON line, so tests can see what a model would get.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import orjson
 
 from inference.base import (
     OUTPUT_SAMPLE_RATE,
@@ -43,7 +49,9 @@ from inference.base import (
     ImagePart,
     InferenceError,
     VideoPart,
+    history_prompt,
 )
+from inference.minicpmo.options import validate_settings
 
 _EXACT = re.compile(r"reply with exactly:\s*(.+)", re.IGNORECASE | re.DOTALL)
 VISION_TOKENS_PER_SLICE = 64
@@ -84,6 +92,8 @@ class ScriptedBackend(Backend):
         hang_after_steps: int = 0,
         hang_on_text: str = "",
         hang_s: float = 3600.0,
+        prompt_log: str = "",
+        step_audio_s: float = 1.0,
     ) -> None:
         if load_delay_s:
             time.sleep(load_delay_s)  # stands in for loading a large model
@@ -100,6 +110,8 @@ class ScriptedBackend(Backend):
         self.hang_after_steps = hang_after_steps
         self.hang_on_text = hang_on_text
         self.hang_s = hang_s
+        self.prompt_log = prompt_log  # a file: each duplex prompt is appended as a JSON line
+        self.step_audio_s = step_audio_s
 
     def info(self) -> dict[str, Any]:
         return {
@@ -176,7 +188,12 @@ class ScriptedDuplex(DuplexSession):
     def prepare(self, config: DuplexConfig) -> int:
         if self.b.prepare_delay_s:
             time.sleep(self.b.prepare_delay_s)
-        self.kv = 16 + len(config.system_prompt.split())
+        validate_settings(config.config)
+        prompt = history_prompt(config.system_prompt, config.history)
+        self.kv = 16 + len(prompt.split())
+        if self.b.prompt_log:  # what a real model would have been prompted with (tests)
+            with open(self.b.prompt_log, "ab") as fh:
+                fh.write(orjson.dumps({"prompt": prompt}) + b"\n")
         if config.ref_audio is not None:
             self.kv += max(1, config.ref_audio.size // 1600)
         return self.kv
@@ -232,7 +249,7 @@ class ScriptedDuplex(DuplexSession):
             listen=False,
             kv_cache_length=self.kv,
             text=text,
-            audio=tone(1.0, text),
+            audio=tone(self.b.step_audio_s, text),
             end_of_turn=end,
             metrics=metrics,
         )

@@ -39,10 +39,44 @@ class Settings(BaseSettings):
     legacy_chat_timeout_s: float = 300.0
     init_timeout_s: float = 30.0  # worker must answer session.init within this
     task_start_timeout_s: float = 15.0  # worker must pick up a session task within this
-    max_frame_bytes: int = 16 * 1024 * 1024
+    # the largest WebSocket message (the reference server and its SDK allow 128 MiB); larger ones
+    # get an error event and close 1009 (api/ws_protocol.py)
+    max_frame_bytes: int = 128 * 1024 * 1024
     ws_deflate: bool = False  # permessage-deflate: costs ~half the gateway CPU on audio frames
     max_video_frames: int = 8
-    recordings_dir: str | None = None  # when set, /ws/chat turns are recorded here as JSON
+    max_chat_turns_queued: int = Field(4, ge=1)  # chat mode: turns waiting behind the running one
+
+    # --- dead and stuck clients (issue #9; docs/PROTOCOL.md, "Dead and slow clients")
+    # a duplex client that sends nothing this long while it holds a slot is ended (0: off)
+    client_idle_timeout_s: float = Field(6.0, ge=0)
+    # WebSocket pings from the gateway; a peer that has not answered within the timeout is gone
+    ws_ping_interval_s: float = Field(5.0, gt=0)
+    ws_ping_timeout_s: float = Field(4.0, gt=0)
+    # output waiting on the gateway for a client that does not read; beyond either cap the
+    # session ends with output_backpressure
+    output_max_pending_events: int = Field(1000, ge=1)
+    output_max_pending_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+    # --- recordings of every session (docs/ARCHITECTURE.md, "Recordings")
+    recordings: bool = False  # record every session (`omniserve up` turns it on)
+    recordings_url: str = ".omniserve/recordings"  # a directory or any fsspec URL (s3://b/x)
+    recordings_spool_dir: str | None = None  # local spool for a remote store (default: tmp)
+    recordings_max_age_s: float = Field(30 * 86400.0, ge=0)  # older ones are deleted; 0: keep
+    recordings_max_bytes: int = Field(50 * 1024**3, ge=0)  # oldest deleted above this; 0: no cap
+    recordings_prune_interval_s: float = Field(60.0, gt=0)  # how often retention runs
+    # queued items (frames, ~100 KB each with audio) before the writer drops media
+    recordings_max_pending: int = Field(1024, ge=1)
+
+    # --- resume and failover (docs/PROTOCOL.md, "Resume and failover")
+    resume_grace_s: float = Field(30.0, ge=0)  # a dropped client may resume this long; 0: off
+    resume_slot_hold_s: float = Field(5.0, ge=0)  # a detached session keeps its slot this long
+    failover_wait_s: float = Field(10.0, ge=0)  # a dead worker's session waits this for a slot
+
+    # --- the official demo's frontend (docs/FRONTEND.md)
+    static_dir: str | None = None  # its static/ directory, served at / and the page routes
+    default_voice: str | None = None  # in voices_dir: /api/default_ref_audio (unset: the first)
+    presets_dir: str | None = None  # <mode>/*.yaml presets in the demo's format: /api/presets
+    playback_delay_ms: int = Field(200, ge=0, le=2000)  # GET /api/frontend_defaults
 
     # --- security (docs/SECURITY.md)
     admin_token: SecretStr | None = None  # guards /metrics, /v1/workers, /v1/admin/*
@@ -66,11 +100,17 @@ class Settings(BaseSettings):
     backend_options: dict[str, Any] = Field(default_factory=dict)  # JSON, passed to the backend
     worker_slots: int = 1  # concurrent sessions of one worker (threads pool when > 1)
     worker_name: str | None = None
-    input_max_pending: int = 2  # audio chunks kept per session; older ones are dropped
+    # seconds of input audio kept per session (in chunks: 2 of 1 s, 20 of 100 ms, ...); older
+    # chunks are dropped
+    input_max_pending: int = 2
     output_log_maxlen: int = 64  # per-session replay log length (events; ~1 min of audio)
     session_ttl_s: float = 900.0  # all per-session keys expire after this
     model_load_timeout_s: float = 900.0  # a (re)started worker process may load this long
     step_timeout_s: float = 30.0  # a backend step running longer ends its session (0: off)
+    # SIGTERM / `omniserve drain`: running sessions may finish this long, then server_shutdown
+    drain_grace_s: float = Field(600.0, ge=0)
+    worker_metrics_port: int = 9108  # each worker node's Prometheus endpoint (0: off)
+    worker_metrics_host: str = "0.0.0.0"  # scraped from other hosts (Prometheus)
 
     # --- scripted backend (deterministic, model-free)
     scripted_step_delay_s: float = 0.0
@@ -81,7 +121,9 @@ class Settings(BaseSettings):
     # --- omniserve up
     flower: bool = False
     flower_port: int = 5555
+    flower_basic_auth: SecretStr | None = None  # user:password (default: a random password)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"  # json: one object per line (log shippers)
 
     @field_validator("allowed_origins")
     @classmethod
@@ -106,6 +148,8 @@ class Settings(BaseSettings):
         out = [k.get_secret_value() for k in self.api_keys]
         if self.admin_token is not None:
             out.append(self.admin_token.get_secret_value())
+        if self.flower_basic_auth is not None:
+            out.append(self.flower_basic_auth.get_secret_value().partition(":")[2])
         try:
             password = urlsplit(self.redis_url).password
         except ValueError:

@@ -1,4 +1,4 @@
-"""The ``omniserve`` command: up, gateway, worker, probe, doctor, bench."""
+"""The ``omniserve`` command: up, gateway, worker, probe, recordings, doctor, bench."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 
+from omniserve import drain
 from omniserve.options import env_from_args
 
 
@@ -37,11 +38,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from api.access_log import quiet_uvicorn_request_lines
     from api.app import create_app
     from api.server import GatewayServer
+    from api.ws_protocol import ExplainedCloseProtocol
     from omnicore.logs import setup_logging
     from omnicore.settings import get_settings
 
     s = get_settings()
-    setup_logging(s.log_level, s.secret_values())
+    setup_logging(s.log_level, s.secret_values(), s.log_format)
     quiet_uvicorn_request_lines()
     app = create_app(s)
     config = uvicorn.Config(
@@ -56,7 +58,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         # the app decides whom to believe about X-Forwarded-For (OMNISERVE_TRUSTED_PROXIES);
         # uvicorn's own default would trust 127.0.0.1
         proxy_headers=False,
+        ws=ExplainedCloseProtocol,  # an oversized message gets an error event before close 1009
         ws_max_size=s.max_frame_bytes,
+        # a peer that stops answering is failed within interval + timeout (api/client_watch.py)
+        ws_ping_interval=s.ws_ping_interval_s,
+        ws_ping_timeout=s.ws_ping_timeout_s,
         ws_per_message_deflate=s.ws_deflate,
         timeout_graceful_shutdown=10,
     )
@@ -74,7 +80,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from omnicore.settings import get_settings
 
     s = get_settings()
-    setup_logging(s.log_level, s.secret_values())
+    setup_logging(s.log_level, s.secret_values(), s.log_format)
     from inference.registry import choose_backend, preflight
 
     backend, note = choose_backend(s.backend)  # `auto`: each pool process resolves it again
@@ -188,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also start Flower (also OMNISERVE_FLOWER=1)",
     )
     up.add_argument("--flower-port", type=int, help="default 5555 (OMNISERVE_FLOWER_PORT)")
+    up.add_argument(
+        "--recordings",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record every session (default: on; OMNISERVE_RECORDINGS, OMNISERVE_RECORDINGS_URL)",
+    )
     up.set_defaults(func=_cmd_up)
 
     gw = sub.add_parser("gateway", help="run the gateway only")
@@ -226,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--tail", type=float, default=8.0, help="seconds of silence after the input")
     pr.set_defaults(func=cmd_probe)
 
+    from omniserve.recordings_cli import add_parser as add_recordings
+
+    add_recordings(sub)
+
     dr = sub.add_parser("doctor", help="load a backend here and check chat, speech and duplex")
     dr.add_argument("--backend", help="minicpmo, llama_omni, pocket or scripted")
     dr.add_argument("--model", help="model directory (minicpmo)")
@@ -237,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--json", action="store_true", help="print the report as JSON")
     dr.add_argument("--verbose", action="store_true", help="show the backend's logs")
     dr.set_defaults(func=cmd_doctor)
+
+    drain.add_parser(sub)
 
     te = sub.add_parser("test", help="run the full test suite (pytest arguments may follow)")
     te.add_argument("rest", nargs=argparse.REMAINDER)

@@ -68,7 +68,12 @@ async def chat(url: str, text: str, tts_out: str | None = None, api_key: str | N
         audio: list[np.ndarray] = []
         while True:
             ev = await _recv(ws)
-            if ev["type"] == "response.output.delta" and ev["kind"] == "text":
+            if ev["type"] in ("response.queued", "response.queue_update"):  # the turn waits
+                print(
+                    f"[queued: position {ev['position']}, ~{ev['estimated_wait_s']} s]",
+                    file=sys.stderr,
+                )
+            elif ev["type"] == "response.output.delta" and ev["kind"] == "text":
                 print(ev["text"], end="", flush=True)
             elif ev["type"] == "response.output.delta" and ev["kind"] == "audio":
                 audio.append(b64_to_pcm(ev["audio"]))

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 
 import httpx
+
+from omnicore.settings import Settings
 
 PROGRESS_EVERY_S = 5.0
 
@@ -76,6 +79,16 @@ def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]
     return None
 
 
+def flower_credentials(s: Settings) -> tuple[str, str]:
+    """Flower's basic-auth user and password: ``OMNISERVE_FLOWER_BASIC_AUTH`` (user:password),
+    else ``omniserve`` and a new random password (printed once, for this run only)."""
+    if s.flower_basic_auth is not None:
+        user, _, password = s.flower_basic_auth.get_secret_value().partition(":")
+        if user and password:
+            return user, password
+    return "omniserve", secrets.token_urlsafe(12)
+
+
 def start_redis(url: str) -> tuple[str, object | None]:
     """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
     from omnicore.redact import redact_url
@@ -109,33 +122,51 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not redis_url:
         return 1
     backend, note = choose_backend(requested)
+    # on for the whole-stack command unless --no-recordings or OMNISERVE_RECORDINGS says off
+    recordings = args.recordings
+    if recordings is None:
+        recordings = s.recordings if "OMNISERVE_RECORDINGS" in os.environ else True
     env = {
         **os.environ,
+        "OMNISERVE_RECORDINGS": "true" if recordings else "false",
         "OMNISERVE_REDIS_URL": redis_url,
         "OMNISERVE_BACKEND": requested,  # a worker resolves `auto` itself and reports why
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("REDIS_URL", None)
+    # Ctrl-C here means "stop now": sessions end with server_shutdown at once, not after the
+    # production drain grace (set OMNISERVE_DRAIN_GRACE_S to keep one)
+    env.setdefault("OMNISERVE_DRAIN_GRACE_S", "0")
     exe = [sys.executable, "-m", "omniserve"]
     children: list[subprocess.Popen[bytes]] = []
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
-    def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(argv, env=env, start_new_session=True)
+    def spawn(argv: list[str], **extra: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, env={**env, **extra}, start_new_session=True)
 
+    def metrics_port(i: int) -> str:  # one port per worker on this machine: 9108, 9109, ...
+        return str(s.worker_metrics_port + i if s.worker_metrics_port > 0 else 0)
+
+    user, password = flower_credentials(s)
     try:
         children.append(
             spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
         )
-        children.extend(spawn([*exe, "worker"]) for _ in range(args.workers))
+        children.extend(
+            spawn([*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=metrics_port(i))
+            for i in range(args.workers)
+        )
         if flower:
             children.append(
                 spawn(
                     [
                         *[sys.executable, "-m", "celery", "-A", "tasks.celery_app:app"],
                         *["flower", f"--port={flower_port}", "--address=127.0.0.1"],
-                    ]
+                    ],
+                    # Flower reads its options from FLOWER_* variables: the password stays out
+                    # of the process list
+                    FLOWER_BASIC_AUTH=f"{user}:{password}",
                 )
             )
         label = " (deterministic, model-free)" if backend == "scripted" else ""
@@ -153,11 +184,20 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
         print(f"gateway   {base}  (health: {base}/health)", flush=True)
-        print(f"web       {base}/  (browser client; operator page: {base}/ops)")
+        if s.static_dir:  # the official demo's pages (docs/FRONTEND.md)
+            print(f"web       {base}/  (OMNISERVE_STATIC_DIR; admin: {base}/admin)")
+            print(f"          {base}/web/  (omniserve's client; operator page: {base}/ops)")
+        else:
+            print(f"web       {base}/  (browser client; operator page: {base}/ops)")
         print(f"realtime  {ws}/v1/realtime?mode=chat|video|audio")
         print(f"legacy    {ws}/ws/chat")
         if flower:
-            print(f"flower    http://127.0.0.1:{flower_port}")
+            print(f"flower    http://127.0.0.1:{flower_port}  (user {user}, password {password})")
+        if s.worker_metrics_port > 0:
+            ports = ", ".join(metrics_port(i) for i in range(args.workers))
+            print(f"metrics   {base}/metrics; workers: port {ports}")
+        if recordings:
+            print(f"recorded  every session, in {s.recordings_url}  (omniserve recordings ls)")
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
         print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)

@@ -67,11 +67,13 @@ class Admission:
         self._dispatch = redis.register_script(lua.DISPATCH)
         self._release = redis.register_script(lua.RELEASE)
 
-    async def enqueue(self, ticket_id: str, max_queue: int) -> int:
-        """Add a ticket at the tail; return its position. Raises QueueFull at capacity."""
+    async def enqueue(self, ticket_id: str, max_queue: int, front: bool = False) -> int:
+        """Add a ticket at the tail (``front``: ahead of every ordinary ticket, for a failover);
+        return its position. Raises QueueFull at capacity (never for ``front``)."""
         k = self.keys
         pos = await self._enqueue(
-            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events], args=[ticket_id, max_queue]
+            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events],
+            args=[ticket_id, max_queue, "1" if front else "0"],
         )
         if int(pos) < 0:
             raise QueueFull()
@@ -135,7 +137,8 @@ class Admission:
         )
 
     async def capacity(self, workers: dict[bytes | str, bytes | str] | None = None) -> Capacity:
-        """Slots of the live workers, ready or loading (workers whose alive key exists)."""
+        """Slots of the live workers, ready or loading (workers whose alive key exists; a
+        draining worker is neither)."""
         k = self.keys
         if workers is None:
             workers = await self.redis.hgetall(k.workers)
@@ -156,7 +159,10 @@ class Admission:
             slots = int(info.get("slots", 1))
             if info.get("note") and info["note"] not in cap.notes:
                 cap.notes.append(info["note"])
-            if info.get("state", "ready") == "loading":
+            state = info.get("state", "ready")
+            if state == "draining":  # serves its running sessions, takes no new ones
+                continue
+            if state == "loading":
                 cap.loading += slots
                 expected = info.get("expected_load_s") or 30.0
                 lefts.append(max(1.0, expected - (now - float(info.get("loading_since", now)))))

@@ -24,6 +24,9 @@ class InitControl:
     tts_ref_audio: str | None = None  # falls back to ref_audio on the worker
     config: dict[str, Any] = field(default_factory=dict)
     max_slice_nums: int | None = None
+    # the current dialect: text and audio go out as separate events and an empty closing piece
+    # not at all, so each event after Created is one client frame (consecutive ``seq``)
+    split_deltas: bool = False
 
 
 @dataclass(slots=True, kw_only=True)

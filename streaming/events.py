@@ -35,6 +35,8 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    SESSION_NOT_FOUND = "session_not_found"  # session.resume: no such session, or a wrong token
+    RESUME_EXPIRED = "resume_expired"  # session.resume after the grace period or the session end
     # server errors
     SERVICE_UNAVAILABLE = "service_unavailable"
     QUEUE_FULL = "queue_full"
@@ -43,6 +45,7 @@ class ErrorCode(StrEnum):
     INFERENCE_ERROR = "inference_error"
     BACKEND_ERROR = "backend_error"
     OUTPUT_GAP = "output_gap"
+    TURN_QUEUE_FULL = "turn_queue_full"  # chat: too many turns waiting on this connection
 
     @property
     def is_client_error(self) -> bool:
@@ -59,6 +62,9 @@ _CLIENT_ERRORS = frozenset(
         ErrorCode.UNAUTHORIZED,
         ErrorCode.ORIGIN_NOT_ALLOWED,
         ErrorCode.TOO_MANY_CONNECTIONS,
+        ErrorCode.TURN_QUEUE_FULL,
+        ErrorCode.SESSION_NOT_FOUND,
+        ErrorCode.RESUME_EXPIRED,
     }
 )
 
@@ -74,6 +80,10 @@ class CloseReason(StrEnum):
     BACKEND_ERROR = "backend_error"
     ERROR = "error"
     CLIENT_CLOSED = "client_closed"  # internal: the client or its gateway is gone
+    CLIENT_IDLE = "client_idle"  # a duplex client sent nothing for client_idle_timeout_s
+    PING_TIMEOUT = "ping_timeout"  # the client stopped answering WebSocket pings
+    OUTPUT_BACKPRESSURE = "output_backpressure"  # the client did not read its output
+    REPLACED = "replaced"  # another connection resumed this session (docs/PROTOCOL.md)
 
 
 # --------------------------------------------------------------------------- the events
@@ -103,6 +113,17 @@ class Created(_Envelope):
     type: Literal["created"] = "created"
     prompt_length: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    recovered: bool = False  # a failover: a new worker prepared it with the conversation so far
+
+
+@dataclass(slots=True, kw_only=True)
+class Recovering(_Envelope):
+    """Duplex: the session's worker is gone (or its slot was given back while the client was
+    away) and a new worker is being found for it. Written by the gateway into the session's
+    own sequence (``streaming/takeover.py``), so a resumed client replays it like any event."""
+
+    type: Literal["recovering"] = "recovering"
+    reason: str
 
 
 @dataclass(slots=True, kw_only=True)
@@ -121,7 +142,9 @@ class Speak(_Envelope):
 
     type: Literal["speak"] = "speak"
     response_id: str
-    input_id: str | None  # None for the closing piece of an interrupted response
+    # the input whose step produced the piece; the closing piece of an interrupted response
+    # names the response's last speaking step (whose audio it flushes)
+    input_id: str
     text: str = ""
     audio: str = ""  # base64 float32 PCM, 24 kHz; "" for none
     end_of_turn: bool = False
@@ -215,6 +238,7 @@ class Gap(_Envelope):
 Event = Annotated[
     Started
     | Created
+    | Recovering
     | Listen
     | Speak
     | Prefill

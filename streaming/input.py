@@ -1,9 +1,11 @@
 """Per-session input: a capped audio stream (oldest chunks dropped) and a control stream.
 
-Audio chunks go to a Redis Stream trimmed to ``max_pending`` entries, so a client that sends
-faster than its worker consumes loses its oldest pending chunks and the newest is processed
-next (the protocol's "silent drop"). Control events (init, close, force_listen) go to a separate
-stream that is never trimmed by that policy.
+Audio chunks go to a Redis Stream trimmed to ``max_pending`` seconds of audio, so a client that
+sends faster than its worker consumes loses its oldest pending chunks and the newest is processed
+next (the protocol's "silent drop"). The bound is counted in chunks of the size being appended:
+``max_pending`` one-second chunks, or as many shorter ones as make that many seconds (a client
+may send chunks of any length; counting them alone would drop most of a 100 ms stream). Control
+events (init, close, force_listen) go to a separate stream that is never trimmed by that policy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from streaming.keys import Keys
 log = logging.getLogger(__name__)
 
 CONTROL_MAXLEN = 100_000  # a memory bound only; a 10-minute session sends far fewer controls
+SAMPLES_PER_SECOND = 16_000  # input audio: 16 kHz float32
+MAX_PENDING_CHUNKS = 256  # however tiny the chunks, no longer a stream than this
 
 
 @dataclass(slots=True)
@@ -53,8 +57,14 @@ class InputWriter:
         self.max_pending = max_pending
         self.ttl_s = int(ttl_s)
 
+    def pending_bound(self, samples: int) -> int:
+        """How many chunks of ``samples`` samples make ``max_pending`` seconds (at least
+        ``max_pending``: one-second and longer chunks are counted as they are)."""
+        per_second = -(-SAMPLES_PER_SECOND // max(1, samples))  # ceil
+        return max(self.max_pending, min(MAX_PENDING_CHUNKS, self.max_pending * per_second))
+
     async def append(self, session_id: str, chunk: AudioChunk) -> None:
-        """Queue one chunk for the worker (dropping the oldest beyond ``max_pending``)."""
+        """Queue one chunk for the worker (dropping the oldest beyond ``pending_bound``)."""
         fields: dict[FieldT, EncodableT] = {
             "seq": chunk.seq,
             "input_id": chunk.input_id,
@@ -74,7 +84,8 @@ class InputWriter:
                     maxlen=CONTROL_MAXLEN,
                     approximate=True,
                 )
-            pipe.xadd(key, fields, maxlen=self.max_pending, approximate=False)
+            maxlen = self.pending_bound(len(chunk.audio) // 4)
+            pipe.xadd(key, fields, maxlen=maxlen, approximate=False)
             if chunk.seq == 1:
                 pipe.expire(key, self.ttl_s)
             await pipe.execute()

@@ -26,6 +26,18 @@ class DuplexJob:
     gateway_id: str
     public_mode: str  # video or audio
     deadline_ts: float  # unix time: connect time + the mode's duration limit
+    attempt: int = 0  # > 0: a failover restarts the session (init and history from Redis)
+
+    @property
+    def claim_id(self) -> str:
+        """What the worker claims: each attempt of a session runs at most once."""
+        return claim_id(self.session_id, self.attempt)
+
+    @property
+    def task_id(self) -> str:
+        """The Celery task id: the session id (Flower shows sessions by their own id); a
+        failover's attempt is ``<session id>.r<n>``, so each attempt is a task of its own."""
+        return self.claim_id
 
     def kwargs(self) -> dict[str, Any]:
         """The task's keyword arguments."""
@@ -43,9 +55,19 @@ class ChatJob:
     gateway_id: str
     deadline_ts: float
 
+    @property
+    def task_id(self) -> str:
+        """The Celery task id: the turn id (``<session id>_t<n>`` for /v1/realtime chat)."""
+        return self.turn_id
+
     def kwargs(self) -> dict[str, Any]:
         """The task's keyword arguments."""
         return asdict(self)
 
 
 Job = DuplexJob | ChatJob
+
+
+def claim_id(session_id: str, attempt: int) -> str:
+    """The claim key's id of one attempt of a session (the first is the session id itself)."""
+    return session_id if attempt == 0 else f"{session_id}.r{attempt}"

@@ -74,6 +74,27 @@ class Keys:
     def input_control(self, session_id: str) -> str:
         return f"{self.prefix}:s:{session_id}:in:ctl"
 
+    def session_resume(self, session_id: str) -> str:
+        """HASH: the resume record (token hash, attached gateway, grace, init; streaming/resume)."""
+        return f"{self.prefix}:s:{session_id}:resume"
+
+    def session_history(self, session_id: str) -> str:
+        """STRING: the conversation so far (JSON list of role/text), for a failover's prompt."""
+        return f"{self.prefix}:s:{session_id}:history"
+
+    def session_attempts(self, session_id: str) -> str:
+        """INCR counter: a duplex session's restart attempts (failover and late resume), shared by
+        every gateway that restarts it, so each attempt's claim ``<sid>.r<n>`` is new."""
+        return f"{self.prefix}:s:{session_id}:attempts"
+
+    def chat_frames(self, session_id: str) -> str:
+        """STREAM: a chat session's numbered server frames (entry id ``<seq>-1``), for resume."""
+        return f"{self.prefix}:s:{session_id}:frames"
+
+    def chat_turn_lease(self, session_id: str) -> str:
+        """STRING: the connection running a chat session's turn now (TTL: it renews it)."""
+        return f"{self.prefix}:s:{session_id}:turn"
+
     def chat_request(self, turn_id: str) -> str:
         """STRING: one chat turn's request (messages, media), read once by its task."""
         return f"{self.prefix}:s:{turn_id}:request"
@@ -107,6 +128,16 @@ class Keys:
     def worker_counters(self) -> str:
         """HASH of worker-side counters (e.g. ``backend_step_timeouts_total``), all workers."""
         return f"{self.prefix}:stats:workers"
+
+    def drain(self, node: str) -> str:
+        """STRING: the worker node is draining; the value is the unix time by which its running
+        sessions must end (set on SIGTERM and by ``omniserve drain``; cleared when it starts)."""
+        return f"{self.prefix}:drain:{node}"
+
+    def node_counters(self, node: str) -> str:
+        """HASH of one worker node's Prometheus counters that outlive its pool processes
+        (field ``<metric>|<label values>``; ``tasks/metrics.py``)."""
+        return f"{self.prefix}:stats:node:{node}"
 
 
 def slot_worker(slot_id: str) -> str:

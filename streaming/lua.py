@@ -5,15 +5,24 @@ Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n
 """
 
 ENQUEUE = """
--- KEYS: queue, queue_seq, free_slots, queue_events   ARGV: ticket_id, max_queue
+-- KEYS: queue, queue_seq, free_slots, queue_events   ARGV: ticket_id, max_queue, front
+-- front = '1': a failover's ticket goes ahead of every ordinary one (in arrival order among
+-- themselves), whatever the queue length.
 local waiting = redis.call('ZCARD', KEYS[1])
 local free = redis.call('LLEN', KEYS[3])
-if waiting - free >= tonumber(ARGV[2]) then
+local front = ARGV[3] == '1'
+if (not front) and waiting - free >= tonumber(ARGV[2]) then
   return -1
 end
 local seq = redis.call('INCR', KEYS[2])
+if front then
+  seq = seq - 1e12
+end
 redis.call('ZADD', KEYS[1], seq, ARGV[1])
 redis.call('PUBLISH', KEYS[4], 'enqueue')
+if front then
+  return redis.call('ZRANK', KEYS[1], ARGV[1]) + 1
+end
 return waiting + 1
 """
 

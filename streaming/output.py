@@ -36,7 +36,13 @@ class OutputPublisher:
     BATCH = 64
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, session_id: str, log_maxlen: int, ttl_s: float
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        session_id: str,
+        log_maxlen: int,
+        ttl_s: float,
+        start_seq: int = 0,
     ) -> None:
         self.client = client
         self.session_id = session_id
@@ -44,7 +50,8 @@ class OutputPublisher:
         self.log_key = keys.output_log(session_id)
         self.log_maxlen = log_maxlen
         self.ttl_s = int(ttl_s)
-        self.seq = 0
+        self.seq = start_seq  # a failover's worker continues the session's sequence
+        self._first = start_seq + 1
         self._queue: queue.SimpleQueue[tuple[int, bytes] | threading.Event | None] = (
             queue.SimpleQueue()
         )
@@ -113,7 +120,7 @@ class OutputPublisher:
                             maxlen=self.log_maxlen,
                             approximate=True,
                         )
-                        if seq == 1:
+                        if seq == self._first:
                             pipe.expire(self.log_key, self.ttl_s)
                         pipe.publish(self.channel, data)
                     pipe.execute()
@@ -157,16 +164,46 @@ class SessionOutput:
     opened later (a resumed session) starts from there and takes the rest from the replay log.
     """
 
-    def __init__(self, bus: OutputBus, session_id: str, after: int = 0) -> None:
+    def __init__(
+        self,
+        bus: OutputBus,
+        session_id: str,
+        after: int = 0,
+        on_overflow: Callable[[], None] | None = None,
+    ) -> None:
         self.bus = bus
         self.session_id = session_id
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[Event, int]] = asyncio.Queue()
         self.expected = after + 1
         self.gaps = 0
+        self.pending_bytes = 0  # encoded size of the events waiting in ``queue``
+        self.overflowed = False
+        self.on_overflow = on_overflow
 
-    def push(self, event: Event) -> None:
-        """An event arrived on the live channel (called by the bus)."""
-        self.queue.put_nowait(event)
+    def push(self, event: Event, size: int = 0) -> None:
+        """An event arrived on the live channel (called by the bus).
+
+        Undelivered output is bounded (``OutputBus.max_events`` / ``max_bytes``): past either
+        cap the session's reader is not keeping up, so everything waiting is dropped, nothing
+        more is kept, and ``on_overflow`` ends the session (``output_backpressure``).
+        """
+        if self.overflowed:
+            return
+        self.queue.put_nowait((event, size))
+        self.pending_bytes += size
+        if self.queue.qsize() > self.bus.max_events or self.pending_bytes > self.bus.max_bytes:
+            log.warning(
+                "session %s: %d undelivered output events (%d bytes) over the cap; dropping them",
+                self.session_id,
+                self.queue.qsize(),
+                self.pending_bytes,
+            )
+            self.overflowed = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.pending_bytes = 0
+            if self.on_overflow is not None:
+                self.on_overflow()
 
     async def get(self, timeout: float | None = None) -> list[Event]:  # noqa: ASYNC109 - see below
         """Wait up to ``timeout`` for the next event; returns it with any gap before it filled.
@@ -174,7 +211,8 @@ class SessionOutput:
         (The timeout covers only the wait: a caller's cancel scope around the log catch-up
         would lose the event already taken from the queue.) Raises TimeoutError.
         """
-        event = await asyncio.wait_for(self.queue.get(), timeout)
+        event, size = await asyncio.wait_for(self.queue.get(), timeout)
+        self.pending_bytes = max(0, self.pending_bytes - size)
         return await self._order(event)
 
     async def _order(self, event: Event) -> list[Event]:
@@ -224,9 +262,13 @@ class OutputBus:
         redis_client: aioredis.Redis,
         keys: Keys,
         on_queue_event: Callable[[str], None] | None = None,
+        max_events: int = 1000,
+        max_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.redis = redis_client
         self.keys = keys
+        self.max_events = max_events  # undelivered output of one session (see SessionOutput)
+        self.max_bytes = max_bytes
         self.on_queue_event = on_queue_event
         self.pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
         self.sessions: dict[str, SessionOutput] = {}
@@ -245,19 +287,25 @@ class OutputBus:
             await asyncio.gather(self._task, return_exceptions=True)
         await self.pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
-    async def open(self, session_id: str, after: int = 0) -> SessionOutput:
+    async def open(
+        self, session_id: str, after: int = 0, on_overflow: Callable[[], None] | None = None
+    ) -> SessionOutput:
         """Subscribe to a session's channel (before its worker can emit anything).
 
-        ``after``: the last sequence number already delivered (see SessionOutput).
+        ``after``: the last sequence number already delivered (see SessionOutput);
+        ``on_overflow``: called once when the session's undelivered output passes the caps.
         """
-        out = SessionOutput(self, session_id, after)
+        out = SessionOutput(self, session_id, after, on_overflow)
         self.sessions[self.keys.output_channel(session_id)] = out
         await self.pubsub.subscribe(self.keys.output_channel(session_id))
         return out
 
-    async def close(self, session_id: str) -> None:
-        """Stop relaying a session."""
+    async def close(self, session_id: str, reader: SessionOutput | None = None) -> None:
+        """Stop relaying a session (``reader``: only if it is still that one's: a connection
+        that resumed the session on this gateway may have opened its own meanwhile)."""
         channel = self.keys.output_channel(session_id)
+        if reader is not None and self.sessions.get(channel) is not reader:
+            return
         self.sessions.pop(channel, None)
         try:
             await self.pubsub.unsubscribe(channel)
@@ -289,7 +337,7 @@ class OutputBus:
             if out is None:
                 continue
             try:
-                out.push(decode_event(data))
+                out.push(decode_event(data), len(data))
             except BadEvent:
                 # left out: the next event's sequence number shows the hole (read from the log)
                 log.warning("session %s: a message is not an event", out.session_id)

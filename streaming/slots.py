@@ -15,7 +15,7 @@ import redis
 
 from streaming import lua
 from streaming.codec import dumps
-from streaming.keys import Keys
+from streaming.keys import Keys, slot_worker
 
 
 class WorkerRegistry:
@@ -129,6 +129,19 @@ def forget_worker(client: redis.Redis, keys: Keys, worker_id: str, slot_ids: lis
         pipe.hdel(keys.workers, worker_id)
         pipe.delete(keys.worker_alive(worker_id))
         pipe.execute()
+
+
+def withdraw_idle_of_node(client: redis.Redis, keys: Keys, node: str) -> int:
+    """Take a worker node's idle slots out of the pool (its pool processes' slots that are in
+    the free list now); returns how many. Used by the Celery parent of a draining prefork worker,
+    which holds no runtime: ``LREM`` removes a slot only while it is idle, so a slot dispatched
+    meanwhile is left alone."""
+    taken = 0
+    for raw in client.lrange(keys.free_slots, 0, -1):
+        slot = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if slot_worker(slot).rsplit("#", 1)[0] == node:
+            taken += int(client.lrem(keys.free_slots, 0, slot))
+    return taken
 
 
 def record_load_time(client: redis.Redis, keys: Keys, backend: str, seconds: float) -> None:

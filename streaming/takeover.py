@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import redis
+import redis.asyncio as aioredis
 
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
@@ -65,3 +66,32 @@ def finish_output(
             pipe.publish(channel, data)
         pipe.execute()
     return seq + len(events)
+
+
+async def append_output(
+    client: aioredis.Redis, keys: Keys, session_id: str, event: Event, log_maxlen: int
+) -> int:
+    """A gateway appends one event of its own (``Recovering``) after the last logged one and
+    publishes it; returns its seq. The session's worker is gone, so nothing else writes."""
+    log_key, channel = keys.output_log(session_id), keys.output_channel(session_id)
+    event.emitted_at = time.time()
+    for attempt in range(3):
+        entries = await client.xrevrange(log_key, "+", "-", count=1)
+        seq = int(_text(entries[0][0]).split("-", 1)[0]) if entries else 0
+        event.seq = seq + 1
+        data = encode_event(event)
+        try:
+            await client.xadd(
+                log_key, {"e": data}, id=f"{seq + 1}-1", maxlen=log_maxlen, approximate=True
+            )
+        except redis.ResponseError:
+            if attempt == 2:
+                raise
+            continue
+        await client.publish(channel, data)
+        return event.seq
+    raise AssertionError("unreachable")
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

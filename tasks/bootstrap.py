@@ -9,7 +9,8 @@
   the consumer is ready (``worker_ready``).
 Either way the process registers as ``loading`` before the model loads (clients queue for it)
 and offers its slots once it is ready. On a warm shutdown (``worker_shutting_down``) a drain flag
-tells running sessions to end with ``server_shutdown``; the slots leave the registry.
+starts the drain: no new sessions, running ones may go on for ``drain_grace_s`` and then end with
+``server_shutdown``; idle slots leave the registry at once, busy ones when their session ends.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, TypedDict
 
 import redis
@@ -26,6 +28,7 @@ from celery import signals
 
 from omnicore.settings import get_settings
 from streaming.keys import Keys
+from streaming.slots import withdraw_idle_of_node
 from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
 from tasks.supervisor import PoolSupervisor
 
@@ -39,6 +42,7 @@ class _BootState(TypedDict):
 
 
 _state: _BootState = {"node": None, "pool": "prefork", "slots": 1}
+_sigterms: list[float] = []  # SIGTERMs this pool process received (the second one exits)
 _supervisor: dict[str, PoolSupervisor] = {}  # "pool": the prefork parent's child watcher
 
 
@@ -56,7 +60,7 @@ def _on_celeryd_init(
     instance.app.amqp.queues.select_add(queue)
     settings = get_settings()
     try:  # a previous run of this node may have left its drain flag behind
-        redis.Redis.from_url(settings.redis_url).delete(f"{settings.key_prefix}:drain:{node}")
+        redis.Redis.from_url(settings.redis_url).delete(Keys(settings.key_prefix).drain(node))
     except redis.RedisError:
         log.warning("could not clear drain flag", exc_info=True)
     log.info(
@@ -120,13 +124,13 @@ def _child_sigterm(signum: int, _frame: object) -> None:
         rt = get_runtime()
     except RuntimeError:
         os._exit(0)
+    _sigterms.append(time.monotonic())
     if rt.shutting_down.is_set() and not rt.active:
         os._exit(0)
-    if rt.shutting_down.is_set():
+    if len(_sigterms) > 1:  # a drain seen in Redis first is no reason to exit on the first
         log.warning("second SIGTERM with sessions running: exiting")
         os._exit(1)
-    log.info("SIGTERM: draining %d session(s)", len(rt.active))
-    rt.shutting_down.set()
+    rt.start_drain(time.time() + rt.settings.drain_grace_s, "SIGTERM")
 
 
 @signals.worker_ready.connect
@@ -155,15 +159,18 @@ def _on_shutting_down(**_: object) -> None:
     if sup is not None:
         sup.stop()  # pool processes now end on purpose
     s = get_settings()
-    node = _state["node"]
-    try:
+    node = str(_state["node"])
+    deadline = time.time() + s.drain_grace_s
+    try:  # the pool process learns it from its heartbeat (a prefork child gets no signal)
         client = redis.Redis.from_url(s.redis_url)
-        client.set(f"{Keys(s.key_prefix).prefix}:drain:{node}", b"1", ex=60)
+        keys = Keys(s.key_prefix)
+        client.set(keys.drain(node), repr(deadline), ex=int(s.drain_grace_s) + 60)
+        withdraw_idle_of_node(client, keys, node)  # at once, not at the child's next beat
     except redis.RedisError:
         log.warning("could not set drain flag", exc_info=True)
     try:
         rt = get_runtime()
-        rt.shutting_down.set()
+        rt.start_drain(deadline, "warm shutdown")
         with rt.lock:
             idle = [s for s in rt.slot_ids if s not in rt.active]
         rt.registry.withdraw(idle)

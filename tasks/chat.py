@@ -23,7 +23,7 @@ from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import CHAT_TASK, app
 from tasks.chat_request import build_chat_request
 from tasks.endings import CHAT
-from tasks.session import SessionContext, audio_b64, running_session
+from tasks.session import SessionContext, SessionFailed, audio_b64, running_session
 
 log = logging.getLogger("omniserve.worker")
 
@@ -32,7 +32,7 @@ CANCEL_CHECK_S = 0.2
 
 def _cancelled(ctx: SessionContext) -> CloseReason | None:
     """A close reason if the gateway asked to stop this turn, the deadline passed or we drain."""
-    if ctx.rt.shutting_down.is_set():
+    if ctx.rt.must_close():
         return CloseReason.SERVER_SHUTDOWN
     if time.time() >= ctx.deadline_ts:
         return CloseReason.TIMEOUT
@@ -118,10 +118,10 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     ctx.error(ErrorCode.INFERENCE_ERROR, "backend ended the turn without a result")
 
 
-@app.task(name=CHAT_TASK, ignore_result=True)
+@app.task(name=CHAT_TASK, ignore_result=True, throws=(SessionFailed,))
 def chat_turn(turn_id: str, slot_id: str, gateway_id: str, deadline_ts: float) -> None:
     """Run one chat turn and free the slot (its request waits in Redis, read once here)."""
-    with running_session(turn_id, slot_id, gateway_id, deadline_ts) as ctx:
+    with running_session(turn_id, slot_id, gateway_id, deadline_ts, kind=CHAT) as ctx:
         if ctx is None:
             return
         request = take_chat_request(ctx.rt.redis, ctx.rt.keys, turn_id)

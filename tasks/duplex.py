@@ -4,25 +4,38 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from inference import (
-    DuplexConfig,
     DuplexInput,
     DuplexSession,
+    HistoryTurn,
     InferenceError,
     UnsupportedInput,
 )
-from omnicore.audio import b64_decode, bytes_to_pcm, pcm_or_wav_to_16k
-from streaming.controls import CloseControl, Control, ForceListenControl, InitControl
+from omnicore.audio import INPUT_RATE, bytes_to_pcm
+from streaming.controls import (
+    BadControl,
+    CloseControl,
+    Control,
+    ForceListenControl,
+    InitControl,
+    decode_control,
+)
 from streaming.events import CloseReason, Created, ErrorCode, Listen, Speak
 from streaming.input import AudioChunk
+from streaming.jobs import claim_id
+from streaming.resume import WorkerResume
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
+from tasks.conversation import Conversation
+from tasks.duplex_config import duplex_config
 from tasks.endings import DUPLEX
-from tasks.session import SessionContext, audio_b64, new_id, running_session
+from tasks.presence import Presence, PresenceWatch
+from tasks.session import SessionContext, SessionFailed, audio_b64, new_id, running_session
 from tasks.units import Unit, UnitAssembler
 
 log = logging.getLogger("omniserve.worker")
@@ -32,31 +45,19 @@ POLL_MS = 250
 GATEWAY_CHECK_S = 2.0
 
 
-def _voice(b64: str | None) -> np.ndarray | None:
-    if not b64:
-        return None
-    return pcm_or_wav_to_16k(b64_decode(b64))
-
-
-def duplex_config(init: InitControl, public_mode: str) -> DuplexConfig:
-    """The backend configuration from a (validated) init control event."""
-    ref = _voice(init.ref_audio)
-    tts_ref = _voice(init.tts_ref_audio)
-    return DuplexConfig(
-        mode="video" if public_mode == "video" else "audio",
-        system_prompt=init.system_prompt,
-        ref_audio=ref,
-        tts_ref_audio=tts_ref if tts_ref is not None else ref,
-        config=dict(init.config),
-    )
-
-
 class DuplexRunner:
     """Drives one backend duplex session from the input streams to the output channel."""
 
-    def __init__(self, ctx: SessionContext, public_mode: str) -> None:
+    def __init__(self, ctx: SessionContext, public_mode: str, recover: bool = False) -> None:
         self.ctx = ctx
         self.public_mode = public_mode
+        self.recover = recover
+        s = ctx.rt.settings
+        self.conversation = Conversation(ctx.rt.redis, ctx.rt.keys, ctx.session_id, s.session_ttl_s)
+        self.resume = WorkerResume(ctx.rt.redis, ctx.rt.keys, ctx.session_id)
+        self.presence = PresenceWatch(ctx, self.resume, s.resume_grace_s, s.resume_slot_hold_s)
+        self.split = False  # InitControl.split_deltas
+        self.parked = False
         self.backend = ctx.rt.backend
         self.session: DuplexSession | None = None
         self.chunker = AudioChunker()
@@ -64,6 +65,7 @@ class DuplexRunner:
             getattr(self.backend, "unit_samples", None), ctx.rt.settings.max_video_frames
         )
         self.response_id: str | None = None
+        self.response_input_id = ""  # the input of the open response's latest speaking step
         self.failures = 0
         self.dropped = 0
         self.steps = 0
@@ -72,17 +74,27 @@ class DuplexRunner:
     def run(self) -> None:
         ctx = self.ctx
         next_gw_check = time.monotonic() + GATEWAY_CHECK_S
+        paused = False
         try:
+            if self.recover and self.restart():
+                return None
             while True:
-                if ctx.rt.shutting_down.is_set():
+                if ctx.rt.must_close():
                     return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
                     return self.close(CloseReason.TIMEOUT)
-                if time.monotonic() >= next_gw_check:
-                    next_gw_check = time.monotonic() + GATEWAY_CHECK_S
-                    if not ctx.rt.gateway_alive(ctx.gateway_id):
-                        log.info("session %s: gateway gone", ctx.session_id)
+                if paused or time.monotonic() >= next_gw_check:
+                    next_gw_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
+                    state = self.presence.check()
+                    if state is Presence.GONE:
+                        log.info("session %s: client gone", ctx.session_id)
                         return self.close(CloseReason.CLIENT_CLOSED)
+                    if state is Presence.PARK:
+                        return self.park()
+                    paused = state is Presence.DETACHED
+                if paused:  # the client is away: its input waits, the deadline runs
+                    time.sleep(POLL_MS / 1000)
+                    continue
                 batch = ctx.inputs.read(POLL_MS)
                 self.dropped += batch.dropped
                 for control in batch.controls:
@@ -105,6 +117,30 @@ class DuplexRunner:
         self.end_response(interrupted=True)
         self.ctx.closed(reason)
 
+    def park(self) -> None:
+        """The client has been away ``resume_slot_hold_s``: give the slot back (the task ends)
+        but keep the session resumable; a resume restarts it on a slot like a failover."""
+        log.info("session %s: client away, slot given back until it resumes", self.ctx.session_id)
+        self.end_response(interrupted=True)
+        self.parked = self.ctx.parked = True
+        self.ctx.log_linger_s = self.ctx.rt.settings.resume_grace_s + 60
+
+    def restart(self) -> bool:
+        """A failover: prepare the backend as the session's first init did, with the
+        conversation so far; True when the session is over."""
+        raw = self.resume.init()
+        try:
+            control = decode_control(raw) if raw else None
+        except BadControl:
+            control = None
+        if not isinstance(control, InitControl):
+            self.ctx.error(
+                ErrorCode.BACKEND_ERROR, "the session cannot be restarted", recoverable=False
+            )
+            self.ctx.closed(CloseReason.BACKEND_ERROR)
+            return True
+        return self.init(control, self.conversation.load())
+
     # ------------------------------------------------------------------ controls
     def control(self, control: Control) -> bool:
         """Apply one control event; True when the session is over."""
@@ -121,7 +157,7 @@ class DuplexRunner:
             case InitControl():
                 return self.init(control)
 
-    def init(self, control: InitControl) -> bool:
+    def init(self, control: InitControl, history: list[HistoryTurn] | None = None) -> bool:
         """Prepare the backend session; True when the session is over (a fatal failure)."""
         ctx = self.ctx
         if self.session is not None:
@@ -130,7 +166,7 @@ class DuplexRunner:
         assert self.backend is not None
         t0 = time.perf_counter()
         try:
-            config = duplex_config(control, self.public_mode)
+            config = duplex_config(control, self.public_mode, history)
             session = self.backend.open_duplex()
             with ctx.rt.watchdog.guard(ctx, DUPLEX, "prepare"):
                 prompt_length = session.prepare(config)
@@ -154,14 +190,17 @@ class DuplexRunner:
             ctx.closed(CloseReason.BACKEND_ERROR)
             return True
         self.session = session
+        self.split = control.split_deltas
+        metrics: dict[str, Any] = {
+            "backend": self.backend.name,
+            "prepare_s": round(time.perf_counter() - t0, 4),
+            "kv_cache_length": int(prompt_length),
+        }
+        if history is not None:
+            metrics["history_turns"] = len(history)
         ctx.emit(
             Created(
-                prompt_length=int(prompt_length),
-                metrics={
-                    "backend": self.backend.name,
-                    "prepare_s": round(time.perf_counter() - t0, 4),
-                    "kv_cache_length": int(prompt_length),
-                },
+                prompt_length=int(prompt_length), metrics=metrics, recovered=history is not None
             )
         )
         return False
@@ -221,8 +260,11 @@ class DuplexRunner:
         metrics = dict(result.metrics)
         metrics.setdefault("kv_cache_length", result.kv_cache_length)
         metrics["step_s"] = round(time.perf_counter() - t0, 4)
+        ctx.rt.metrics.step(time.perf_counter() - t0, len(chunk.audio) / INPUT_RATE)
         if self.dropped:
             metrics["dropped_chunks"] = self.dropped
+        if result.heard:
+            self.conversation.heard(result.heard)
         if result.listen:
             self.end_response(interrupted=True)
             ctx.emit(
@@ -258,6 +300,7 @@ class DuplexRunner:
         """Emit one speaking step as protocol-sized pieces (text rides on the first)."""
         if self.response_id is None:
             self.response_id = new_id("resp")
+        self.response_input_id = input_id
         pieces: list[np.ndarray | None] = list(self.chunker.push(audio))
         if end_of_turn:
             rest = self.chunker.flush()
@@ -265,9 +308,10 @@ class DuplexRunner:
                 pieces.append(rest)
         if not pieces:
             pieces = [None]
+        self.conversation.said(text)
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
-            self.ctx.emit(
+            self._out(
                 Speak(
                     response_id=self.response_id,
                     input_id=input_id,
@@ -280,34 +324,58 @@ class DuplexRunner:
             )
         if end_of_turn:
             self.response_id = None
+            self.conversation.end_response()
+
+    def _out(self, ev: Speak) -> None:
+        """Emit a Speak; with ``split`` (the current dialect) as one event per client frame:
+        its text, then its audio, and nothing for a piece that has neither."""
+        if not self.split:
+            self.ctx.emit(ev)
+            return
+        if ev.text:
+            self.ctx.emit(replace(ev, audio="", end_of_turn=ev.end_of_turn and not ev.audio))
+        if ev.audio:
+            self.ctx.emit(replace(ev, text=""))
 
     def end_response(self, interrupted: bool) -> None:
         """Close an open response: flush its audio as the last delta."""
         if self.response_id is None:
             return
         rest = self.chunker.flush()
-        self.ctx.emit(
+        self._out(
             Speak(
                 response_id=self.response_id,
-                input_id=None,
+                input_id=self.response_input_id,
                 audio=audio_b64(rest),
                 end_of_turn=True,
                 interrupted=interrupted,
             )
         )
         self.response_id = None
+        self.conversation.end_response()
 
 
-@app.task(name=DUPLEX_TASK, ignore_result=True)
+@app.task(name=DUPLEX_TASK, ignore_result=True, throws=(SessionFailed,))
 def duplex_session(
-    session_id: str, slot_id: str, gateway_id: str, public_mode: str, deadline_ts: float
+    session_id: str,
+    slot_id: str,
+    gateway_id: str,
+    public_mode: str,
+    deadline_ts: float,
+    attempt: int = 0,
 ) -> None:
-    """Run one full-duplex session until it closes; the slot is freed on every exit path."""
-    with running_session(session_id, slot_id, gateway_id, deadline_ts) as ctx:
+    """Run one full-duplex session until it closes; the slot is freed on every exit path.
+
+    ``attempt`` > 0: a failover (or a resume after the slot was given back) restarts it here.
+    """
+    recover = attempt > 0
+    claim = claim_id(session_id, attempt)
+    with running_session(session_id, slot_id, gateway_id, deadline_ts, claim, recover) as ctx:
         if ctx is None:
             return
+        runner = DuplexRunner(ctx, public_mode, recover)
         try:
-            DuplexRunner(ctx, public_mode).run()
+            runner.run()
         except Exception as exc:
             log.exception("session %s failed", session_id)
             try:
@@ -315,3 +383,8 @@ def duplex_session(
                 ctx.closed(CloseReason.ERROR)
             except Exception:  # nothing more can be told
                 log.warning("session %s: could not report its failure", session_id, exc_info=True)
+        if not runner.parked:
+            try:
+                runner.resume.mark_ended()
+            except Exception:  # noqa: BLE001 - Redis away: the record expires by itself
+                log.warning("session %s: could not mark its record ended", session_id)

@@ -16,6 +16,8 @@ from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming.keys import Keys, worker_queue
 from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
+from tasks.metrics import WorkerMetrics
+from tasks.watchdog import COUNTER as STEP_TIMEOUTS
 from tasks.watchdog import StepWatchdog
 
 log = logging.getLogger("omniserve.worker")
@@ -83,12 +85,14 @@ class WorkerRuntime:
         self.active: dict[str, str] = {}  # slot -> session id
         self.quarantined: set[str] = set()  # slots whose backend step hung: never offered
         self.lock = threading.Lock()
-        self.shutting_down = threading.Event()
+        self.shutting_down = threading.Event()  # draining: no new work (see must_close)
+        self.drain_deadline = 0.0  # unix time by which running sessions must end
         self.ready = threading.Event()
         self.backend: Backend | None = None
         self.watchdog = StepWatchdog(self, self.settings.step_timeout_s)
         self.restart_on_hang = False  # prefork: a hung step restarts the process (set by bootstrap)
         self.counters: dict[str, int] = {"backend_step_timeouts_total": 0}
+        self.metrics = WorkerMetrics(self, self.backend_name)
         self._beat: threading.Thread | None = None
         self._beat_failing_since: float | None = None
         self.beats = 0
@@ -118,6 +122,9 @@ class WorkerRuntime:
         if self.backend_note:
             info["note"] = self.backend_note
             log.warning("%s", self.backend_note)
+        self.metrics.keep_in_redis(self.beat_redis, self.keys.node_counters(self.node_name))
+        s = self.settings
+        self.metrics.serve(s.worker_metrics_host, s.worker_metrics_port)
         try:
             self.registry.register(info)
         except redis.RedisError:
@@ -134,6 +141,7 @@ class WorkerRuntime:
             log.info("loading %s in pid %d", loading_what(name), os.getpid())
             self.backend = create_backend(name, **backend_options(self.settings, name))
             took = time.perf_counter() - t0
+            self.metrics.loaded(took)
             log.info("backend %r ready in %.1fs: %s", name, took, self.backend.info())
             try:
                 record_load_time(self.beat_redis, self.keys, name, took)
@@ -160,8 +168,28 @@ class WorkerRuntime:
             self.queue,
         )
 
+    def start_drain(self, deadline_ts: float, why: str) -> None:
+        """Take no new sessions; running ones may go on until ``deadline_ts`` (unix time)."""
+        if self.shutting_down.is_set():
+            return
+        self.drain_deadline = deadline_ts
+        self.shutting_down.set()  # the heartbeat marks the registry entry (signal-safe here)
+        left = max(0.0, deadline_ts - time.time())
+        log.info(
+            "worker %s draining (%s): no new sessions; %d running may go on for %.0f s",
+            self.worker_id,
+            why,
+            len(self.active),
+            left,
+        )
+
+    def must_close(self) -> bool:
+        """Whether running sessions must end now with server_shutdown (drain grace over)."""
+        return self.shutting_down.is_set() and time.time() >= self.drain_deadline
+
     def stop(self) -> None:
         """Leave the registry (the sessions end with server_shutdown)."""
+        self.drain_deadline = 0.0
         self.shutting_down.set()
         self.stopped = True
         try:
@@ -201,15 +229,18 @@ class WorkerRuntime:
 
     def beat_once(self) -> None:
         """Renew everything this process owns in Redis (and notice a drain request)."""
-        drain_key = f"{self.keys.prefix}:drain:{self.node_name}"
-        if not self.shutting_down.is_set() and self.beat_redis.exists(drain_key):
-            log.info("worker %s draining: ending sessions", self.worker_id)
-            self.shutting_down.set()
+        if not self.shutting_down.is_set():
+            deadline = self.beat_redis.get(self.keys.drain(self.node_name))
+            if deadline is not None:
+                self.start_drain(float(deadline), "drain flag in Redis")
         with self.lock:
             active = dict(self.active)
             blocked = set(active) | self.quarantined
         idle = [s for s in self.slot_ids if s not in blocked]
         if self.shutting_down.is_set():
+            if self.registry.info.get("state") != "draining" and self.ready.is_set():
+                # gateways stop counting this worker as capacity (streaming/admission.py)
+                self.registry.update(state="draining", draining_until=self.drain_deadline)
             self.registry.withdraw(idle)
             rewritten = self.registry.heartbeat([], active)
         else:
@@ -275,6 +306,8 @@ class WorkerRuntime:
     def count(self, name: str) -> None:
         """Add one to a worker counter, here and in Redis (it outlives a restarted process)."""
         self.counters[name] = self.counters.get(name, 0) + 1
+        if name == STEP_TIMEOUTS:
+            self.metrics.count("omniserve_" + name, self.backend_name)
         try:
             self.beat_redis.hincrby(self.keys.worker_counters, name, 1)
         except redis.RedisError:

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnicore.audio import pcm_to_b64
-from streaming.events import Closed, Error, ErrorCode, Event, Started
+from omnicore.logs import SESSION_ID
+from streaming.events import Closed, CloseReason, Done, Error, ErrorCode, Event, Started
 from streaming.input import InputReader
 from streaming.output import OutputPublisher
+from streaming.takeover import last_seq
 from tasks.bootstrap import install_child_sigterm
+from tasks.endings import CHAT, DUPLEX
 from tasks.runtime import WorkerRuntime, get_runtime
 
 log = logging.getLogger("omniserve.worker")
@@ -36,12 +39,51 @@ class SessionContext:
     deadline_ts: float
     out: OutputPublisher
     inputs: InputReader
+    kind: str = DUPLEX  # duplex or chat (tasks/endings.py)
     silenced: bool = False  # the step watchdog ended this session; nothing more goes out
+    close_reason: str | None = None  # the reason of the Closed event sent, if any
+    last_error: Error | None = None  # the last error event sent, if any
+    done: bool = False  # a chat turn's Done was sent
+    parked: bool = False  # the client went away: the slot was given back, a resume may restart
+    log_linger_s: float = 60.0  # how long the replay log outlives the task (longer when parked)
 
     def emit(self, event: Event) -> None:
-        """Send one event to the gateway."""
-        if not self.silenced:
-            self.out.emit(event)
+        """Send one event to the gateway (and note what the outcome depends on)."""
+        if self.silenced:
+            return
+        match event:
+            case Closed(reason=reason):
+                self.close_reason = reason
+            case Error():
+                self.last_error = event
+            case Done():
+                self.done = True
+            case _:
+                pass
+        self.out.emit(event)
+
+    def outcome(self) -> tuple[str, str | None]:
+        """How the session or turn ended: an outcome label, and for a failed or abandoned one
+        the reason (the task then ends as a Celery FAILURE with it). A request the worker
+        refused as invalid is ``rejected`` but not a failure: the service did its job."""
+        reason = self.close_reason
+        err = self.last_error
+        said = f"{err.code.value}: {err.message}" if err is not None else None
+        if self.silenced:
+            return "step_timeout", said or "the backend did not answer in time"
+        if self.parked:  # this attempt is over; a resume would run the session as a new task
+            return "parked", "client_closed: the client went away; slot given back, resumable"
+        if reason in (CloseReason.BACKEND_ERROR, CloseReason.ERROR):
+            return "failed", said or str(reason)
+        if reason == CloseReason.CLIENT_CLOSED:
+            return "abandoned", "client_closed: the client or its gateway went away"
+        if reason == CloseReason.SERVER_SHUTDOWN:
+            return "shutdown", None
+        if self.kind == CHAT and not self.done and reason is None:
+            if err is not None and err.code.is_client_error:
+                return "rejected", None
+            return "failed", said or "the turn ended without a result"
+        return "completed", None
 
     def silence(self) -> None:
         """Drop every later event (the session was already ended for the client)."""
@@ -72,27 +114,46 @@ class SessionContext:
         self.emit(Closed(reason=reason))
 
 
+class SessionFailed(Exception):
+    """Raised by a session task that failed or was abandoned, after its cleanup, so that Celery
+    (and Flower) record it as FAILURE with the reason (the tasks declare it in ``throws``: an
+    expected failure, logged without a traceback)."""
+
+
 @contextmanager
 def running_session(
-    session_id: str, slot_id: str, gateway_id: str, deadline_ts: float
+    session_id: str,
+    slot_id: str,
+    gateway_id: str,
+    deadline_ts: float,
+    claim_id: str | None = None,
+    recover: bool = False,
+    kind: str = DUPLEX,
 ) -> Iterator[SessionContext | None]:
     """Claim the session and hold its slot for the duration of the block.
 
     Yields None when the session must not run (already claimed: a re-delivered or stale task,
-    or a slot that is not this process's); the block then does nothing.
+    or a slot that is not this process's); the block then does nothing. ``claim_id``: what is
+    claimed (a failover's attempt has its own). ``recover``: a failover continues the session's
+    output sequence and sends no ``Started`` (its ``Created`` tells the gateway instead), so the
+    client's sequence numbers stay consecutive. Afterwards the outcome is counted and logged,
+    and a failed or abandoned session raises ``SessionFailed``.
     """
     rt = get_runtime()
     if not rt.owns_slot(slot_id):
         log.warning("task for slot %s reached %s; ignored", slot_id, rt.worker_id)
         yield None
         return
-    if not rt.claim(session_id):
+    if not rt.claim(claim_id or session_id):
         log.warning("session %s already claimed; stale or re-delivered task exits", session_id)
         yield None
         return
     install_child_sigterm()
     s = rt.settings
-    out = OutputPublisher(rt.redis, rt.keys, session_id, s.output_log_maxlen, s.session_ttl_s)
+    start = last_seq(rt.redis, rt.keys, session_id) if recover else 0
+    out = OutputPublisher(
+        rt.redis, rt.keys, session_id, s.output_log_maxlen, s.session_ttl_s, start_seq=start
+    )
     ctx = SessionContext(
         rt=rt,
         session_id=session_id,
@@ -101,15 +162,35 @@ def running_session(
         deadline_ts=deadline_ts,
         out=out,
         inputs=InputReader(rt.redis, rt.keys, session_id),
+        kind=kind,
     )
     started = time.monotonic()
     rt.begin(slot_id, session_id)
+    logged = SESSION_ID.set(session_id)  # every log line of this task names the session
     try:
-        ctx.emit(Started(worker_id=rt.worker_id, backend=rt.backend.name if rt.backend else None))
+        if not recover:
+            ctx.emit(
+                Started(worker_id=rt.worker_id, backend=rt.backend.name if rt.backend else None)
+            )
         yield ctx
     finally:
-        out.finish()
-        rt.end(slot_id, session_id, time.monotonic() - started)
+        out.finish(ctx.log_linger_s)
+        held = time.monotonic() - started
+        rt.end(slot_id, session_id, held)
+        outcome, why = ctx.outcome()
+        rt.metrics.count("omniserve_worker_sessions_total", kind, outcome)
+        log.info(
+            "%s %s on %s ended: outcome=%s reason=%s held_s=%.3f",
+            kind,
+            session_id,
+            slot_id,
+            outcome,
+            why or ctx.close_reason or "-",
+            held,
+        )
+        SESSION_ID.reset(logged)
+    if why is not None:
+        raise SessionFailed(why)
 
 
 def audio_b64(samples: Any) -> str:

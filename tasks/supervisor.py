@@ -5,8 +5,10 @@ parent waits ``model_load_timeout_s`` for it: ``worker_proc_alive_timeout``). Wh
 not do is tell anyone: the dead process's slots would stay registered and its clients would
 wait for its leases to lapse. This thread watches the pool's process ids; when one dies it
 finishes the output of every session that process was running (``error`` + ``session.closed
-backend_error``, or ``inference_error`` for a chat turn), takes its slots out of the pool and its
-entry out of the registry. The replacement registers as loading and offers slots when ready.
+backend_error``, or ``inference_error`` for a chat turn) — except a duplex session that fails
+over, whose lease it only drops so that its gateway restarts it on another worker at once —,
+takes its slots out of the pool and its entry out of the registry. The replacement registers as
+loading and offers slots when ready.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
 from streaming.slots import forget_worker
 from streaming.takeover import finish_output
-from tasks.endings import KIND_OF_TASK, final_events
+from tasks.endings import DUPLEX, KIND_OF_TASK, final_events
+from tasks.metrics import killed_field, persist
 
 log = logging.getLogger("omniserve.worker")
 
@@ -129,11 +132,15 @@ class PoolSupervisor:
             running = {
                 s: self.tasks.pop(s) for s in list(self.tasks) if slot_worker(s) == worker_id
             }
-        told = []
+        told, moved = [], []
         for kind, sid in running.values():
             owner = self.redis.get(k.session_lease(sid))
             if not isinstance(owner, bytes) or owner.decode() != worker_id:
                 continue  # it had ended (or the watchdog already told its client)
+            if kind == DUPLEX and self._fails_over(sid):
+                self.redis.delete(k.session_lease(sid))  # its gateway restarts it elsewhere
+                moved.append(sid)
+                continue
             finish_output(
                 self.redis,
                 k,
@@ -142,6 +149,8 @@ class PoolSupervisor:
                 self.settings.output_log_maxlen,
             )
             self.redis.delete(k.session_lease(sid))
+            # the replacement process serves this node's counters from Redis (tasks/metrics.py)
+            persist(self.redis, k.node_counters(self.node), killed_field(kind))
             told.append(sid)
         forget_worker(self.redis, k, worker_id, slot_ids)
         log.error(
@@ -149,6 +158,21 @@ class PoolSupervisor:
             "a new process loads the backend and offers them when ready",
             pid,
             worker_id,
-            f"clients told: {', '.join(told)}" if told else "it ran no session",
+            f"clients told: {', '.join(told)}"
+            if told
+            else "it ran no session"
+            if not moved
+            else "no client told",
             nslots,
         )
+        if moved:
+            log.error("sessions of pool process %d left to failover: %s", pid, ", ".join(moved))
+
+    def _fails_over(self, session_id: str) -> bool:
+        """Whether a duplex session's gateway will restart it on another worker (failover on,
+        the session prepared and not ended): then its output is not finished here."""
+        if self.settings.failover_wait_s <= 0:
+            return False
+        key = self.keys.session_resume(session_id)
+        init, ended = self.redis.hmget(key, ["init", "ended"])
+        return bool(init) and not ended

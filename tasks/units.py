@@ -1,9 +1,10 @@
 """Client chunks of any length into the exact input units a backend's duplex step consumes.
 
-The public API accepts chunks of 250 ms and up; MiniCPM-o consumes exactly one second per step
-(``Backend.unit_samples``). A unit carries the frames of the chunks whose audio starts in it
-(the newest ``max_frames``), a forced listen if any of them asked for one, and the input id of
-the chunk that completed it. Without a unit size every chunk is a unit, as it comes.
+The public API accepts chunks of any length (the older dialect's of 250 ms and up); MiniCPM-o
+consumes exactly one second per step (``Backend.unit_samples``). A unit carries the frames of the
+chunks whose audio starts in it (the newest ``max_frames``), a forced listen if any of them asked
+for one, and the input id of the chunk that completed it. Without a unit size every chunk is a
+unit, as it comes.
 """
 
 from __future__ import annotations

@@ -56,6 +56,22 @@ class Client:
         ws = await websockets.connect(f"{url}{path}{query}", max_size=None, **kwargs)
         return cls(ws)
 
+    @classmethod
+    async def resume(
+        cls, url: str, session_id: str, token: str, last_seq: int, mode: str = "audio"
+    ) -> Client:
+        """A new connection whose first event is ``session.resume`` (docs/PROTOCOL.md)."""
+        client = await cls.connect(url, query=f"?mode={mode}")
+        await client.send(
+            {
+                "type": "session.resume",
+                "session_id": session_id,
+                "resume_token": token,
+                "last_seq": last_seq,
+            }
+        )
+        return client
+
     async def send(self, event: dict[str, Any] | str) -> None:
         await self.ws.send(event if isinstance(event, str) else orjson.dumps(event).decode())
 

@@ -72,6 +72,11 @@ class Stack:
                 "OMNISERVE_KEY_PREFIX": self.prefix,
                 "OMNISERVE_LOG_LEVEL": "info",
                 "OMNISERVE_QUEUE_UPDATE_INTERVAL_S": "1",
+                # no worker metrics endpoint unless a test asks for one on a free port: workers
+                # of parallel stacks on one machine would otherwise share (or fight for) 9108
+                "OMNISERVE_WORKER_METRICS_PORT": "0",
+                # SIGTERM ends sessions at once unless a test measures the drain grace
+                "OMNISERVE_DRAIN_GRACE_S": "0",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": str(ROOT),
             }

@@ -10,6 +10,7 @@ from api.dialects import (
     DuplexMapper,
     LegacyChatMapper,
     dialect_of,
+    older_close_reason,
 )
 from streaming.events import (
     AudioDelta,
@@ -66,8 +67,13 @@ def test_duplex_current() -> None:
     assert text["kind"] == "text" and text["text"] == "Hi" and text["response_id"] == "r"
     assert audio["kind"] == "audio" and audio["audio"] == "QQ=="
     assert text["metrics"] == audio["metrics"] == {"b": 2, "end_of_turn": False}
-    # the closing piece of an interrupted response with nothing left makes no frame
-    assert m.frames(Speak(response_id="r", input_id=None, end_of_turn=True)) == []
+    # the closing piece of an interrupted response: its audio, marked; with nothing left, no frame
+    (closing,) = m.frames(
+        Speak(response_id="r", input_id="input_2", audio="QQ==", end_of_turn=True, interrupted=True)
+    )
+    assert closing["input_id"] == "input_2"
+    assert closing["metrics"] == {"end_of_turn": True, "interrupted": True}
+    assert m.frames(Speak(response_id="r", input_id="input_2", end_of_turn=True)) == []
 
 
 def test_duplex_older() -> None:
@@ -79,7 +85,7 @@ def test_duplex_older() -> None:
         {"type": "response.listen", "kv_cache_length": 12}
     ]
     # kv_cache_length carries over from the last step when a piece has none
-    assert m.frames(Speak(response_id="r", input_id=None, end_of_turn=True)) == [
+    assert m.frames(Speak(response_id="r", input_id="input_2", end_of_turn=True)) == [
         {
             "type": "response.output_audio.delta",
             "text": "",
@@ -116,17 +122,14 @@ def test_duplex_errors_and_gaps(dialect: Dialect) -> None:
 
 
 def test_chat_turn() -> None:
-    m = ChatMapper("rt_1", "resp_1")
+    m = ChatMapper("rt_1", "resp_1", "input_4")
     base = {"session_id": "rt_1", "response_id": "resp_1"}
+    delta = {"type": "response.output.delta", **base, "input_id": "input_4", "metrics": {}}
     assert m.frames(Prefill(input_tokens=3)) == []
-    assert m.frames(TextDelta(text="a")) == [
-        {"type": "response.output.delta", "kind": "text", **base, "text": "a", "metrics": {}}
-    ]
-    assert m.frames(AudioDelta(audio="QQ==")) == [
-        {"type": "response.output.delta", "kind": "audio", **base, "audio": "QQ==", "metrics": {}}
-    ]
+    assert m.frames(TextDelta(text="a")) == [{**delta, "kind": "text", "text": "a"}]
+    assert m.frames(AudioDelta(audio="QQ==")) == [{**delta, "kind": "audio", "audio": "QQ=="}]
     last, done = m.frames(Done(text="a", last_audio="Qg==", metrics={"total_s": 1}))
-    assert last["kind"] == "audio" and last["audio"] == "Qg=="
+    assert last == {**delta, "kind": "audio", "audio": "Qg=="}
     assert done == {
         "type": "response.done",
         **base,
@@ -160,7 +163,13 @@ def test_legacy_chat() -> None:
             "recording_session_id": "chat_1",
         }
     ]
-    assert m.frames(Done(text="a", last_audio="Qg=="))[0]["audio_data"] == "Qg=="
+    # streaming: the final segment is the last chunk (players that stream chunks get all the
+    # speech) and nothing is left over for done (a client appending it appends nothing)
+    last_chunk, done = m.frames(Done(text="a", last_audio="Qg=="))
+    assert last_chunk == {"type": "chunk", "text_delta": "", "audio_data": "Qg=="}
+    assert done["type"] == "done" and done["audio_data"] is None
+    # non-streaming: the whole speech in done only
+    assert [f["type"] for f in m.frames(Done(text="a", audio="Qw=="))] == ["done"]
 
 
 @pytest.mark.parametrize(
@@ -177,3 +186,11 @@ def test_legacy_chat_failures_end_the_request(event: Event, message: str) -> Non
     (frame,) = m.frames(event)
     assert frame == {"type": "error", "error": message}
     assert frame["type"] in m.ENDING
+
+
+def test_older_close_reasons_are_spec04s() -> None:
+    assert older_close_reason("user_stop", "user_stop") == "stopped"
+    assert older_close_reason("bye", "bye") == "stopped"  # the client's own reason, confirmed
+    assert older_close_reason("backend_error", "user_stop") == "error"
+    for kept in ("timeout", "context_full", "server_shutdown", "error"):
+        assert older_close_reason(kept, "user_stop") == kept

@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from api.chat_validation import LEGACY_CHAT_DEFAULTS, REALTIME_CHAT_DEFAULTS, chat_request
 from api.errors import ProtocolError
 from api.validation import (
-    LEGACY_CHAT_DEFAULTS,
-    MIN_INPUT_SAMPLES,
-    REALTIME_CHAT_DEFAULTS,
-    chat_request,
+    OLDER_MIN_INPUT_SAMPLES,
     check_voice,
     decode_pcm,
     duplex_append,
@@ -47,9 +45,11 @@ def refused(call: Any, *args: Any) -> tuple[ErrorCode, str | None]:
 
 
 def test_pcm_and_voice_checks() -> None:
-    assert len(decode_pcm(pcm(MIN_INPUT_SAMPLES), "audio")) == 4 * MIN_INPUT_SAMPLES
-    for bad in ("@@", b64(b"\0" * 7), pcm(10)):
-        assert refused(decode_pcm, bad, "audio") == (ErrorCode.INVALID_PAYLOAD, "audio")
+    older = OLDER_MIN_INPUT_SAMPLES
+    assert len(decode_pcm(pcm(older), "audio", older)) == 4 * older
+    assert len(decode_pcm(pcm(1), "audio")) == 4  # the current dialect: any length
+    for bad, minimum in (("@@", 1), (b64(b"\0" * 7), 1), (pcm(0), 1), (pcm(older - 1), older)):
+        assert refused(decode_pcm, bad, "audio", minimum) == (ErrorCode.INVALID_PAYLOAD, "audio")
     wav = b64(wav_bytes(np.zeros(800, np.float32), 8000))
     assert check_voice(wav, "v") == wav and check_voice(pcm(100), "v")
     assert refused(check_voice, b64(b"RIFF\0\0\0\0WAVEjunk"), "v") == (
@@ -131,12 +131,23 @@ def test_duplex_append_hints_and_defaults() -> None:
             {"type": "input.append", "input": {"audio": pcm(), "video_frames": [pcm()]}},
             "input.video_frames[0]",
         ),
-        ({"type": "input.append", "input": {"audio": pcm(100)}}, "input.audio"),
+        ({"type": "input.append", "input": {"audio": pcm(0)}}, "input.audio"),
+        ({"type": "input_audio_buffer.append", "audio": pcm(3999)}, "audio"),
         ({"type": "input_audio_buffer.append", "audio": 5}, "audio"),
+        (
+            {"type": "input_audio_buffer.append", "audio": pcm(), "video_frames": [7]},
+            "video_frames[0]",
+        ),
     ],
 )
 def test_duplex_append_errors(event: dict[str, Any], field: str) -> None:
     assert refused(duplex_append, event) == (ErrorCode.INVALID_PAYLOAD, field)
+
+
+@pytest.mark.parametrize("samples", [1, 37, 1600, 3999, 4000, 16000, 40000])
+def test_current_dialect_takes_any_chunk_length(samples: int) -> None:
+    got = duplex_append({"type": "input.append", "input": {"audio": pcm(samples)}})
+    assert len(got.audio) == 4 * samples
 
 
 def test_chat_defaults_differ_by_endpoint() -> None:
@@ -172,6 +183,32 @@ def test_chat_defaults_differ_by_endpoint() -> None:
             {"messages": [{"role": "user", "content": "x"}], "tts": {"ref_audio_data": "@@"}},
             ErrorCode.INVALID_PAYLOAD,
             "input.tts.ref_audio_data",
+        ),
+        # pydantic's findings use the same paths: brackets for indexes, no union member labels
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "x"}]},
+            ErrorCode.INVALID_PAYLOAD,
+            "input.messages[1].role",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {}]}]},
+            ErrorCode.MISSING_FIELD,
+            "input.messages[0].content[1].type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "gif", "data": "AAAA"}]}]},
+            ErrorCode.INVALID_PAYLOAD,
+            "input.messages[0].content[0].type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": 7}]},
+            ErrorCode.INVALID_PAYLOAD,
+            "input.messages[0].content",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "generation": {"top_p": "0.5"}},
+            ErrorCode.INVALID_PAYLOAD,
+            "input.generation.top_p",
         ),
     ],
 )

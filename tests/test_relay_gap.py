@@ -15,8 +15,10 @@ import signal
 import time
 from collections.abc import Callable
 
+import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.client import Client, silence
 from tests.stack import Stack
@@ -213,4 +215,13 @@ async def test_duplex_reports_output_the_log_no_longer_holds(stack: Stack) -> No
     first_kept = first_held - 2  # input_n's listen is seq n + 2
     assert listens == [f"input_{n}" for n in range(first_kept, 9)]
     assert frames.index(gap) < frames.index(next(f for f in frames if f.get("kind") == "listen"))
+    # and the gateway's metrics count it, as a gap and as an error sent
+    metrics = httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/metrics", timeout=5).text
+    samples = {
+        (s.name, s.labels.get("code")): s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+    }
+    assert samples[("omniserve_output_gaps_total", None)] == 1
+    assert samples[("omniserve_errors_total", "output_gap")] == 1
     assert frames[-1]["type"] == "session.closed"

@@ -207,10 +207,10 @@ async def test_chat_turn_waits_in_the_same_queue(service: Stack) -> None:
             "input": {"messages": [{"role": "user", "content": "Reply with exactly: waited"}]},
         }
     )
-    q = await chat.until("session.queued")
+    q = await chat.until("response.queued")  # a turn after session.init: the extension event
     assert q["position"] == 1
     await duplex.send({"type": "session.close"})
-    await chat.until("session.queue_done", timeout=20)
+    await chat.until("response.queue_done", timeout=20)
     done = await chat.until("response.done")
     assert done["text"] == "waited"
 
@@ -257,7 +257,7 @@ async def test_health_and_workers(service: Stack) -> None:
     workers = httpx.get(f"http://127.0.0.1:{port}/v1/workers").json()["workers"]
     assert workers[0]["backend"]["backend"] == "scripted"
     assert "not a model" in workers[0]["backend"]["label"]
-    assert "omniserve_connections_total" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert "omniserve_queue_waiting" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
 
 
 async def test_server_shutdown_closes_sessions(stack: Stack) -> None:

@@ -97,3 +97,20 @@ async def test_estimates_and_reaping(
     assert await admission.reap_busy() == 2
     assert not sync_redis.hexists(keys.workers, "w#1")
     assert await admission.live_slot_count() == 0
+
+
+async def test_failover_tickets_go_first_in_their_own_order_and_are_never_full(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """A failover's ticket (``front``) goes ahead of every ordinary one, after earlier failover
+    tickets, even when the queue is full."""
+    await admission.enqueue(ticket(1), max_queue=2)
+    await admission.enqueue(ticket(2), max_queue=2)
+    with pytest.raises(QueueFull):
+        await admission.enqueue(ticket(3), max_queue=2)
+    assert await admission.enqueue(ticket(4), max_queue=2, front=True) == 1
+    assert await admission.enqueue(ticket(5), max_queue=2, front=True) == 2
+    snap = await admission.snapshot()
+    assert snap.order == {ticket(4): 1, ticket(5): 2, ticket(1): 3, ticket(2): 4}
+    worker(sync_redis, keys, "w#1", 1)
+    assert await admission.dispatch() == [(ticket(4), "w#1|0")]

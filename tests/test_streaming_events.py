@@ -13,9 +13,11 @@ from streaming import events as E
 SAMPLES: list[E.Event] = [
     E.Started(worker_id="w#1", backend="scripted"),
     E.Created(prompt_length=12, metrics={"backend": "scripted"}),
+    E.Created(prompt_length=30, metrics={"history_turns": 2}, recovered=True),
+    E.Recovering(reason="worker_lost"),
     E.Listen(input_id="input_1", kv_cache_length=40, metrics={"step_s": 0.1}),
     E.Speak(response_id="resp_1", input_id="input_2", text="Hi", audio="AAAA", end_of_turn=True),
-    E.Speak(response_id="resp_1", input_id=None, interrupted=True),
+    E.Speak(response_id="resp_1", input_id="input_2", interrupted=True),
     E.Prefill(input_tokens=7, prefill_s=0.01),
     E.TextDelta(text="Hello"),
     E.AudioDelta(audio="AAAA"),
@@ -37,7 +39,7 @@ def test_round_trip(event: E.Event) -> None:
 def test_every_event_class_is_in_the_union_with_its_own_tag() -> None:
     union = typing.get_args(typing.get_args(E.Event)[0])
     tags = [E.tag(cls) for cls in union]
-    assert len(set(tags)) == len(tags) == 12
+    assert len(set(tags)) == len(tags) == 13
     assert {type(e) for e in SAMPLES} == set(union)
 
 
@@ -76,6 +78,9 @@ def test_error_codes_know_their_side() -> None:
         "unauthorized",
         "origin_not_allowed",
         "too_many_connections",
+        "turn_queue_full",
+        "session_not_found",
+        "resume_expired",
     }
     assert not E.ErrorCode.OUTPUT_GAP.is_client_error
 

@@ -12,8 +12,9 @@ from streaming.keys import Keys
 SID = "rt_in"
 
 
-def chunk(seq: int, **kw: object) -> AudioChunk:
-    return AudioChunk(seq=seq, input_id=f"input_{seq}", audio=b"\0" * 16, **kw)  # type: ignore[arg-type]
+def chunk(seq: int, samples: int = 16000, **kw: object) -> AudioChunk:
+    audio = b"\0" * 4 * samples  # float32 PCM, 16 kHz
+    return AudioChunk(seq=seq, input_id=f"input_{seq}", audio=audio, **kw)  # type: ignore[arg-type]
 
 
 async def test_the_oldest_pending_chunks_are_dropped_and_counted(
@@ -31,6 +32,20 @@ async def test_the_oldest_pending_chunks_are_dropped_and_counted(
     assert [c.seq for c in batch.chunks] == [5, 6]  # the newest are kept
     assert batch.dropped == 3
     assert sync_redis.ttl(keys.input_audio(SID)) > 0
+
+
+async def test_the_bound_is_seconds_of_audio_whatever_the_chunk_length(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """Two seconds pending: twenty 100 ms chunks, two 1 s chunks, two 1.5 s chunks."""
+    writer = InputWriter(async_redis, keys, max_pending=2, ttl_s=60)
+    assert [writer.pending_bound(n) for n in (1600, 4000, 6000, 16000, 24000)] == [20, 8, 6, 2, 2]
+    assert writer.pending_bound(1) == 256  # tiny chunks: a bounded stream all the same
+    reader = InputReader(sync_redis, keys, SID)
+    for seq in range(1, 31):
+        await writer.append(SID, chunk(seq, samples=1600))
+    batch = reader.read(block_ms=100)
+    assert [c.seq for c in batch.chunks] == list(range(11, 31)) and batch.dropped == 10
 
 
 async def test_controls_are_never_dropped_and_come_first(

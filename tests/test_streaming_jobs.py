@@ -34,4 +34,8 @@ def test_kwargs_and_names() -> None:
         "gateway_id": "g",
         "public_mode": "audio",
         "deadline_ts": 1.0,
+        "attempt": 0,
     }
+    assert job.claim_id == "rt_1"  # a failover's attempt claims its own id
+    again = dataclasses.replace(job, attempt=2)
+    assert again.claim_id == "rt_1.r2" and again.kwargs()["attempt"] == 2

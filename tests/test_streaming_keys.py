@@ -11,6 +11,7 @@ def test_every_key_is_under_the_prefix() -> None:
     names += [k.slot_hold("w#1|0"), k.assignment("t"), k.gateway_alive("g")]
     names += [k.worker_alive("w"), k.duration_stats, *k.session_keys("rt_1")]
     names += [k.session_claim("rt_1"), k.output_channel("rt_1")]
+    names += [k.session_resume("rt_1"), k.chat_frames("rt_1"), k.chat_turn_lease("rt_1")]
     assert all(n.startswith("p:") for n in names)
     assert len(set(names)) == len(names)
     assert k.output_log("rt_1") == "p:s:rt_1:log"

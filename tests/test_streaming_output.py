@@ -151,3 +151,57 @@ async def test_finish_flushes_and_lets_the_log_expire(sync_redis: redis.Redis, k
     last = sync_redis.xrevrange(keys.output_log(SID), count=1)[0][0]
     assert last == b"100-1"
     assert 0 < sync_redis.ttl(keys.output_log(SID)) <= 30
+
+
+async def test_undelivered_output_is_bounded(
+    async_redis: aioredis.Redis, keys: Keys, sync_redis: redis.Redis
+) -> None:
+    """A reader that does not keep up: past the event cap everything waiting is dropped, nothing
+    more is kept, and the session is told once; a reader that keeps up never is."""
+    bus = OutputBus(async_redis, keys, max_events=5, max_bytes=1 << 20)
+    await bus.start()
+    told: list[str] = []
+    try:
+        slow = await bus.open("rt_slow", on_overflow=lambda: told.append("slow"))
+        fast = await bus.open("rt_fast", on_overflow=lambda: told.append("fast"))
+        pubs = [OutputPublisher(sync_redis, keys, s, 64, 60) for s in ("rt_slow", "rt_fast")]
+        for n in range(1, 21):
+            for pub in pubs:
+                pub.emit(text(n))
+            assert await asyncio.to_thread(pubs[1].flush)
+            assert [ev.seq for ev in await fast.get(timeout=10)] == [n]
+        await asyncio.to_thread(pubs[0].flush)
+        deadline = time.monotonic() + 10
+        while not told and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert told == ["slow"]
+        assert slow.overflowed and slow.queue.empty() and slow.pending_bytes == 0
+        for pub in pubs:
+            pub.finish(linger_s=1)
+    finally:
+        await bus.stop()
+
+
+async def test_undelivered_bytes_are_counted_until_read(
+    async_redis: aioredis.Redis, keys: Keys, publisher: OutputPublisher
+) -> None:
+    bus = OutputBus(async_redis, keys, max_events=100, max_bytes=400)
+    await bus.start()
+    told: list[bool] = []
+    try:
+        out = await bus.open(SID, on_overflow=lambda: told.append(True))
+        await emit(publisher, text(1), text(2))
+        deadline = time.monotonic() + 10
+        while out.queue.qsize() < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        waiting = out.pending_bytes
+        assert 0 < waiting <= 400 and not told
+        await out.get(timeout=5)
+        assert 0 < out.pending_bytes < waiting  # what was read no longer counts
+        await emit(publisher, TextDelta(text="x" * 500))  # one big event passes the byte cap
+        deadline = time.monotonic() + 10
+        while not told and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert told == [True] and out.queue.empty()
+    finally:
+        await bus.stop()

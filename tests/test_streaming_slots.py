@@ -6,7 +6,7 @@ import orjson
 import redis
 
 from streaming.keys import Keys
-from streaming.slots import WorkerRegistry
+from streaming.slots import WorkerRegistry, withdraw_idle_of_node
 
 
 def test_register_heartbeat_hold_release_unregister(sync_redis: redis.Redis, keys: Keys) -> None:
@@ -50,3 +50,13 @@ def test_withdraw_and_hold_times(sync_redis: redis.Redis, keys: Keys) -> None:
     reg.record_hold(20.0)
     stats = sync_redis.hgetall(keys.duration_stats)
     assert float(stats[b"ema_s"]) == 12.0 and float(stats[b"last_s"]) == 20.0
+
+
+def test_withdraw_idle_of_node_takes_only_that_nodes_idle_slots(
+    sync_redis: redis.Redis, keys: Keys
+) -> None:
+    sync_redis.rpush(keys.free_slots, "a@h#1|0", "b@h#2|0", "a@h#1|1", "ab@h#3|0")
+    sync_redis.sadd(keys.busy_slots, "a@h#1|2")  # running a session: not idle, left alone
+    assert withdraw_idle_of_node(sync_redis, keys, "a@h") == 2
+    assert sync_redis.lrange(keys.free_slots, 0, -1) == [b"b@h#2|0", b"ab@h#3|0"]
+    assert sync_redis.smembers(keys.busy_slots) == {b"a@h#1|2"}

@@ -125,7 +125,10 @@ def web_stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> It
     s = Stack(redis_server)
     try:
         s.start_worker(backend=BACKEND)
-        s.start_gateway(OMNISERVE_RECORDINGS_DIR=str(tmp_path_factory.mktemp("recordings")))
+        s.start_gateway(
+            OMNISERVE_RECORDINGS="true",
+            OMNISERVE_RECORDINGS_URL=str(tmp_path_factory.mktemp("recordings")),
+        )
         yield s
     finally:
         s.stop()
@@ -299,7 +302,7 @@ def test_chat_turn_text_speech_and_voice_message(web_stack: Stack, open_page: An
 
 
 def test_operator_page_shows_a_recording(web_stack: Stack, open_page: Any) -> None:
-    """A /ws/chat request is recorded; the operator page lists it and shows its answer."""
+    """A /ws/chat request is recorded; the operator page lists it and shows its transcript."""
     from websockets.sync.client import connect
 
     with connect(f"{web_stack.url()}/ws/chat", max_size=None) as ws:
@@ -315,9 +318,9 @@ def test_operator_page_shows_a_recording(web_stack: Stack, open_page: Any) -> No
     button.click()
     page.wait_for_selector("#recording:not([hidden])")
     shown = page.inner_text("#recording-body")
-    assert QUESTION in shown and frame["text"] in shown
-    assert "base64 characters" in shown  # the speech is summarised, not dumped
-    assert page.is_visible("#recording-play")
+    assert f"user: {QUESTION}" in shown and f"assistant: {frame['text']}" in shown
+    assert "output.wav" in shown and '"close_reason": "done"' in shown  # files and metadata
+    assert page.is_visible("#recording-play") and page.is_visible("#recording-zip")
 
 
 def test_chat_image_attachment(web_stack: Stack, open_page: Any, tmp_path: Path) -> None:
@@ -516,9 +519,9 @@ def test_api_key_refused_then_accepted(web_stack: Stack, open_page: Any) -> None
 
 
 def test_dropped_connection_without_resume_ends_clearly(web_stack: Stack, open_page: Any) -> None:
-    """Today's server offers no resume token: a gateway killed mid-session ends the session
-    with a sentence, no reconnection is tried, and the worker slot comes back."""
-    port = web_stack.start_gateway()
+    """A server that offers no resume token (resume off): a gateway killed mid-session ends
+    the session with a sentence, no reconnection is tried, and the worker slot comes back."""
+    port = web_stack.start_gateway(OMNISERVE_RESUME_GRACE_S="0")
     proc = web_stack.gateways[-1][0]
     page = open_page(f"http://127.0.0.1:{port}/?mode=audio")
     start_duplex(page)
@@ -539,9 +542,9 @@ def test_dropped_connection_without_resume_ends_clearly(web_stack: Stack, open_p
 
 class ResumingServer:
     """The server side of session resume exactly as issue #12 specifies it, played through
-    Playwright's WebSocket routing: omniserve's gateway does not offer resume yet, so the client's
-    half is checked against the specified exchange. ``answer`` is what the second connection gets
-    for ``session.resume``: ``resumed`` or an error code."""
+    Playwright's WebSocket routing, so the page's half is checked against the specified exchange
+    with every answer on cue (the gateway's half: tests/test_resume.py). ``answer`` is what the
+    second connection gets for ``session.resume``: ``resumed`` or an error code."""
 
     SESSION = "rt_1714200000000_resume"
 
@@ -707,10 +710,14 @@ def test_finished_answers_play_out_and_cut_ones_are_flushed(
         ws.on_message(lambda raw: on_message(ws, json.loads(raw)))
         ws.send(json.dumps({"type": "session.queue_done", "session_id": sid}))
 
-    def delta(kind: str, n: int, end: bool | None = None, **fields: Any) -> str:
+    def delta(
+        kind: str, n: int, end: bool | None = None, interrupted: bool = False, **fields: Any
+    ) -> str:
         metrics: dict[str, Any] = {"kv_cache_length": 40 + n}
         if end is not None:
             metrics["end_of_turn"] = end
+        if interrupted:
+            metrics["interrupted"] = True
         frame = {"type": "response.output.delta", "kind": kind, "session_id": sid}
         return json.dumps({**frame, "input_id": f"input_{n}", "metrics": metrics, **fields})
 
@@ -745,8 +752,18 @@ def test_finished_answers_play_out_and_cut_ones_are_flushed(
     page.wait_for_selector("#audio-played[data-queued='0.00']", timeout=STATE_TIMEOUT_MS)
     assert number(page, "#audio-received") == 5.0
     assert number(page, "#audio-played") < 4.0  # most of the cut answer was dropped
+    # an answer cut short by force_listen: its flush delta (end_of_turn, interrupted, naming the
+    # input of its last step) does not count as finished; the listen after it flushes
+    ws.send(delta("text", 12, False, text=" Three", response_id="resp_c"))
+    ws.send(delta("audio", 12, False, audio=tone(2.0), response_id="resp_c"))
+    ws.send(delta("audio", 12, True, audio=tone(0.5), response_id="resp_c", interrupted=True))
+    ws.send(delta("listen", 13, text=""))
+    page.wait_for_selector("#audio-played[data-flushes='2']", timeout=STATE_TIMEOUT_MS)
+    assert page.get_attribute("#audio-played", "data-last-flush").startswith(
+        "listen input_13 after audio input_12 end=true"
+    )
     captions = page.locator("#captions .caption").all_inner_texts()
-    assert [c.strip() for c in captions] == ["One.", "Two"]
+    assert [c.strip() for c in captions] == ["One.", "Two", "Three"]
     stop_duplex(page)
 
 
@@ -771,7 +788,7 @@ def test_pages_assets_and_json_endpoints(web_stack: Stack) -> None:
     assert worker["alive"] and worker["slot_states"][0]["state"] in ("idle", "busy")
     assert overview["queue"]["live_slots"] == 1
     assert overview["recordings"]["enabled"] is True
-    assert httpx.get(f"{base}/v1/admin/recordings/chat_123").status_code == 404
+    assert httpx.get(f"{base}/v1/recordings/chat_123").status_code == 404
 
 
 def test_web_assets_load_nothing_from_another_host() -> None:

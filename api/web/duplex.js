@@ -123,7 +123,7 @@ export class DuplexView {
       // a response the model finished itself (end_of_turn on a delta of its own step): the
       // listens after it are the announced switch back to listening, and a backend that speaks
       // faster than real time (pocket) would otherwise lose the rest of every answer. A response
-      // cut short (force_listen, barge-in) ends with a flush delta that names no input.
+      // cut short (force_listen, barge-in) ends with a flush delta marked metrics.interrupted.
       if (!this.finishedTurn) this.flushPlayback(`listen ${ev.input_id} after ${this.lastDelta}`);
       this.endCaption();
       this.els.speaking.dataset.speaking = "false";
@@ -140,7 +140,7 @@ export class DuplexView {
     }
     if (ev.kind !== "listen") {
       // whether what is queued now belongs to a response its model finished
-      this.finishedTurn = Boolean(ev.metrics?.end_of_turn) && ev.input_id != null;
+      this.finishedTurn = Boolean(ev.metrics?.end_of_turn) && !ev.metrics?.interrupted;
       this.lastDelta = `${ev.kind} ${ev.input_id} end=${ev.metrics?.end_of_turn}`;
     }
     if (ev.metrics?.end_of_turn) this.endCaption();

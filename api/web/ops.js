@@ -3,7 +3,6 @@
 
 import { Player } from "./audio.js";
 import { clock } from "./messages.js";
-import { base64ToFloat32 } from "./pcm.js";
 
 const $ = (id) => document.getElementById(id);
 const REFRESH_MS = 2000;
@@ -113,8 +112,11 @@ function renderRecordings(rec) {
       b.textContent = r.id;
       b.addEventListener("click", () => openRecording(r.id));
       td.append(b);
-      cell(tr, new Date(r.saved_at * 1000).toLocaleString());
-      cell(tr, `${Math.round(r.bytes / 1024)} KiB`);
+      cell(tr, r.mode || "—");
+      cell(tr, new Date(r.started_at * 1000).toLocaleString());
+      cell(tr, r.durations ? clock(r.durations.total_s) : "—");
+      cell(tr, r.close_reason || "—");
+      cell(tr, `${Math.round((r.bytes || 0) / 1024)} KiB`);
     },
     rec.enabled ? "No recording yet." : "—",
   );
@@ -132,29 +134,46 @@ function renderCounters(counters) {
   );
 }
 
+// A recording (GET /v1/recordings/{id}): its metadata and transcript, and its output.wav played
+// back (16-bit PCM at 24 kHz after the 44-byte header the gateway writes).
 async function openRecording(id) {
-  const r = await fetch(`/v1/admin/recordings/${encodeURIComponent(id)}`, { headers: headers() });
+  const path = `/v1/recordings/${encodeURIComponent(id)}`;
+  const r = await fetch(path, { headers: headers() });
   if (!r.ok) return notice(`Recording ${id} could not be read (HTTP ${r.status}).`);
   const rec = await r.json();
-  const audio = rec.answer?.audio_data;
-  const shown = structuredClone(rec);
-  if (shown.answer?.audio_data) shown.answer.audio_data = `<${audio.length} base64 characters>`;
-  for (const m of shown.request?.messages || []) {
-    for (const part of Array.isArray(m.content) ? m.content : []) {
-      if (part.data) part.data = `<${part.data.length} base64 characters>`;
-    }
-  }
+  const t = await fetch(`${path}/files/transcript.txt`, { headers: headers() });
+  const transcript = t.ok ? await t.text() : "";
+  const files = rec.files.map((f) => f.name).join(", ");
   $("recording").hidden = false;
   $("recording-title").textContent = id;
-  $("recording-body").textContent = JSON.stringify(shown, null, 2);
+  $("recording-body").textContent =
+    `${transcript || "(no text)"}\n\nfiles: ${files}\n\n${JSON.stringify(rec.meta, null, 2)}`;
+  const zip = $("recording-zip");
+  zip.hidden = false;
+  zip.onclick = () => download(`${path}.zip`, `${id}.zip`);
   const play = $("recording-play");
-  play.hidden = !audio;
+  play.hidden = !rec.meta.output?.audio_samples;
   play.onclick = async () => {
+    const w = await fetch(`${path}/files/output.wav`, { headers: headers() });
+    if (!w.ok) return notice(`output.wav of ${id} could not be read (HTTP ${w.status}).`);
+    const pcm16 = new Int16Array((await w.arrayBuffer()).slice(44));
+    const samples = Float32Array.from(pcm16, (v) => v / 32768);
     player ??= new Player();
     await player.start();
     player.flush();
-    player.push(base64ToFloat32(audio));
+    player.push(samples);
   };
+}
+
+// The zip needs the admin header, so it is fetched here and handed to the browser as a blob.
+async function download(url, name) {
+  const r = await fetch(url, { headers: headers() });
+  if (!r.ok) return notice(`${name} could not be downloaded (HTTP ${r.status}).`);
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(await r.blob());
+  a.download = name;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10_000);
 }
 
 async function refresh() {

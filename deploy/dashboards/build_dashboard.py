@@ -119,12 +119,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 description="Slot demand is the workers' KEDA trigger.",
             ),
             Panel(
-                "Queue wait (connect to queue_done)",
+                "Queue wait (connect or chat turn to a slot assigned)",
                 quantiles("omniserve_queue_wait_seconds"),
                 unit="s",
             ),
             Panel(
-                "Admission handoff (slot freed to next ticket told)",
+                "Admission handoff (queued ticket assigned to queue_done sent)",
                 quantiles("omniserve_admission_handoff_seconds"),
                 unit="s",
             ),
@@ -148,6 +148,16 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 ],
                 unit="ops",
                 stack=True,
+            ),
+            Panel(
+                "Clients dropped (idle, ping timeout, output backpressure)",
+                [
+                    Q(
+                        f"sum by (reason) (rate(omniserve_clients_dropped_total[{RATE}]))",
+                        "{{reason}}",
+                    )
+                ],
+                unit="ops",
             ),
         ],
     ),

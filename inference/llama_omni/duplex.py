@@ -22,6 +22,7 @@ from inference.base import (
     DuplexStep,
     InferenceError,
     UnsupportedInput,
+    history_prompt,
 )
 from inference.llama_omni import protocol
 from inference.llama_omni.connection import Connection, ServerEndpoint
@@ -67,7 +68,7 @@ class LlamaOmniDuplexSession(DuplexSession):
         payload: dict[str, Any] = {
             "mode": "full_duplex",
             "use_tts": self._backend.use_tts,
-            "system_prompt": config.system_prompt or "",
+            "system_prompt": history_prompt(config.system_prompt or "", config.history),
             "config": dict(config.config or {}),
         }
         voice: dict[str, str] = {}

@@ -30,6 +30,7 @@ from inference.base import (
     DuplexStep,
     InferenceError,
     UnsupportedInput,
+    history_prompt,
 )
 from inference.minicpmo import compat
 from inference.minicpmo.chat import map_error, reset_session
@@ -135,7 +136,8 @@ class MiniCPMODuplexSession(DuplexSession):
             self._tmpdir = tempfile.TemporaryDirectory(prefix="omniserve-voice-")
             self._prompt_wav_path = str(Path(self._tmpdir.name) / "tts_ref.wav")
             write_wav(self._prompt_wav_path, tts_voice, INPUT_SAMPLE_RATE)
-        text = config.system_prompt or b.duplex_system_prompt
+        # a failover: the model cannot take the earlier audio back, only what was said
+        text = history_prompt(config.system_prompt or b.duplex_system_prompt, config.history)
         prompt = compat.prepare_kwargs(
             duplex.prepare, text, llm_voice is not None, b.duplex_prompt_format
         )

@@ -69,7 +69,8 @@ class PocketDuplexSession(DuplexSession):
         self._stop_reply()
         self._drop_prepared()
         self._system_prompt = config.system_prompt.strip() or self._b.system_prompt
-        self._history = []
+        # a failover: the conversation so far, trimmed to the prompt budget like any other
+        self._history = self._trimmed([{"role": t.role, "content": t.text} for t in config.history])
         self._turns = self._b.turn_detector()
         self._overheard = False
         self._interrupt.clear()
@@ -194,6 +195,7 @@ class PocketDuplexSession(DuplexSession):
         self._kv = prepared.reply.prompt_tokens
         waited = time.perf_counter()
         result = self._speak(metrics, first=True)
+        result.heard = prepared.transcript
         result.metrics["first_audio_wait_s"] = round(time.perf_counter() - waited, 4)
         if prepared.reply.first_audio_at is not None:
             result.metrics["first_audio_s"] = round(

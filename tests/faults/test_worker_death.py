@@ -27,6 +27,13 @@ NOTICE_S = 3.0  # issue #9: a dead worker's clients are told within 3 s
 SLOW_LOAD = '{"load_delay_s": 6}'  # longer than Celery's default 4 s wait for a new process
 
 
+@pytest.fixture(autouse=True)
+def _without_failover(stack: Stack) -> None:
+    """These tests check the ending when a session is not failed over (failover off); with it
+    on, tests/test_failover.py."""
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "0"
+
+
 def told(probe: DuplexProbe, since: float) -> float:
     """Seconds from ``since`` until the client had both error backend_error and session.closed."""
     err = probe.first("error", since, code="backend_error")
@@ -146,8 +153,8 @@ async def test_client_during_model_load_is_queued_then_served(stack: Stack) -> N
                 "input": {"messages": [{"role": "user", "content": "Reply with exactly: loaded"}]},
             }
         )
-        queued = await client.until("session.queued", "response.done", timeout=30)
-        assert queued["type"] == "session.queued" and queued["position"] == 1
+        queued = await client.until("response.queued", "response.done", timeout=30)
+        assert queued["type"] == "response.queued" and queued["position"] == 1
         done = await client.until("response.done", timeout=60)
         assert done["text"] == "loaded"
     finally:

@@ -1,0 +1,190 @@
+"""What makes a chat session resumable (docs/PROTOCOL.md, "Resume and failover");
+``ChatSession`` (``api/realtime_chat.py``) builds on it.
+
+A chat session holds no worker slot between turns and each turn streams on its own channel, so
+its session-wide ``seq`` is numbered here, on the gateway: every frame after ``session.created``
+(``emit``) goes to the session's frame log (``streaming/chat_log.py``) and then to the client.
+The resume record (``api/resumable.py``) keeps the init payload and the number of accepted
+inputs; the conversation itself travels in each turn's ``messages``.
+
+- a client that drops mid-turn: the connection detaches the session and finishes the turn in
+  flight into the log (a turn still waiting for a slot is withdrawn, as are turns not started);
+- ``resume_chat``: a new connection takes the session over, replays the log after the client's
+  ``last_seq`` (or ``session.resync_required``), follows the turn another connection is still
+  finishing (``follow``) until its turn lease is gone, then runs the next turns itself;
+- only the holder of the turn lease runs a turn and writes the log (``hold_turn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+from starlette import status
+from starlette.websockets import WebSocket
+
+from api.dialects import Dialect
+from api.duplex_recovery import ResumeRequest
+from api.errors import Frame
+from api.gateway import Gateway
+from api.realtime import SessionState
+from api.resumable import Resumable, resync_frame
+from streaming.chat_log import ChatLog
+
+log = logging.getLogger("omniserve.gateway")
+
+TURN_LEASE_S = 5.0  # the turn lease's TTL: a dead gateway's turn stops being followed this soon
+RENEW_S = 1.0  # how often the connection running a turn renews it (and checks its client)
+FOLLOW_POLL_S = 0.5  # how long one read of another connection's turn waits
+
+
+class ResumableChat(Resumable):
+    """The resume half of a chat session (see the module docstring)."""
+
+    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
+        super().__init__(gw, ws, "chat")
+        self.frames: ChatLog | None = None  # None: resume is off for this session
+        self.seq = 0  # the last client seq emitted
+        self.input_seq = 0  # accepted input.append events: input_1, input_2, ...
+        self.detached = False
+
+    def _open_log(self) -> ChatLog:
+        s = self.gw.settings
+        ttl = self.time_left() + s.resume_grace_s + 60
+        return ChatLog(self.gw.redis, self.gw.keys, self.session_id, s.output_log_maxlen, ttl)
+
+    async def offer(self, created: Frame, init: bytes) -> None:
+        """Give ``session.created`` a resume token (current dialect, resume on)."""
+        if self.gw.settings.resume_grace_s <= 0 or self.dialect is not Dialect.CURRENT:
+            return
+        token = await self.offer_resume(0, init, True)
+        if token is not None:
+            created["resume_token"] = token
+            self.frames = self._open_log()
+
+    async def emit(self, frame: Frame) -> None:
+        """Send a frame of the session's sequence: numbered and logged first when resumable."""
+        if self.frames is not None:
+            self.seq += 1
+            frame["seq"] = self.seq
+            try:
+                await self.frames.append(self.seq, frame)
+            except Exception:
+                log.warning("frame %d of %s not logged", self.seq, self.session_id, exc_info=True)
+        await self.send(frame)
+
+    async def note_input(self) -> None:
+        """Count one accepted ``input.append`` in the record (a resume continues the count)."""
+        if self.frames is None:
+            return
+        try:
+            await self.gw.resumes.note(self.session_id, "inputs", self.input_seq)
+        except Exception:
+            log.warning("input count of %s not kept", self.session_id, exc_info=True)
+
+    def must_stop_turn(self) -> bool:
+        """A turn stops for a close, the clock, or a client gone for good (not resumable)."""
+        gone = self.gone.is_set() and self.frames is None
+        return self.close_wanted.is_set() or self.time_left() <= 0 or gone
+
+    async def note_gone(self) -> None:
+        """The client vanished: start the grace period once (a resumable session)."""
+        if self.gone.is_set() and not self.detached and not self.closed_sent:
+            self.detached = await self.detach()
+
+    # ------------------------------------------------------------------ resume
+    async def resume_chat(self, req: ResumeRequest) -> bool:
+        """Take the session over and bring the client up to date; False when refused."""
+        taken = await self.take_over(req)
+        if taken is None:
+            return False
+        token, record = taken
+        self.dialect = Dialect.CURRENT
+        self.input_seq = int(record.get("inputs") or 0)
+        frames = self.frames = self._open_log()
+        await self.send(self.resumed_frame(token, req.last_seq))
+        held = await frames.after(req.last_seq)
+        first = held[0][0] if held else await frames.last_seq() + 1
+        if first > req.last_seq + 1:
+            await self.send(resync_frame(self.session_id, req.last_seq + 1, first - 1))
+        await self.follow(await self._relay(held, req.last_seq))
+        return not self.gone.is_set()
+
+    async def follow(self, seq: int) -> None:
+        """Relay the frames another connection writes (the turn it is finishing) until its turn
+        lease is gone; then this connection numbers the next frames."""
+        frames = self.frames
+        assert frames is not None
+        while not self.gone.is_set():
+            holder = await frames.turn_holder()
+            if holder is None or holder == self.conn_id:
+                break
+            if await self._was_replaced():
+                return
+            seq = await self._relay(await frames.wait_after(seq, FOLLOW_POLL_S), seq)
+        seq = await self._relay(await frames.after(seq), seq)
+        self.seq = max(seq, await frames.last_seq())
+
+    async def _relay(self, entries: list[tuple[int, Frame]], seq: int) -> int:
+        """Send logged frames; the last seq sent (``seq`` when none)."""
+        for number, frame in entries:
+            await self.send(frame)
+            seq = number
+        return seq
+
+    @asynccontextmanager
+    async def hold_turn(self) -> AsyncIterator[None]:
+        """Run a turn holding the turn lease (first following one another connection runs);
+        meanwhile renew it, detach when the client vanishes and notice being replaced."""
+        frames = self.frames
+        if frames is None:
+            yield
+            return
+        while not await frames.take_turn(self.conn_id, TURN_LEASE_S):
+            await self.follow(self.seq)
+            if self.gone.is_set():
+                break
+        keeper = asyncio.create_task(self._keep_turn(frames))
+        try:
+            yield
+        finally:
+            keeper.cancel()
+            with suppress(asyncio.CancelledError):
+                await keeper
+            try:
+                await frames.release_turn(self.conn_id)
+            except Exception:
+                log.warning("turn lease of %s not released", self.session_id, exc_info=True)
+
+    async def _keep_turn(self, frames: ChatLog) -> None:
+        while True:
+            await asyncio.sleep(RENEW_S)
+            try:
+                await frames.take_turn(self.conn_id, TURN_LEASE_S)
+                await self.note_gone()
+                if not self.replaced and not self.gone.is_set():
+                    await self._was_replaced()
+            except Exception:
+                log.warning("turn lease of %s not renewed", self.session_id, exc_info=True)
+
+    # ------------------------------------------------------------------ ending
+    async def finish(self, reason: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
+        """``session.closed`` (numbered and logged when resumable); the record is ended, so a
+        later resume is told ``resume_expired``."""
+        if not self.closed_sent and self.frames is not None:
+            self.closed_sent = True
+            self.state = SessionState.CLOSED
+            await self.emit(self.closed_frame(reason))
+            await self.end_record()
+        await super().finish(reason, code)
+
+    async def end_record(self) -> None:
+        """The session is over: its record says so."""
+        if not self.resumable:
+            return
+        try:
+            await self.gw.resumes.mark_ended(self.session_id)
+        except Exception:
+            log.warning("could not end the record of %s", self.session_id, exc_info=True)

@@ -1,0 +1,341 @@
+"""One recording being written, in the writer thread: client events and sent frames -> files.
+
+Files of a recording (docs/ARCHITECTURE.md, "Recordings"):
+
+- ``input.wav``: every audio chunk the client sent, 16 kHz 16-bit mono, back to back;
+- ``output.wav``: every piece of speech the client was sent, 24 kHz 16-bit mono, back to back;
+- ``frame_000001.jpg`` ...: video frames (and chat images) in the order they came;
+- ``timeline.jsonl``: one line per event in either direction, ``t`` seconds after the connect,
+  media replaced by where it went (``input.wav`` at sample N, ``frame_000003.jpg``);
+- ``transcript.txt``: the text of each side, one line per turn or response;
+- ``meta.json``: mode, worker(s), durations, close reason, counts, file list (written last).
+
+Everything here is decoded from what went over the socket, so a recording shows what the client
+sent and heard, whatever the dialect.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from omnicore.audio import INPUT_RATE, OUTPUT_RATE, AudioFormatError, b64_decode, resample
+
+log = logging.getLogger("omniserve.recordings")
+
+FORMAT_VERSION = 1
+TIMELINE_FLUSH = 256  # lines kept before they are appended to timeline.jsonl
+LONG_STRING = 200  # longer strings in a timeline line are replaced by their length
+AUDIO_KEYS = ("audio", "audio_data")
+
+
+class WavAppender:
+    """A 16-bit mono WAV file that grows chunk by chunk; the header is fixed by ``close``.
+
+    Samples are buffered up to ``FLUSH_BYTES`` (about 2 s of input, 1.3 s of output): opening
+    the file for every chunk was most of the writer's time, and keeping every session's files
+    open would cost two descriptors per session.
+    """
+
+    HEADER = 44
+    FLUSH_BYTES = 64 * 1024
+
+    def __init__(self, path: Path, rate: int) -> None:
+        self.path = path
+        self.rate = rate
+        self.samples = 0
+        self._buf = bytearray()
+        path.write_bytes(self._header(0))
+
+    def _header(self, samples: int) -> bytes:
+        data = samples * 2
+        return struct.pack(
+            "<4sI4s4sIHHIIHH4sI",
+            *(b"RIFF", 36 + data, b"WAVE", b"fmt ", 16, 1, 1),
+            *(self.rate, self.rate * 2, 2, 16, b"data", data),
+        )
+
+    def append(self, pcm: np.ndarray) -> int:
+        """Append float32 samples; returns the offset (in samples) they start at."""
+        at = self.samples
+        if pcm.size:
+            self._buf += (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+            self.samples += int(pcm.size)
+            if len(self._buf) >= self.FLUSH_BYTES:
+                self.flush()
+        return at
+
+    def flush(self) -> None:
+        if self._buf:
+            with self.path.open("ab") as fh:
+                fh.write(self._buf)
+            self._buf.clear()
+
+    def close(self) -> None:
+        self.flush()
+        with self.path.open("r+b") as fh:
+            fh.write(self._header(self.samples))
+
+
+def _pcm(b64: str) -> np.ndarray:
+    raw = b64_decode(b64)
+    if len(raw) % 4:
+        raise AudioFormatError("float32 PCM byte length is not a multiple of 4")
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def _image_suffix(b64: str) -> str:
+    """The file suffix of an image chat attachment (the protocol allows any Pillow format)."""
+    head = b64_decode(b64[:16])
+    if head.startswith(b"\xff\xd8"):
+        return "jpg"
+    return "png" if head.startswith(b"\x89PNG") else "img"
+
+
+def _summary(value: Any, depth: int = 0) -> Any:
+    """A timeline copy of an event: long strings (media) become ``<N chars>``."""
+    if isinstance(value, str):
+        return value if len(value) <= LONG_STRING else f"<{len(value)} chars>"
+    if isinstance(value, dict) and depth < 6:
+        return {k: _summary(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list) and depth < 6:
+        return [_summary(v, depth + 1) for v in value[:64]]
+    return value
+
+
+class Spool:
+    """The files of one recording while its session runs (used by one thread only)."""
+
+    def __init__(
+        self, folder: Path, recording_id: str, mode: str, started_at: float, info: dict[str, Any]
+    ) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.id = recording_id
+        self.mode = mode
+        self.started_at = started_at
+        self.info = info  # what the connection said of itself at the start (endpoint, ...)
+        self.input = WavAppender(folder / "input.wav", INPUT_RATE)
+        self.output = WavAppender(folder / "output.wav", OUTPUT_RATE)
+        self.frames = 0
+        self.timeline: list[bytes] = []
+        self.transcript: list[tuple[float, str, str]] = []  # (t, who, text)
+        self._reply: dict[str, Any] = {}  # key -> [t, text] of the response being spoken
+        self.workers: list[str] = []
+        self.slots: list[str] = []
+        self.admitted_at: float | None = None
+        self.close_reason: str | None = None
+        self.errors: list[str] = []
+        self.counts = {"events_in": 0, "frames_out": 0, "unrecorded": 0}
+        self.last_ending: str | None = None  # legacy: "done", or the error that ended the turn
+        self.line(started_at, "gw", {"type": "recording.start", **info})
+
+    # ------------------------------------------------------------------ entries
+    def line(self, t: float, direction: str, body: dict[str, Any]) -> None:
+        at = round(t - self.started_at, 3)
+        self.timeline.append(orjson.dumps({"t": at, "dir": direction, **body}))
+        if len(self.timeline) >= TIMELINE_FLUSH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.timeline:
+            with (self.folder / "timeline.jsonl").open("ab") as fh:
+                fh.write(b"\n".join(self.timeline) + b"\n")
+            self.timeline.clear()
+
+    def _frame_file(self, b64: str, suffix: str = "jpg") -> str:
+        data = b64_decode(b64)
+        if suffix == "jpg" and not data.startswith(b"\xff\xd8"):
+            raise ValueError("a video frame that is not a JPEG image")
+        self.frames += 1
+        name = f"frame_{self.frames:06d}.{suffix}"
+        (self.folder / name).write_bytes(data)
+        return name
+
+    def _frame_or_none(self, b64: object) -> str | None:
+        """A video frame's file name; None (counted as unrecorded) for one that is no JPEG."""
+        try:
+            if isinstance(b64, str):
+                return self._frame_file(b64)
+        except (AudioFormatError, ValueError):
+            pass
+        self.counts["unrecorded"] += 1
+        return None
+
+    # ------------------------------------------------------------------ client -> gateway
+    def client_event(self, t: float, event: dict[str, Any]) -> None:
+        """One decoded client event (recorded as sent, valid or not)."""
+        self.counts["events_in"] += 1
+        extra: dict[str, Any] = {}
+        try:
+            extra = self._client_media(t, event)
+        except (AudioFormatError, ValueError, TypeError, KeyError) as exc:
+            self.counts["unrecorded"] += 1
+            extra = {"unrecorded": str(exc)[:200]}
+        self.line(t, "in", {**_summary(event), **extra})
+
+    def _client_media(self, t: float, event: dict[str, Any]) -> dict[str, Any]:
+        kind = event.get("type")
+        body = event.get("input") if kind == "input.append" else event
+        if not isinstance(body, dict):
+            return {}
+        if isinstance(body.get("audio"), str):  # duplex, either dialect
+            out: dict[str, Any] = {"input_wav": self._input_audio(_pcm(body["audio"]))}
+            frames = body.get("video_frames") or []
+            if isinstance(frames, list):
+                out["frames"] = [self._frame_or_none(f) for f in frames]
+            return out
+        if isinstance(body.get("messages"), list):  # chat mode or /ws/chat
+            return self._chat_request(t, body["messages"])
+        return {}
+
+    def _input_audio(self, pcm: np.ndarray) -> dict[str, int]:
+        return {"at": self.input.append(pcm), "samples": int(pcm.size)}
+
+    def _chat_request(self, t: float, messages: list[Any]) -> dict[str, Any]:
+        """The last user message's text, audio and images (earlier ones are history)."""
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        if not users:
+            return {}
+        content = users[-1].get("content")
+        items = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        texts: list[str] = []
+        media: list[dict[str, Any]] = []
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "text" and isinstance(item.get("text"), str):
+                texts.append(item["text"])
+            elif item.get("type") == "audio" and isinstance(item.get("data"), str):
+                pcm = _pcm(item["data"])
+                rate = int(item.get("sample_rate") or INPUT_RATE)
+                media.append({"input_wav": self._input_audio(resample(pcm, rate, INPUT_RATE))})
+            elif item.get("type") == "image" and isinstance(item.get("data"), str):
+                media.append({"frame": self._frame_file(item["data"], _image_suffix(item["data"]))})
+        if texts:
+            self.transcript.append((t, "user", " ".join(texts)))
+        return {"media": media} if media else {}
+
+    # ------------------------------------------------------------------ gateway -> client
+    def sent(self, t: float, frame: dict[str, Any]) -> None:
+        """One frame the client was sent."""
+        self.counts["frames_out"] += 1
+        extra: dict[str, Any] = {}
+        try:
+            extra = self._sent_media(t, frame)
+        except (AudioFormatError, ValueError, TypeError) as exc:
+            self.counts["unrecorded"] += 1
+            extra = {"unrecorded": str(exc)[:200]}
+        self.line(t, "out", {**_summary(frame), **extra})
+
+    def _sent_media(self, t: float, frame: dict[str, Any]) -> dict[str, Any]:
+        kind = frame.get("type")
+        out: dict[str, Any] = {}
+        for key in AUDIO_KEYS:
+            value = frame.get(key)
+            if isinstance(value, str) and value:
+                pcm = _pcm(value)
+                out["output_wav"] = {"at": self.output.append(pcm), "samples": int(pcm.size)}
+        if kind == "session.closed":
+            self.close_reason = str(frame.get("reason"))
+        elif kind == "error":
+            err = frame.get("error")
+            if isinstance(err, dict):  # /v1/realtime: the session may go on
+                self.errors.append(str(err.get("code")))
+            else:  # /ws/chat: a message string, and the connection ends
+                self.errors.append(str(err))
+                self.last_ending = f"error: {err}"
+        elif kind == "done":  # /ws/chat: the answer (its text is whole)
+            self.last_ending = "done"
+            self._say(t, "legacy", str(frame.get("text") or ""), whole=True)
+        elif kind == "response.done":
+            self._say(t, str(frame.get("response_id")), str(frame.get("text") or ""), whole=True)
+        elif kind == "chunk":
+            self._say(t, "legacy", str(frame.get("text_delta") or ""))
+        elif kind == "response.output.delta" and frame.get("kind") == "text":
+            self._say(t, str(frame.get("response_id")), str(frame.get("text") or ""))
+        elif kind == "response.output_audio.delta":  # older dialect: a response ends at its turn
+            self._say(t, "older", str(frame.get("text") or ""))
+            if frame.get("end_of_turn"):
+                self._end_reply("older")
+        return out
+
+    def _say(self, t: float, key: str, text: str, whole: bool = False) -> None:
+        reply = self._reply.setdefault(key, [t, ""])
+        reply[1] = text if whole else reply[1] + text
+        if whole:
+            self._end_reply(key)
+
+    def _end_reply(self, key: str) -> None:
+        reply = self._reply.pop(key, None)
+        if reply and reply[1]:
+            self.transcript.append((reply[0], "assistant", reply[1]))
+
+    def admitted(self, t: float, slot_id: str, worker_id: str) -> None:
+        """A worker slot was assigned (once per duplex session, once per chat turn)."""
+        if self.admitted_at is None:
+            self.admitted_at = t
+        if worker_id not in self.workers:
+            self.workers.append(worker_id)
+        self.slots.append(slot_id)
+        self.line(t, "gw", {"type": "admitted", "slot_id": slot_id, "worker_id": worker_id})
+
+    # ------------------------------------------------------------------ the end
+    def finish(self, t: float, info: dict[str, Any]) -> None:
+        """Close the files and write ``transcript.txt`` and ``meta.json`` (last)."""
+        for key in list(self._reply):
+            self._end_reply(key)
+        self.line(t, "gw", {"type": "recording.end"})
+        self.flush()
+        self.input.close()
+        self.output.close()
+        self.transcript.sort(key=lambda e: e[0])
+        text = "".join(
+            f"[{e[0] - self.started_at:8.2f}] {e[1]}: {e[2].strip()}\n" for e in self.transcript
+        )
+        (self.folder / "transcript.txt").write_text(text, encoding="utf-8")
+        files = sorted(p for p in self.folder.iterdir() if p.is_file())
+        sizes = {p.name: p.stat().st_size for p in files}
+        meta = {
+            "format": FORMAT_VERSION,
+            "id": self.id,
+            "mode": self.mode,
+            **self.info,
+            **info,
+            "workers": self.workers,
+            "slots": self.slots,
+            "started_at": self.started_at,
+            "admitted_at": self.admitted_at,
+            "ended_at": t,
+            "durations": {
+                "total_s": round(t - self.started_at, 3),
+                "queued_s": round((self.admitted_at or t) - self.started_at, 3),
+                "active_s": round(t - self.admitted_at, 3) if self.admitted_at else 0.0,
+            },
+            "close_reason": self.close_reason or self.last_ending or "client_closed",
+            "errors": self.errors,
+            "input": {
+                "audio_samples": self.input.samples,
+                "audio_s": round(self.input.samples / INPUT_RATE, 3),
+                "sample_rate": INPUT_RATE,
+                "frames": self.frames,
+                "events": self.counts["events_in"],
+            },
+            "output": {
+                "audio_samples": self.output.samples,
+                "audio_s": round(self.output.samples / OUTPUT_RATE, 3),
+                "sample_rate": OUTPUT_RATE,
+                "frames": self.counts["frames_out"],
+            },
+            "unrecorded": self.counts["unrecorded"],
+            "files": [{"name": n, "bytes": b} for n, b in sizes.items()],  # besides meta.json
+            "bytes": sum(sizes.values()),
+            "written_at": time.time(),
+        }
+        (self.folder / "meta.json").write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))

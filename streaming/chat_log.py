@@ -1,0 +1,95 @@
+"""The numbered server frames of a chat session, kept in Redis for a resume (issue #12).
+
+A chat session holds no worker slot between turns, and each turn has its own output channel, so
+its session-wide ``seq`` is assigned by the gateway connection that runs the turns: every frame
+after ``session.created`` goes to this STREAM (``Keys.chat_frames``, entry id ``<seq>-1``, capped
+at ``output_log_maxlen`` entries) before the client gets it. Only one connection writes at a time:
+the one holding the turn lease (``Keys.chat_turn_lease``, renewed while a turn runs). A client
+that drops mid-turn leaves that connection finishing the turn into the log; the connection that
+resumes the session reads the log after the client's ``last_seq`` and follows it until the lease
+is gone, then runs the next turns itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from streaming.keys import Keys
+
+Frame = dict[str, Any]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entries(raw: Any) -> list[tuple[int, Frame]]:
+    return [
+        (int(_text(eid).split("-", 1)[0]), orjson.loads(fields.get(b"f") or fields["f"]))
+        for eid, fields in raw
+    ]
+
+
+class ChatLog:
+    """One chat session's frame log and turn lease (asyncio client)."""
+
+    def __init__(
+        self, client: aioredis.Redis, keys: Keys, session_id: str, maxlen: int, ttl_s: float
+    ) -> None:
+        self.redis = client
+        self.key = keys.chat_frames(session_id)
+        self.lease_key = keys.chat_turn_lease(session_id)
+        self.maxlen = maxlen
+        self.ttl_s = max(1, int(ttl_s))  # the session's time left plus the grace
+
+    async def append(self, seq: int, frame: Frame) -> None:
+        """Log ``frame`` (which carries ``seq``); a seq not above the last one is refused."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                self.key,
+                {"f": orjson.dumps(frame)},
+                id=f"{seq}-1",
+                maxlen=self.maxlen,
+                approximate=False,
+            )
+            pipe.expire(self.key, self.ttl_s)
+            await pipe.execute()
+
+    async def last_seq(self) -> int:
+        """The newest logged seq (0: none)."""
+        got = await self.redis.xrevrange(self.key, "+", "-", count=1)
+        return int(_text(got[0][0] or b"0").split("-", 1)[0]) if got else 0
+
+    async def after(self, seq: int) -> list[tuple[int, Frame]]:
+        """Every logged frame with a seq above ``seq``, oldest first."""
+        return _entries(await self.redis.xrange(self.key, min=f"{seq + 1}-0"))
+
+    async def wait_after(self, seq: int, timeout_s: float) -> list[tuple[int, Frame]]:
+        """Frames above ``seq``, waiting up to ``timeout_s`` for the first one."""
+        got: Any = await self.redis.xread(
+            {self.key: f"{seq}-1"}, block=max(1, int(timeout_s * 1000))
+        )
+        return _entries(got[0][1]) if got else []  # RESP2: [[key, entries]]
+
+    async def take_turn(self, conn: str, ttl_s: float) -> bool:
+        """Hold the turn lease for ``conn`` (renewing it when held already)."""
+        if await self.redis.set(self.lease_key, conn, nx=True, px=int(ttl_s * 1000)):
+            return True
+        holder = await self.redis.get(self.lease_key)
+        if holder is not None and _text(holder) == conn:
+            await self.redis.pexpire(self.lease_key, int(ttl_s * 1000))
+            return True
+        return False
+
+    async def turn_holder(self) -> str | None:
+        """The connection running a turn now (None: no turn in flight)."""
+        got = await self.redis.get(self.lease_key)
+        return None if got is None else _text(got)
+
+    async def release_turn(self, conn: str) -> None:
+        """Give the turn lease back (only ``conn``'s own)."""
+        if await self.turn_holder() == conn:
+            await self.redis.delete(self.lease_key)

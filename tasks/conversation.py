@@ -1,0 +1,93 @@
+"""The conversation so far of a duplex session, kept in Redis for a failover.
+
+The worker notes what each side said as text: the model's spoken text as it goes out, and the
+user's words where the backend knows them (``DuplexStep.heard``, from a backend that transcribes).
+It is written to ``Keys.session_history`` at the end of every response, so a worker that takes
+the session over after a failure (or after its slot was given back while the client was away)
+prepares the backend with it (``DuplexConfig.history``). The KV cache itself is not moved.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import redis
+
+from inference import HistoryTurn
+from streaming.keys import Keys
+
+log = logging.getLogger("omniserve.worker")
+
+MAX_TURNS = 200  # a bound only: a 10-minute session has far fewer (context is 8192 tokens)
+
+
+class Conversation:
+    """Both sides' text of one session, in order."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, session_id: str, ttl_s: float) -> None:
+        self.client = client
+        self.key = keys.session_history(session_id)
+        self.ttl_s = max(1, int(ttl_s))
+        self.turns: list[HistoryTurn] = []
+        self._reply = ""  # the model's text of the response in progress
+
+    def load(self) -> list[HistoryTurn]:
+        """What an earlier worker of this session kept (a failover starts from it)."""
+        try:
+            raw = self.client.get(self.key)
+        except redis.RedisError:
+            log.warning("could not read the history of %s", self.key, exc_info=True)
+            return []
+        if not raw:
+            return []
+        try:
+            items = orjson.loads(raw)
+            self.turns = [
+                HistoryTurn(role=t["role"], text=str(t["text"]))
+                for t in items
+                if t.get("role") in ("user", "assistant")
+            ]
+        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+            log.warning("history %s is not a list of turns; ignored", self.key)
+            self.turns = []
+        return list(self.turns)
+
+    def heard(self, text: str) -> None:
+        """The user said ``text`` (a transcribing backend's words)."""
+        text = text.strip()
+        if text:
+            self._end_reply()
+            self._add("user", text)
+            self.save()
+
+    def said(self, text: str) -> None:
+        """The model spoke ``text`` (a piece of the response in progress)."""
+        self._reply += text
+
+    def end_response(self) -> None:
+        """The response in progress is over: keep it."""
+        if self._end_reply():
+            self.save()
+
+    def save(self) -> None:
+        """Write the conversation to Redis (a failure is logged: it only weakens a failover)."""
+        data = orjson.dumps([{"role": t.role, "text": t.text} for t in self.turns])
+        try:
+            self.client.set(self.key, data, ex=self.ttl_s)
+        except redis.RedisError:
+            log.warning("could not save the history of %s", self.key, exc_info=True)
+
+    def _end_reply(self) -> bool:
+        text = self._reply.strip()
+        self._reply = ""
+        if text:
+            self._add("assistant", text)
+        return bool(text)
+
+    def _add(self, role: str, text: str) -> None:
+        if self.turns and self.turns[-1].role == role:
+            self.turns[-1] = HistoryTurn(role=role, text=f"{self.turns[-1].text} {text}")
+        else:
+            self.turns.append(HistoryTurn(role=role, text=text))  # type: ignore[arg-type]
+        del self.turns[:-MAX_TURNS]

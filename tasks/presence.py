@@ -1,0 +1,93 @@
+"""Whether a duplex session's client is still there, as its worker sees it.
+
+Before ``session.created`` (no resume record) or with resume off, the session lives as long as
+the gateway that submitted it. Once the record exists, the session belongs to whichever
+connection resumed it last: attached to a live gateway it runs; detached (the client dropped, or
+its gateway died) it pauses, gives its slot back after ``resume_slot_hold_s`` and ends after
+``resume_grace_s`` (``streaming/resume.py``). A record that vanishes once seen (Redis restarted
+empty) ends the session: no one can resume it, and a gateway that was relaying it has ended its
+side already.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import redis
+
+from streaming.resume import WorkerResume
+
+if TYPE_CHECKING:
+    from tasks.session import SessionContext
+
+log = logging.getLogger("omniserve.worker")
+
+DETACHED_CHECK_S = 0.5  # a resumable session notices its client's return within this
+
+
+class Presence(StrEnum):
+    ATTACHED = "attached"  # a live gateway relays the session
+    DETACHED = "detached"  # the client is away, within the slot hold: input waits
+    PARK = "park"  # away longer than the slot hold: give the slot back, stay resumable
+    GONE = "gone"  # away longer than the grace (or resume off): end the session
+
+
+class PresenceWatch:
+    """Checks a session's client; see the module docstring."""
+
+    def __init__(
+        self, ctx: SessionContext, record: WorkerResume, grace_s: float, slot_hold_s: float
+    ) -> None:
+        self.ctx = ctx
+        self.record = record
+        self.grace_s = grace_s
+        self.slot_hold_s = slot_hold_s
+        self.resumable = False  # a record was seen: check often
+        self._away_since: float | None = None  # when this worker first saw its gateway dead
+
+    def interval(self, default: float) -> float:
+        """Seconds until the next check."""
+        return DETACHED_CHECK_S if self.resumable else default
+
+    def check(self) -> Presence:
+        """The client's presence now (Redis errors count as attached: nothing is decided)."""
+        try:
+            return self._check()
+        except redis.RedisError:
+            log.warning("session %s: presence check failed", self.ctx.session_id)
+            return Presence.ATTACHED
+
+    def _check(self) -> Presence:
+        rt = self.ctx.rt
+        att = self.record.attachment() if self.grace_s > 0 else None
+        if att is None and self.resumable:
+            # the record was there and is gone: Redis restarted empty. Nobody can resume the
+            # session and its gateway ended its side (output_gap); its slot must not wait on a
+            # client that is not coming back
+            log.warning("session %s: its resume record is gone; ending it", self.ctx.session_id)
+            return Presence.GONE
+        if att is None:
+            alive = rt.gateway_alive(self.ctx.gateway_id)
+            return Presence.ATTACHED if alive else Presence.GONE
+        self.resumable = True
+        if att.ended:
+            return Presence.GONE
+        now = time.time()
+        if att.gateway and rt.gateway_alive(att.gateway):
+            self._away_since = None
+            return Presence.ATTACHED
+        if att.gateway:  # its gateway died without detaching: the grace starts now
+            self.record.note_gateway_gone(att.gateway)
+            since = now
+        else:
+            since = att.detached_at or self._away_since or now
+        self._away_since = since
+        away = now - since
+        if away > self.grace_s:
+            return Presence.GONE
+        if away > self.slot_hold_s:
+            return Presence.PARK
+        return Presence.DETACHED

@@ -1,0 +1,88 @@
+"""Failover (issue #12): a duplex session whose worker dies goes on on another worker.
+
+Real processes; the worker running the session is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tests.client import Client, silence, speech
+from tests.faults.harness import kill9, kill9_group
+from tests.stack import Stack
+
+
+def deltas(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in frames if f["type"] == "response.output.delta"]
+
+
+def running_pid(stack: Stack, session_id: str) -> int:
+    """The process that claimed the session (worker ids are ``<node>#<pid>``)."""
+    owner = stack.redis().get(f"{stack.prefix}:s:{session_id}:claim")
+    assert owner, "the session was not claimed"
+    return int(owner.decode().rsplit("#", 1)[1])
+
+
+def prompts(path: Path) -> list[str]:
+    with open(path, "rb") as fh:
+        return [orjson.loads(line)["prompt"] for line in fh]
+
+
+async def test_worker_killed_mid_session_recovers_with_the_conversation(
+    stack: Stack, tmp_path: Path
+) -> None:
+    log = tmp_path / "prompts.jsonl"
+    stack.env.update(
+        {
+            "OMNISERVE_SCRIPTED_REPLY": "the sky is blue today",
+            "OMNISERVE_BACKEND_OPTIONS": orjson.dumps({"prompt_log": str(log)}).decode(),
+        }
+    )
+    stack.start_worker()
+    stack.start_worker()
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=audio")
+    created = await client.init({"system_prompt": "You are terse."})
+    await client.step(speech())
+    while "today" not in "".join(f.get("text", "") for f in deltas(client.received)):
+        await client.step(silence())
+    kill9(running_pid(stack, created["session_id"]))
+
+    recovering = await client.until("session.recovering", timeout=10)
+    recovered = await client.until("session.recovered", timeout=20)
+    assert recovering["reason"] == "worker_lost"
+    assert recovered["session_id"] == created["session_id"]
+    assert recovered["seq"] == recovering["seq"] + 1
+    assert recovered["metrics"]["history_turns"] == 1
+    # the new worker's first prompt carries the earlier conversation (and the same init)
+    first, restart = prompts(log)
+    assert "the sky is blue today" not in first
+    assert "You are terse." in restart and "the sky is blue today" in restart
+    # input resumes on the new worker, the sequence goes on
+    frames = await client.step(speech())
+    assert deltas(frames) and all(f["seq"] > recovered["seq"] for f in deltas(frames))
+    await client.send({"type": "session.close"})
+    closed = await client.until("session.closed")
+    assert closed["reason"] == "user_stop"
+    assert await client.closed() == 1000
+
+
+async def test_no_slot_within_failover_wait_ends_with_backend_error(stack: Stack) -> None:
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "1"
+    worker = stack.start_worker()
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=audio")
+    await client.init()
+    await client.step(speech())
+    kill9_group(worker)  # the only worker, gone for good
+    await client.until("session.recovering", timeout=10)
+    err = await client.until("error", timeout=15)
+    assert err["error"]["code"] == "backend_error"
+    closed = await client.until("session.closed", timeout=5)
+    assert closed["reason"] == "backend_error"
+    assert await client.closed() == 1011
+    # the failover's ticket left the queue
+    assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
