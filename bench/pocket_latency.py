@@ -233,7 +233,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     speaker = Speaker(default_piper_voice(), threads=1)
     questions = {
-        q: resample(speaker.synthesize(q), 24_000, RATE).astype(np.float32) for q in QUESTIONS
+        q: resample(speaker.synthesize(q, varied=False), 24_000, RATE).astype(np.float32)
+        for q in QUESTIONS
     }
     del speaker
     stack = Stack(shared_redis())

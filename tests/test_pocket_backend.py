@@ -70,7 +70,9 @@ def backend() -> Iterator[PocketBackend]:
 
 def speech_16k(backend: PocketBackend, text: str) -> np.ndarray:
     """``text`` spoken by the Piper voice, as 16 kHz float32 (what a client would send)."""
-    return resample(backend.speaker.synthesize(text), OUTPUT_SAMPLE_RATE, INPUT_SAMPLE_RATE)
+    return resample(
+        backend.speaker.synthesize(text, varied=False), OUTPUT_SAMPLE_RATE, INPUT_SAMPLE_RATE
+    )
 
 
 def chunks_of(audio: np.ndarray, silence_after: int = 1, size: int = INPUT_SAMPLE_RATE):

@@ -49,7 +49,7 @@ def pocket_stack(redis_server: str) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def question_16k() -> np.ndarray:
     speaker = Speaker(default_piper_voice())
-    return resample(speaker.synthesize(QUESTION), 24_000, 16_000).astype(np.float32)
+    return resample(speaker.synthesize(QUESTION, varied=False), 24_000, 16_000).astype(np.float32)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def speaker() -> Speaker:
 
 
 def spoken(speaker: Speaker, text: str) -> np.ndarray:
-    return resample(speaker.synthesize(text), 24_000, RATE).astype(np.float32)
+    return resample(speaker.synthesize(text, varied=False), 24_000, RATE).astype(np.float32)
 
 
 def energy_end(audio: np.ndarray, frame: int = 160, level: float = 0.01) -> int:

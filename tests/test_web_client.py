@@ -95,7 +95,7 @@ def synthesise_question(rate: int = 16_000) -> tuple[np.ndarray, str]:
         from inference.pocket.assets import default_piper_voice
         from inference.pocket.tts import Speaker
 
-        speech = Speaker(default_piper_voice()).synthesize(QUESTION)
+        speech = Speaker(default_piper_voice()).synthesize(QUESTION, varied=False)
         return resample(speech, 24_000, rate).astype(np.float32), "piper"
     if not shutil.which("espeak-ng"):
         _apt_install("espeak-ng")

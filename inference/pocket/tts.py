@@ -41,18 +41,29 @@ class Speaker:
         self._voice = piper.PiperVoice(
             session=session, config=config, download_dir=voice_path.parent
         )
-        self._syn = piper.SynthesisConfig(length_scale=length_scale) if length_scale else None
+        self._syn = piper.SynthesisConfig(length_scale=length_scale)
+        # without the generator's noise the voice says a text the same way every time: test and
+        # benchmark inputs are then the same from run to run
+        self._fixed = piper.SynthesisConfig(
+            length_scale=length_scale, noise_scale=0, noise_w_scale=0
+        )
         self.native_rate = int(config.sample_rate)
         self._lock = threading.Lock()
 
-    def synthesize(self, text: str) -> np.ndarray:
-        """Speech for ``text`` at 24 kHz (an empty array when there is nothing to say)."""
+    def synthesize(self, text: str, *, varied: bool = True) -> np.ndarray:
+        """Speech for ``text`` at 24 kHz (an empty array when there is nothing to say).
+
+        ``varied=False`` leaves out Piper's random variation, so the same text gives the same
+        samples on every call (inputs that tests and benchmarks can rely on)."""
         clean = _UNSPOKEN.sub(" ", text).strip()
         if not any(ch.isalnum() for ch in clean):
             return np.zeros(0, dtype=np.float32)
         with self._lock:
             parts = [
-                c.audio_float_array for c in self._voice.synthesize(clean, syn_config=self._syn)
+                c.audio_float_array
+                for c in self._voice.synthesize(
+                    clean, syn_config=self._syn if varied else self._fixed
+                )
             ]
         if not parts:
             return np.zeros(0, dtype=np.float32)
