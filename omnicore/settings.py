@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, IPvAnyNetwork, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from omnicore.redact import redact_url
+
 
 class Settings(BaseSettings):
     """Configuration of the gateway, the workers and the CLI.
@@ -141,6 +143,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r}: an origin has no path, query or user")
             out.append(origin.rstrip("/"))
         return out
+
+    def __repr_args__(self) -> Any:
+        """The Redis URL without its password: a settings object printed or logged must not
+        show it (API keys and tokens are SecretStr already)."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "redis_url" else value
 
     def secret_values(self) -> list[str]:
         """Every configured secret in clear (API keys, admin token, Redis password): the log

@@ -64,3 +64,11 @@ def test_settings_list_their_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings()
     assert sorted(s.secret_values()) == ["admin-333", "key-one-111", "key-two-222", "redispw444"]
     assert "key-one-111" not in repr(s) and "admin-333" not in repr(s)
+
+
+def test_settings_repr_hides_the_redis_password() -> None:
+    settings = Settings(redis_url="redis://:s3cretpw@redis:6379/0", api_keys=["k-123456789"])
+    for text in (repr(settings), str(settings)):
+        assert "s3cretpw" not in text and "k-123456789" not in text
+        assert "redis://:***@redis:6379/0" in text
+    assert settings.redis_url == "redis://:s3cretpw@redis:6379/0"  # the value itself is whole
