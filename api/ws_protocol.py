@@ -15,6 +15,7 @@ import orjson
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import CloseCode, Frame, Opcode
 
+from api import telemetry
 from api.dialects import legacy_error
 from api.errors import error_frame
 from streaming.events import ErrorCode
@@ -49,7 +50,15 @@ class ExplainedCloseProtocol(WebSocketsSansIOProtocol):
             and not self.transport.is_closing()
         ):
             text = too_big_frame(self.scope["path"], self.config.ws_max_size)
+            self._count_error(text)
             # the close frame is queued in the connection, not yet written: the event goes first
             frame = Frame(Opcode.TEXT, text)
             self.transport.write(frame.serialize(mask=False, extensions=self.conn.extensions))
         super().handle_parser_exception()
+
+    def _count_error(self, frame: bytes) -> None:
+        """Count the event like every other ``error`` sent (``omniserve_errors_total``): the
+        application had put itself in the scope (Starlette does) when the connection began."""
+        gateway = getattr(getattr(self.scope.get("app"), "state", None), "gateway", None)
+        if gateway is not None:
+            telemetry.frame_sent(gateway.metrics, orjson.loads(frame))

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -316,6 +317,8 @@ async def test_oversized_message_gets_an_error_then_close_1009(stack: Stack, def
     assert err["error"]["type"] == "client_error"
     assert "message too big" in err["error"]["message"] and "1 MiB" in err["error"]["message"]
     assert await c.closed() == 1009
+    metrics = httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/metrics", timeout=10).text
+    assert 'omniserve_errors_total{code="invalid_payload"} 1.0' in metrics  # counted like any
     stack.wait_free(1)  # the session ended and its worker slot came back
     again = await Client.connect(stack.url(), query="?mode=audio")
     await again.init()
