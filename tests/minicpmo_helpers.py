@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from inference import Backend, DuplexInput, Message, TextPart, create_backend
+from tests.stack import Stack
 
 LOADER = "tests.standins.fake_minicpmo:load"
 UNIT = 16_000  # one second at 16 kHz: what one duplex step consumes
@@ -19,6 +23,26 @@ def make_backend(revision: str = "published", **opts: Any) -> Backend:
     opts.setdefault("device", "cpu")
     opts.setdefault("loader_options", {"revision": revision})
     return create_backend("minicpmo", model_loader=LOADER, **opts)
+
+
+@contextmanager
+def fake_minicpmo_stack(redis_server: str) -> Iterator[Stack]:
+    """A gateway and one ``minicpmo`` worker whose model is the strict stand-in, chosen by
+    configuration (it consumes exactly one second per step and faults on a short or long unit).
+    The gateway keeps up to 64 pending chunks: a burst of short ones queued while the worker
+    steps is all kept, not thinned by the silent drop."""
+    s = Stack(redis_server)
+    try:
+        s.start_worker(
+            "minicpmo",
+            OMNISERVE_MODEL_PATH="/tmp/none",
+            OMNISERVE_DEVICE="cpu",
+            OMNISERVE_BACKEND_OPTIONS=json.dumps({"model_loader": LOADER, "device": "cpu"}),
+        )
+        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="64")
+        yield s
+    finally:
+        s.stop()
 
 
 def jpeg(color: tuple[int, int, int] = (200, 10, 10)) -> bytes:

@@ -30,11 +30,11 @@ import pytest
 
 from omniserve.redis_server import free_port
 from tests.client import Client, decode_audio, jpeg_b64, pcm_b64, silence, speech
+from tests.minicpmo_helpers import fake_minicpmo_stack
 from tests.stack import LOG_DIR, ROOT, Proc, Stack
 
 pytestmark = pytest.mark.asyncio
 
-FAKE_MINICPMO_OPTIONS = {"model_loader": "tests.standins.fake_minicpmo:load", "device": "cpu"}
 SPOKEN = "Hello there, how can I help?"  # both stand-ins speak tests.standins.*.SPEECH
 
 
@@ -74,20 +74,8 @@ def _start_mock_llama_server(prefix: str) -> tuple[Proc, str]:
 
 @pytest.fixture(scope="module")
 def minicpmo_stack(redis_server: str) -> Iterator[Stack]:
-    """A gateway and one ``minicpmo`` worker whose model is the fake, chosen by configuration."""
-    s = Stack(redis_server)
-    try:
-        s.start_worker(
-            "minicpmo",
-            OMNISERVE_MODEL_PATH="/tmp/none",
-            OMNISERVE_DEVICE="cpu",
-            OMNISERVE_BACKEND_OPTIONS=json.dumps(FAKE_MINICPMO_OPTIONS),
-        )
-        # several quarter-second chunks may be queued while the worker steps: keep them all
-        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="64")
+    with fake_minicpmo_stack(redis_server) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

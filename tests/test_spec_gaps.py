@@ -13,7 +13,6 @@ stricter or looser than the spec, over real WebSockets against real gateways and
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -25,11 +24,10 @@ import numpy as np
 import pytest
 
 from tests.client import Client, decode_audio, pcm_b64, silence, speech
+from tests.minicpmo_helpers import fake_minicpmo_stack
 from tests.stack import ROOT, Stack
 
 pytestmark = pytest.mark.asyncio
-
-FAKE_MINICPMO_OPTIONS = {"model_loader": "tests.standins.fake_minicpmo:load", "device": "cpu"}
 
 
 def pcm_of(samples: int) -> str:
@@ -52,21 +50,8 @@ def voice_b64() -> str:
 
 @pytest.fixture(scope="module")
 def minicpmo_stack(redis_server: str) -> Iterator[Stack]:
-    """A gateway and one ``minicpmo`` worker whose model is the strict stand-in: it consumes
-    exactly one second (16000 samples) per step and faults on a short or long unit."""
-    s = Stack(redis_server)
-    try:
-        s.start_worker(
-            "minicpmo",
-            OMNISERVE_MODEL_PATH="/tmp/none",
-            OMNISERVE_DEVICE="cpu",
-            OMNISERVE_BACKEND_OPTIONS=json.dumps(FAKE_MINICPMO_OPTIONS),
-        )
-        # a burst of short chunks is all kept (the silent drop would otherwise thin it)
-        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="64")
+    with fake_minicpmo_stack(redis_server) as s:
         yield s
-    finally:
-        s.stop()
 
 
 # --------------------------------------------------------------------------- chunk lengths
