@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.apt import apt_lock
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -76,7 +78,7 @@ def debian_tool(package: str, relpath: str) -> Path:
         return binary
     if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
         pytest.skip(f"{package}: needs apt-get and dpkg-deb (a Debian machine)")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, apt_lock():
         got = run(["apt-get", "download", package], cwd=tmp)
         if got.returncode != 0 and os.geteuid() == 0:
             run(["apt-get", "update", "-qq"])

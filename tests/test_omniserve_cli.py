@@ -40,3 +40,12 @@ def test_omniserve_bench_hands_on_its_options() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--smoke" in done.stdout  # the benchmarks' own help, not omniserve's
+
+
+def test_the_suite_runs_in_two_workers_unless_told_otherwise() -> None:
+    from omniserve.cli import xdist_args
+
+    assert xdist_args([]) == ["-n", "2", "--dist", "loadfile"]
+    assert xdist_args(["tests/test_structure.py", "-x"]) == ["-n", "2", "--dist", "loadfile"]
+    for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["-p", "no:xdist"], ["--dist=no"]):
+        assert xdist_args(chosen) == [], chosen

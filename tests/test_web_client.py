@@ -28,6 +28,7 @@ import pytest
 
 from inference.registry import preflight
 from omnicore.audio import read_audio, resample, write_wav
+from tests.apt import apt_lock
 from tests.stack import LOG_DIR, ROOT, Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -68,14 +69,17 @@ def _apt_install(*packages: str) -> None:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600, check=False)
-    subprocess.run(
-        ["apt-get", "install", "-y", *packages],
-        env=env,
-        capture_output=True,
-        timeout=1800,
-        check=False,
-    )
+    with apt_lock():
+        subprocess.run(
+            ["apt-get", "update"], env=env, capture_output=True, timeout=600, check=False
+        )
+        subprocess.run(
+            ["apt-get", "install", "-y", *packages],
+            env=env,
+            capture_output=True,
+            timeout=1800,
+            check=False,
+        )
 
 
 def chromium_path() -> Path:
