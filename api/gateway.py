@@ -11,6 +11,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from celery import Celery
 
+from api import task_submit
 from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
@@ -176,14 +177,9 @@ class Gateway:
 
     async def submit(self, job: Job) -> None:
         """Send a task to the queue of the worker that owns the job's slot."""
-        queue = worker_queue(slot_worker(job.slot_id))
-        await asyncio.to_thread(
-            self.celery.send_task,
-            job.task,
-            kwargs=job.kwargs(),
-            queue=queue,
-            routing_key=queue,
-            task_id=job.task_id,
+        # from the event loop, not send_task in a thread (api/task_submit.py says why)
+        await task_submit.submit(
+            self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id))
         )
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 from streaming.admission import Admission, QueueFull, QueueSnapshot
 
 REENQUEUE_LIMIT = 2**31  # a lost ticket goes back whatever the queue length
+COALESCE_S = 0.02  # queue events within this pause are handled by one refresh
+SLOT_FREED = frozenset({"release", "offer"})  # queue events that may let a waiter in
 LOST_AFTER_S = 2.0  # a ticket missing from the queue, unassigned, this long was lost: re-enqueue
 
 
@@ -59,6 +61,7 @@ class QueueManager:
         self.waiters: dict[str, Waiter] = {}
         self._counter = itertools.count(1)
         self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()  # cuts the coalescing pause short (see _loop)
         self._task: asyncio.Task[None] | None = None
         self._claims: set[asyncio.Task[bool]] = set()
         self.updates_sent = 0
@@ -86,6 +89,8 @@ class QueueManager:
                     claim = asyncio.ensure_future(self._claim(ticket))
                     self._claims.add(claim)  # keep a reference until it is done
                     claim.add_done_callback(self._claims.discard)
+        elif message in SLOT_FREED and self.waiters:
+            self._slot_freed.set()
         self._wake.set()
 
     async def acquire(
@@ -241,13 +246,19 @@ class QueueManager:
             except TimeoutError:
                 pass
             self._wake.clear()
+            self._slot_freed.clear()
             try:
                 await self.refresh()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.warning("queue refresh failed", exc_info=True)
-            await asyncio.sleep(0.02)  # coalesce bursts of events
+            # coalesce bursts of events, but a slot freed since this refresh began goes to the
+            # next client at once (it used to wait for the rest of a fixed 20 ms pause)
+            try:
+                await asyncio.wait_for(self._slot_freed.wait(), COALESCE_S)
+            except TimeoutError:
+                pass
 
 
 __all__ = ["NoCapacity", "QueueFull", "QueueManager", "Waiter"]

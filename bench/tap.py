@@ -32,7 +32,9 @@ def run(url: str, prefix: str, outfile: Path) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     client = redis.Redis.from_url(url)
-    ps = client.pubsub(ignore_subscribe_messages=True)
+    # (redis-py's default push handler builds str() of every message for a debug line: with
+    # 128 KB audio events that delayed each stamp and took CPU from the workers' core)
+    ps = client.pubsub(ignore_subscribe_messages=True, push_handler_func=lambda m: m)
     ps.psubscribe(f"{prefix}:s:*:out")
     ps.subscribe(f"{prefix}:queue:events")
     out_prefix = f"{prefix}:s:".encode()

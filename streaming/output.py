@@ -251,6 +251,11 @@ class SessionOutput:
         return Gap(first=first, last=last)
 
 
+async def _pass_push(response: object) -> object:
+    """A pub/sub push message, handed back as it came (see ``OutputBus``)."""
+    return response
+
+
 class OutputBus:
     """One pub/sub connection per gateway process, shared by every session it relays.
 
@@ -270,7 +275,12 @@ class OutputBus:
         self.max_events = max_events  # undelivered output of one session (see SessionOutput)
         self.max_bytes = max_bytes
         self.on_queue_event = on_queue_event
-        self.pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+        # Our own push handler: redis-py's default (RESP3) one builds ``str(message)`` for a
+        # debug log line on every message, even with debug logging off; for a 128 KB audio
+        # event that repr was the largest single cost of the gateway (docs/BENCHMARKS.md).
+        self.pubsub = redis_client.pubsub(
+            ignore_subscribe_messages=True, push_handler_func=_pass_push
+        )
         self.sessions: dict[str, SessionOutput] = {}
         self._task: asyncio.Task[None] | None = None
         self.messages = 0

@@ -1,0 +1,62 @@
+"""Sending a Celery task from the event loop: Celery builds the message, asyncio pushes it.
+
+Why: Celery's ``send_task`` is synchronous. Run in ``asyncio.to_thread``, each of its socket calls
+has to win the GIL back from a busy event loop (up to ``sys.getswitchinterval()``, 5 ms, every
+time), so one submission took 2-60 ms on a loaded gateway: most of the admission handoff
+(slot free -> ``session.queue_done``) and of a chat turn's extra first-delta latency.
+
+What stays Celery's: the task message itself (protocol 2: headers, properties and body built by
+``app.amqp.as_task_v2`` and serialised by kombu with the app's serializer), so workers, Flower
+(task id = session id) and the broker's task events see no difference. What is done here is only
+the last step of kombu's Redis transport for a queue bound to the default exchange: the JSON
+envelope (base64 body, ``delivery_info``, ``delivery_tag``) pushed with one ``LPUSH`` onto the
+queue's list. ``tests/test_api_task_submit.py`` checks it against what ``send_task`` pushes.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import redis.asyncio as aioredis
+from celery import Celery
+from kombu.serialization import dumps as serialize
+from kombu.utils.json import dumps as json_dumps
+from kombu.utils.uuid import uuid
+
+from streaming.jobs import Job
+
+PERSISTENT = 2  # kombu's delivery_mode for a durable message (what send_task sends)
+
+
+def task_message(app: Celery, job: Job, queue: str) -> bytes:
+    """The broker message ``app.send_task(job.task, kwargs=..., queue=queue)`` would push."""
+    msg = app.amqp.as_task_v2(
+        job.task_id,
+        job.task,
+        args=(),
+        kwargs=job.kwargs(),
+        reply_to=app.thread_oid,
+        ignore_result=None,  # type: ignore[arg-type]  # as send_task passes it: the task decides
+    )
+    content_type, content_encoding, body = serialize(msg.body, app.conf.task_serializer)
+    raw = body.encode() if isinstance(body, str) else body
+    envelope = {
+        "body": base64.b64encode(raw).decode(),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": msg.headers,
+        "properties": {
+            **msg.properties,
+            "delivery_mode": PERSISTENT,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": uuid(),
+        },
+    }
+    return str(json_dumps(envelope)).encode()
+
+
+async def submit(redis_client: aioredis.Redis, app: Celery, job: Job, queue: str) -> None:
+    """Put ``job`` on the worker queue ``queue`` (a Redis list of priority 0's messages)."""
+    await redis_client.lpush(queue, task_message(app, job, queue))
