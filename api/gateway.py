@@ -10,6 +10,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 from celery import Celery
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from api import task_submit
 from api.metrics import GatewayMetrics
@@ -58,11 +60,17 @@ class Gateway:
         self.gateway_id = uuid.uuid4().hex[:10]
         self.keys = Keys(settings.key_prefix)
         # A blocking pool: a burst of commands waits for a connection instead of failing.
+        # Retries: after Redis restarts, each pooled connection still holds the dead server's
+        # socket and fails at its next use ("Connection closed by server"); redis-py's pools
+        # retry nothing unless told, so a client admitted just after the restart was refused.
+        # Two retries on a fresh connection serve such a command; a Redis that is really away
+        # still fails within a fraction of a second.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url,
             max_connections=settings.redis_max_connections,
             timeout=20,
             health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.redis.auto_close_connection_pool = True

@@ -7,6 +7,7 @@ works within 10 s of Redis answering, and no loop of ours died (heartbeats go on
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -98,3 +99,26 @@ async def test_redis_restart_empty_while_sessions_run(
         assert "Redis answers again" in text
         assert "registered again" in text
     assert health(stack).json()["status"] == "ok"
+
+
+async def test_gateway_commands_after_a_restart_use_fresh_connections(
+    own_redis: RestartableRedis,
+) -> None:
+    """Pooled connections still hold the dead server's sockets after a restart: the first
+    command on each must be retried on a new connection, not fail (a client admitted just after
+    Redis came back was refused ``service_unavailable`` before)."""
+    from api.gateway import Gateway
+    from omnicore.settings import Settings
+
+    gw = Gateway(Settings(redis_url=own_redis.url, key_prefix="restart-pool"))
+    try:
+        # several connections in the pool, all idle
+        await asyncio.gather(
+            *(gw.redis.blpop(["restart-pool:none"], timeout=0.2) for _ in range(4))
+        )
+        own_redis.kill()
+        own_redis.start()
+        results = await asyncio.gather(*(gw.redis.incr("restart-pool:n") for _ in range(4)))
+        assert sorted(results) == [1, 2, 3, 4]
+    finally:
+        await gw.redis.aclose()
