@@ -122,7 +122,9 @@ class Stack:
     def start_worker(
         self, backend: str = "scripted", slots: int = 1, wait: bool = True, **env: str
     ) -> Proc:
-        """Start a worker node; waits until its slots are registered."""
+        """Start a worker node; waits until its slots are registered (a model backend may
+        convert its model on a first load, or wait for another process converting it: minutes
+        on a busy 2-core machine, not seconds)."""
         before = self.live_slots()
         proc = self._spawn(
             f"worker{len(self.workers)}",
@@ -131,7 +133,7 @@ class Stack:
         )
         self.workers.append(proc)
         if wait:
-            self.wait_slots(before + slots, proc)
+            self.wait_slots(before + slots, proc, timeout=60 if backend == "scripted" else 300)
         return proc
 
     def redis(self) -> redis.Redis:

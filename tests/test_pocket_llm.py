@@ -6,6 +6,8 @@ One real conversion (~10-40 s on 2 cores) into a private cache directory, then a
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ for _module in ("ctranslate2", "transformers", "gguf", "accelerate", "torch", "l
 from inference.pocket import llm_convert  # noqa: E402
 from inference.pocket.assets import default_llm_gguf  # noqa: E402
 from inference.pocket.llm import GenerationStats, LanguageModel  # noqa: E402
+from tests.stack import ROOT  # noqa: E402
 
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
@@ -60,6 +63,40 @@ def test_cache_key_follows_the_source_file(tmp_path: Path) -> None:
     assert llm_convert.cache_key(source, "float32") != key
     source.write_bytes(b"GGUF two, longer")
     assert llm_convert.cache_key(source, "int8") != key
+
+
+def test_processes_converting_together_convert_once(tmp_path: Path) -> None:
+    """Two worker processes loading the same model into an empty cache: one converts, the other
+    waits for it under the cache's file lock and uses its result (a stand-in conversion)."""
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF stand-in")
+    script = f"""
+import sys, time
+from pathlib import Path
+from inference.pocket import llm_convert
+
+def fake(gguf, out, quantization):
+    Path(out).mkdir()
+    (Path(out) / llm_convert.META).write_text("{{}}")
+    print("converted", flush=True)
+    time.sleep(1.5)  # long enough for the other process to arrive meanwhile
+
+llm_convert._convert = fake
+with llm_convert.converted(Path({str(source)!r}), "int8", Path({str(tmp_path / "cache")!r})) as d:
+    print("ready", (d / llm_convert.META).exists())
+"""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sum(o.count("converted") for o in outs) == 1, outs
+    assert all("ready True" in o for o in outs), outs
+    left = [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
+    assert len(left) == 1 and left[0].startswith("model-int8-"), left  # no temp dir left
 
 
 def test_cancelling_stops_generation_at_once() -> None:

@@ -9,12 +9,14 @@ How: transformers reads the GGUF file and de-quantizes it (as before), CTranslat
 loader turns that model into its format, quantized to int8. That takes ~10-30 s, so the result
 is kept under ``cache_dir`` keyed by the GGUF file (path, size, mtime), the CTranslate2 version
 and the quantization; a later load reads it in ~1 s and never imports torch. Writes go to a
-temporary directory renamed into place, so concurrent workers never see a half-written model.
+temporary directory renamed into place, so concurrent workers never see a half-written model,
+under a file lock, so workers that start together on one machine convert it once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -63,25 +65,36 @@ def converted(
             return
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache_dir))
+            lock = open(cache_dir / f".{target.name}.lock", "a")  # noqa: SIM115 - held below
         except OSError as exc:
             log.warning("pocket: cannot write the model cache %s (%s); not caching", cache_dir, exc)
         else:
-            try:
-                _convert(gguf_path, work / "model", quantization)
-                try:
-                    os.rename(work / "model", target)
-                except OSError:  # another worker renamed its copy first: use that one
-                    if not (target / META).exists():
-                        raise
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+            with lock:
+                # one conversion per machine: workers starting together wait for the first one
+                # (~10-30 s of two cores each) instead of converting the same file side by side
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (target / META).exists():
+                    _convert_into(gguf_path, quantization, cache_dir, target)
             yield target
             return
     with tempfile.TemporaryDirectory(prefix="omniserve-pocket-") as tmp:
         out = Path(tmp) / "model"
         _convert(gguf_path, out, quantization)
         yield out
+
+
+def _convert_into(gguf_path: Path, quantization: str, cache_dir: Path, target: Path) -> None:
+    """Convert into a temporary directory of ``cache_dir``, then rename it to ``target``."""
+    work = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache_dir))
+    try:
+        _convert(gguf_path, work / "model", quantization)
+        try:
+            os.rename(work / "model", target)
+        except OSError:  # a process without the lock (an older version) renamed its copy first
+            if not (target / META).exists():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _convert(gguf_path: Path, out: Path, quantization: str) -> None:
