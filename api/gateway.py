@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from api import task_submit
+from api.liveness import Liveness
 from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
@@ -75,6 +76,7 @@ class Gateway:
             settings.capacity_wait_s,
         )
         self.resumes = ResumeStore(self.redis, self.keys)
+        self.liveness = Liveness(self.redis, self.keys)  # the sessions' checks, one read a tick
         self.bus = OutputBus(
             self.redis,
             self.keys,
@@ -106,6 +108,7 @@ class Gateway:
         await self._renew_lease()
         await self.bus.start()
         await self.queue.start()
+        self.liveness.start()
         self.recorder.start()
         self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
         log.info("gateway %s up (redis %s)", self.gateway_id, redact_url(self.settings.redis_url))
@@ -146,6 +149,7 @@ class Gateway:
         await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:
             self._lease_task.cancel()
+        await self.liveness.stop()
         await self.bus.stop()
         try:
             await self.redis.delete(self.keys.gateway_alive(self.gateway_id))
