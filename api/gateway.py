@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -179,11 +180,14 @@ class Gateway:
             except Exception:
                 log.warning("gateway lease renewal failed", exc_info=True)
 
-    async def submit(self, job: Job) -> None:
-        """Send a task to the queue of the worker that owns the job's slot."""
+    async def submit(
+        self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
+    ) -> None:
+        """Send a task to the queue of the worker that owns the job's slot (``with_values``:
+        keys the task reads, written with it in one transaction)."""
         # from the event loop, not send_task in a thread (api/task_submit.py says why)
         await task_submit.submit(
-            self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id))
+            self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id)), with_values
         )
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:

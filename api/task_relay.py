@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 from api.gateway import Gateway
 from streaming.controls import CloseControl
@@ -64,10 +65,13 @@ class TaskRelay:
         self._lease_misses = 0
         self._lost = False
 
-    async def submit(self, job: Job) -> None:
-        """Send the task to the slot's worker; TaskNotStarted (slot freed) when that fails."""
+    async def submit(
+        self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
+    ) -> None:
+        """Send the task to the slot's worker (``with_values``: see ``Gateway.submit``);
+        TaskNotStarted (slot freed) when that fails."""
         try:
-            await self.gw.submit(job)
+            await self.gw.submit(job, with_values)
         except Exception as exc:
             await self.gw.abandon(self.claim_id, self.slot_id)
             raise TaskNotStarted(str(exc)) from exc
