@@ -14,8 +14,8 @@ from typing import Any
 
 from api.gateway import Gateway
 from api.slot_wait import Admitted
-from api.task_relay import TaskNotStarted, TaskRelay
-from streaming.chat_requests import drop_chat_request, store_chat_request
+from api.task_relay import TaskRelay
+from streaming.chat_requests import chat_request_value, drop_chat_request
 from streaming.events import Event, TurnEnd
 from streaming.jobs import ChatJob
 
@@ -55,14 +55,17 @@ class ChatTurn:
         out = await gw.bus.open(self.turn_id, on_overflow=self.on_overflow)
         relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
         try:
-            await self._store_request()
             await relay.submit(
                 ChatJob(
                     turn_id=self.turn_id,
                     slot_id=self.slot_id,
                     gateway_id=gw.gateway_id,
                     deadline_ts=self.deadline_ts,
-                )
+                ),
+                # the request goes with the task, in one transaction (a failure frees the slot)
+                chat_request_value(
+                    gw.keys, self.turn_id, self.request, gw.settings.task_start_timeout_s
+                ),
             )
             while True:
                 if stopping():
@@ -78,15 +81,3 @@ class ChatTurn:
                 await drop_chat_request(gw.redis, gw.keys, self.turn_id)
             except Exception:  # Redis away: the request's TTL removes it
                 log.debug("request of turn %s not dropped", self.turn_id, exc_info=True)
-
-    async def _store_request(self) -> None:
-        """Put the request where the task will take it (never a task argument); a Redis error
-        frees the slot like a failed submit."""
-        gw = self.gw
-        try:
-            await store_chat_request(
-                gw.redis, gw.keys, self.turn_id, self.request, gw.settings.task_start_timeout_s
-            )
-        except Exception as exc:
-            await gw.abandon(self.turn_id, self.slot_id)
-            raise TaskNotStarted(str(exc)) from exc

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -14,6 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from api import task_submit
+from api.liveness import Liveness
 from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
@@ -83,6 +85,7 @@ class Gateway:
             settings.capacity_wait_s,
         )
         self.resumes = ResumeStore(self.redis, self.keys)
+        self.liveness = Liveness(self.redis, self.keys)  # the sessions' checks, one read a tick
         self.bus = OutputBus(
             self.redis,
             self.keys,
@@ -114,6 +117,7 @@ class Gateway:
         await self._renew_lease()
         await self.bus.start()
         await self.queue.start()
+        self.liveness.start()
         self.recorder.start()
         self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
         log.info("gateway %s up (redis %s)", self.gateway_id, redact_url(self.settings.redis_url))
@@ -154,6 +158,7 @@ class Gateway:
         await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:
             self._lease_task.cancel()
+        await self.liveness.stop()
         await self.bus.stop()
         try:
             await self.redis.delete(self.keys.gateway_alive(self.gateway_id))
@@ -183,11 +188,14 @@ class Gateway:
             except Exception:
                 log.warning("gateway lease renewal failed", exc_info=True)
 
-    async def submit(self, job: Job) -> None:
-        """Send a task to the queue of the worker that owns the job's slot."""
+    async def submit(
+        self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
+    ) -> None:
+        """Send a task to the queue of the worker that owns the job's slot (``with_values``:
+        keys the task reads, written with it in one transaction)."""
         # from the event loop, not send_task in a thread (api/task_submit.py says why)
         await task_submit.submit(
-            self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id))
+            self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id)), with_values
         )
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:

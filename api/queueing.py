@@ -115,8 +115,8 @@ class QueueManager:
         waiter = Waiter(ticket, notify, loop.create_future(), owner=owner)
         self.waiters[ticket] = waiter
         try:
-            await self.admission.enqueue(ticket, self.max_queue, front)
-            await self._dispatch()
+            _, pairs = await self.admission.enqueue_and_dispatch(ticket, self.max_queue, front)
+            await self._claim_dispatched(pairs)
             if not waiter.future.done():
                 snap = await self.admission.snapshot()
                 pos = snap.order.get(ticket)
@@ -187,7 +187,10 @@ class QueueManager:
         return keep
 
     async def _dispatch(self) -> None:
-        pairs = await self.admission.dispatch()
+        await self._claim_dispatched(await self.admission.dispatch())
+
+    async def _claim_dispatched(self, pairs: list[tuple[str, str]]) -> None:
+        """Claim the slots dispatched to this gateway's waiters."""
         for ticket, _slot in pairs:
             if ticket in self.waiters:
                 await self._claim(ticket)

@@ -183,16 +183,13 @@ class DuplexSession(ResumableSession):
     async def relay(self, relay: TaskRelay) -> None:
         """Forward worker events until the session closes."""
         closing_since: float | None = None
-        next_owner_check = 0.0
         while True:
             if self.gone.is_set():
                 return
             if self.superseded.is_set() and self.created_seq is None:
                 return await relay.stop(CloseReason.CLIENT_CLOSED)  # resuming another one
-            if self.resumable and time.monotonic() >= next_owner_check:
-                next_owner_check = time.monotonic() + 0.5
-                if await self._was_replaced():
-                    return
+            if self.resumable and await self._was_replaced_lately():
+                return
             if closing_since is None and (self.close_wanted.is_set() or self.time_left() <= 0):
                 closing_since = time.monotonic()
                 reason, code = self.end_reason()

@@ -53,6 +53,7 @@ class Resumable(RealtimeSession):
         self.first_event = asyncio.Event()
         self._held: list[Frame] | None = []  # queue events of the new session, held briefly
         self._flusher: asyncio.Future[None] | None = None
+        self._owner_ask: asyncio.Future[str | None] | None = None  # open question to gw.liveness
 
     async def queue_frame(self, frame: Frame) -> None:
         """The new session's queue events wait until the client's first event, at most
@@ -189,6 +190,21 @@ class Resumable(RealtimeSession):
             owner = await self.gw.resumes.owner(self.session_id)
         except Exception:  # noqa: BLE001 - Redis away: decided at the next check
             return False
+        return await self._replaced_by(owner)
+
+    async def _was_replaced_lately(self) -> bool:
+        """``_was_replaced`` from the gateway's batched liveness read (``api/liveness.py``):
+        False until the open question is answered; always leaves one open, so every tick
+        checks this session. For a relay loop that must not wait on Redis."""
+        ask = self._owner_ask
+        if ask is not None and not ask.done():
+            return False
+        self._owner_ask = self.gw.liveness.owner(self.session_id)
+        if ask is None or ask.cancelled() or ask.exception() is not None:
+            return False  # (a failed read: Redis away, the next tick decides)
+        return await self._replaced_by(ask.result())
+
+    async def _replaced_by(self, owner: str | None) -> bool:
         if owner is None or owner == self.conn_id or owner == "":
             return False
         self.replaced = True

@@ -3,8 +3,9 @@
 Every relay needs the same three guarantees, so they live here once:
 - the task must start within ``task_start_timeout_s``, else it is abandoned (the claim key makes
   sure it never starts later) and its slot is freed: ``TaskNotStarted``;
-- its worker must keep renewing the session lease (checked every ``LEASE_CHECK_S``); at the first
-  check that finds it gone (its TTL is the grace period) the rest of the replay log is read and
+- its worker must keep renewing the session lease (checked at every tick of the gateway's batched
+  liveness read, ``api/liveness.py``, without holding up the events); at the first check that
+  finds it gone (its TTL is the grace period) the rest of the replay log is read and
   returned, and unless it ends the task, ``WorkerLost`` follows;
 - events come in sequence order, with lost ones filled from the replay log or reported as a
   ``Gap`` (``streaming/output.py``).
@@ -12,7 +13,9 @@ Every relay needs the same three guarantees, so they live here once:
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
 
 from api.gateway import Gateway
 from streaming.controls import CloseControl
@@ -20,7 +23,6 @@ from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
 from streaming.output import SessionOutput
 
-LEASE_CHECK_S = 0.5  # with lease_ttl_s (1.5 s): a dead worker's clients are told within ~2.5 s
 LEASE_MISSES = 1  # the lease TTL is the grace period; one miss means the worker stopped renewing
 
 
@@ -59,14 +61,17 @@ class TaskRelay:
         self.slot_id = slot_id
         self.started = False
         self._start_by = time.monotonic() + gw.settings.task_start_timeout_s
-        self._next_lease_check = 0.0
+        self._lease_ask: asyncio.Future[bool] | None = None  # open question to gw.liveness
         self._lease_misses = 0
         self._lost = False
 
-    async def submit(self, job: Job) -> None:
-        """Send the task to the slot's worker; TaskNotStarted (slot freed) when that fails."""
+    async def submit(
+        self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
+    ) -> None:
+        """Send the task to the slot's worker (``with_values``: see ``Gateway.submit``);
+        TaskNotStarted (slot freed) when that fails."""
         try:
-            await self.gw.submit(job)
+            await self.gw.submit(job, with_values)
         except Exception as exc:
             await self.gw.abandon(self.claim_id, self.slot_id)
             raise TaskNotStarted(str(exc)) from exc
@@ -90,16 +95,27 @@ class TaskRelay:
                 if await self.gw.abandon(self.claim_id, self.slot_id):
                     raise TaskNotStarted(f"the {self.what} did not start")
                 self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
-        elif now >= self._next_lease_check:
-            self._next_lease_check = now + LEASE_CHECK_S
-            if await self.gw.session_alive(self.task_id):
-                self._lease_misses = 0
-            else:
-                self._lease_misses += 1
-                if self._lease_misses >= LEASE_MISSES:
-                    events += self._consume_started(await self.out.catch_up())
-                    self._lost = not any(isinstance(ev, FINAL_EVENTS) for ev in events)
+        elif self._lease_alive() is False:
+            self._lease_misses += 1
+            if self._lease_misses >= LEASE_MISSES:
+                events += self._consume_started(await self.out.catch_up())
+                self._lost = not any(isinstance(ev, FINAL_EVENTS) for ev in events)
         return events
+
+    def _lease_alive(self) -> bool | None:
+        """The answer to the open lease question (None: not answered yet); always leaves one
+        open, so every tick of the gateway's liveness read checks this task. A failed read
+        raises, as the single command did."""
+        ask = self._lease_ask
+        if ask is not None and not ask.done():
+            return None
+        self._lease_ask = self.gw.liveness.lease(self.task_id)
+        if ask is None or ask.cancelled():  # (cancelled: the gateway is stopping)
+            return None
+        alive = ask.result()
+        if alive:
+            self._lease_misses = 0
+        return alive
 
     async def stop(self, reason: str | None) -> None:
         """Ask the worker to end the task; one that has not started is abandoned (never runs)."""
@@ -110,9 +126,9 @@ class TaskRelay:
     def _consume_started(self, events: list[Event]) -> list[Event]:
         if not self.started and any(isinstance(ev, Created) and ev.recovered for ev in events):
             self.started = True  # a failover's worker sends no Started (its Created tells)
-            self._next_lease_check = time.monotonic() + LEASE_CHECK_S
+            self._lease_ask = None  # (asked from now on: the lease exists once it started)
         if any(isinstance(ev, Started) for ev in events):
             self.started = True
-            self._next_lease_check = time.monotonic() + LEASE_CHECK_S
+            self._lease_ask = None
             return [ev for ev in events if not isinstance(ev, Started)]
         return events

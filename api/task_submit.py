@@ -16,6 +16,7 @@ queue's list. ``tests/test_api_task_submit.py`` checks it against what ``send_ta
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -57,6 +58,24 @@ def task_message(app: Celery, job: Job, queue: str) -> bytes:
     return str(json_dumps(envelope)).encode()
 
 
-async def submit(redis_client: aioredis.Redis, app: Celery, job: Job, queue: str) -> None:
-    """Put ``job`` on the worker queue ``queue`` (a Redis list of priority 0's messages)."""
-    await redis_client.lpush(queue, task_message(app, job, queue))
+async def submit(
+    redis_client: aioredis.Redis,
+    app: Celery,
+    job: Job,
+    queue: str,
+    with_values: Mapping[str, tuple[bytes, int]] | None = None,
+) -> None:
+    """Put ``job`` on the worker queue ``queue`` (a Redis list of priority 0's messages).
+
+    ``with_values``: keys the task reads (key -> value, TTL in s), written in the same
+    ``MULTI`` before the push: one round trip, and the task never starts without them.
+    """
+    message = task_message(app, job, queue)
+    if not with_values:
+        await redis_client.lpush(queue, message)
+        return
+    async with redis_client.pipeline(transaction=True) as pipe:
+        for key, (value, ttl_s) in with_values.items():
+            pipe.set(key, value, ex=ttl_s)
+        pipe.lpush(queue, message)
+        await pipe.execute()

@@ -65,6 +65,7 @@ class Admission:
         self._enqueue = redis.register_script(lua.ENQUEUE)
         self._leave = redis.register_script(lua.LEAVE)
         self._dispatch = redis.register_script(lua.DISPATCH)
+        self._enqueue_dispatch = redis.register_script(lua.ENQUEUE_DISPATCH)
         self._release = redis.register_script(lua.RELEASE)
 
     async def enqueue(self, ticket_id: str, max_queue: int, front: bool = False) -> int:
@@ -78,6 +79,20 @@ class Admission:
         if int(pos) < 0:
             raise QueueFull()
         return int(pos)
+
+    async def enqueue_and_dispatch(
+        self, ticket_id: str, max_queue: int, front: bool = False
+    ) -> tuple[int, list[tuple[str, str]]]:
+        """``enqueue`` then ``dispatch`` in one atomic step (one round trip): the ticket's
+        position and the (ticket, slot) pairs dispatched. Raises QueueFull as ``enqueue``."""
+        k = self.keys
+        got = await self._enqueue_dispatch(
+            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events, k.busy_slots],
+            args=[ticket_id, max_queue, "1" if front else "0", k.prefix, self.assignment_ttl_s],
+        )
+        if int(got[0]) < 0:
+            raise QueueFull()
+        return int(got[0]), _pairs(got[1:])
 
     async def leave(self, ticket_id: str) -> str | None:
         """Withdraw a ticket. Returns a slot id if one had already been assigned (and frees it)."""
@@ -98,8 +113,7 @@ class Admission:
             keys=[k.queue, k.free_slots, k.busy_slots, k.queue_events],
             args=[k.prefix, self.assignment_ttl_s],
         )
-        items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
-        return list(zip(items[0::2], items[1::2], strict=True))
+        return _pairs(flat)
 
     async def take_assignment(self, ticket_id: str) -> str | None:
         """Claim the slot dispatched to a ticket (once)."""
@@ -196,3 +210,9 @@ class Admission:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(flat: list[bytes | str]) -> list[tuple[str, str]]:
+    """{ticket, slot, ticket, slot, ...} as (ticket, slot) pairs."""
+    items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
+    return list(zip(items[0::2], items[1::2], strict=True))

@@ -122,3 +122,25 @@ end
 redis.call('PUBLISH', KEYS[3], 'withdraw')
 return #ARGV
 """
+
+# ENQUEUE, then DISPATCH, as one step: a new ticket is taken and paired with an idle slot in one
+# round trip (the two scripts' bodies run as local functions, unchanged).
+ENQUEUE_DISPATCH = (
+    "local function enqueue(KEYS, ARGV)\n"
+    + ENQUEUE
+    + "\nend\nlocal function dispatch(KEYS, ARGV)\n"
+    + DISPATCH
+    + """
+end
+-- KEYS: queue, queue_seq, free_slots, queue_events, busy_slots
+-- ARGV: ticket_id, max_queue, front, prefix, assignment_ttl_s
+-- Returns {position (-1: full, nothing dispatched), ticket, slot, ticket, slot, ...}.
+local pos = enqueue({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, {ARGV[1], ARGV[2], ARGV[3]})
+if pos < 0 then
+  return {pos}
+end
+local out = dispatch({KEYS[1], KEYS[3], KEYS[5], KEYS[4]}, {ARGV[4], ARGV[5]})
+table.insert(out, 1, pos)
+return out
+"""
+)

@@ -78,3 +78,23 @@ async def test_submit_pushes_onto_the_worker_queue(redis_server: str) -> None:
         await client.delete(queue)
         await client.aclose()
         app.close()
+
+
+async def test_values_go_with_the_task(redis_server: str) -> None:
+    """A chat turn's request is written in the transaction that pushes its task."""
+    app = _app(redis_server)
+    queue = f"omni.w.test-{uuid.uuid4().hex[:8]}"
+    key = f"test:req:{uuid.uuid4().hex[:8]}"
+    client = aioredis.Redis.from_url(redis_server)
+    job = ChatJob(turn_id="chat_2", slot_id="n#1|0", gateway_id="g", deadline_ts=3.0)
+    try:
+        await submit(client, app, job, queue, {key: (b"request", 30)})
+        assert await client.get(key) == b"request"
+        assert 0 < await client.ttl(key) <= 30
+        raw = await client.rpop(queue)
+        assert isinstance(raw, bytes)
+        assert json.loads(raw)["headers"]["id"] == "chat_2"
+    finally:
+        await client.delete(queue, key)
+        await client.aclose()
+        app.close()

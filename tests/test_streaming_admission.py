@@ -114,3 +114,26 @@ async def test_failover_tickets_go_first_in_their_own_order_and_are_never_full(
     assert snap.order == {ticket(4): 1, ticket(5): 2, ticket(1): 3, ticket(2): 4}
     worker(sync_redis, keys, "w#1", 1)
     assert await admission.dispatch() == [(ticket(4), "w#1|0")]
+
+
+async def test_enqueue_and_dispatch_in_one_step(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """The same outcome as ``enqueue`` followed by ``dispatch``, in one script."""
+    worker(sync_redis, keys, "w#1", 1)
+    assert await admission.enqueue(ticket(1), max_queue=10) == 1
+    # the older ticket gets the idle slot; the new one waits behind nobody
+    assert await admission.enqueue_and_dispatch(ticket(2), max_queue=10) == (
+        2,
+        [(ticket(1), "w#1|0")],
+    )
+    assert await admission.take_assignment(ticket(1)) == "w#1|0"
+    assert await admission.enqueue_and_dispatch(ticket(3), max_queue=2) == (2, [])
+    with pytest.raises(QueueFull):
+        await admission.enqueue_and_dispatch(ticket(4), max_queue=2)
+    assert await admission.release("w#1|0")
+    assert await admission.enqueue_and_dispatch(ticket(5), max_queue=10) == (
+        3,
+        [(ticket(2), "w#1|0")],
+    )
+    assert await admission.enqueue_and_dispatch(ticket(6), max_queue=0, front=True) == (1, [])

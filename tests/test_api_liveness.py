@@ -1,0 +1,108 @@
+"""api/liveness.py: the sessions' lease and resume-owner checks, answered together per tick.
+
+A real Redis; the relays that use these answers (lost worker, replaced session) are exercised
+end to end by tests/test_failover.py, tests/test_resume*.py and tests/faults/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from api.liveness import Liveness
+from streaming.keys import Keys
+
+
+class CountingRedis(aioredis.Redis):
+    """A client that counts the pipelines it runs (one pipeline: one round trip)."""
+
+    pipelines = 0
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        CountingRedis.pipelines += 1
+        return super().pipeline(*args, **kwargs)
+
+
+async def test_one_read_answers_every_question(redis_server: str, keys: Keys) -> None:
+    client = CountingRedis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=0.05)
+    try:
+        await client.set(keys.session_lease("a"), b"w1")
+        await client.hset(keys.session_resume("a"), "conn", "c1")
+        await client.hset(keys.session_resume("b"), "conn", "")
+        CountingRedis.pipelines = 0
+        live.start()
+        asks = [live.lease("a"), live.lease("b"), live.owner("a"), live.owner("b")]
+        asks.append(live.owner("gone"))
+        assert live.lease("a") is asks[0]  # the same question twice: one answer
+        got = await asyncio.gather(*asks)
+        assert got == [True, False, "c1", "", None]
+        assert CountingRedis.pipelines == 1
+    finally:
+        await live.stop()
+        await client.delete(keys.session_lease("a"), *(keys.session_resume(s) for s in "ab"))
+        await client.aclose()
+
+
+async def test_an_answer_is_read_after_its_question(redis_server: str, keys: Keys) -> None:
+    client = aioredis.Redis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=0.05)
+    try:
+        await client.set(keys.session_lease("s"), b"w1")
+        live.start()
+        assert await live.lease("s") is True
+        await client.delete(keys.session_lease("s"))  # the worker stopped renewing
+        assert await live.lease("s") is False
+    finally:
+        await live.stop()
+        await client.aclose()
+
+
+async def test_a_failed_read_fails_its_questions(keys: Keys) -> None:
+    client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    live = Liveness(client, keys, tick_s=0.01)
+    try:
+        live.start()
+        lease, owner = live.lease("s"), live.owner("s")
+        await asyncio.wait([lease, owner])
+        with pytest.raises(aioredis.ConnectionError):
+            lease.result()
+        with pytest.raises(aioredis.ConnectionError):
+            owner.result()
+    finally:
+        await live.stop()
+        await client.aclose()
+
+
+async def test_stop_cancels_open_questions(redis_server: str, keys: Keys) -> None:
+    client = aioredis.Redis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=60)
+    live.start()
+    ask = live.owner("s")
+    await live.stop()
+    assert ask.cancelled()
+    await client.aclose()
+
+
+async def test_read_every_tick_while_asked_then_dropped(redis_server: str, keys: Keys) -> None:
+    """An answered session's next question is open at once (read at the next tick, before its
+    relay comes back for it); one nobody asks about any more is read once more, then dropped."""
+    client = CountingRedis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=0.05)
+    try:
+        await client.set(keys.session_lease("s"), b"w1")
+        CountingRedis.pipelines = 0
+        live.start()
+        assert await live.lease("s") is True
+        await asyncio.sleep(0.3)  # the relay is busy elsewhere for several ticks
+        assert CountingRedis.pipelines == 2
+        later = live.lease("s")
+        assert not later.done()  # never an answer read before the question
+        await client.delete(keys.session_lease("s"))
+        assert await later is False
+    finally:
+        await live.stop()
+        await client.aclose()
