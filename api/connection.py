@@ -78,6 +78,9 @@ class Connection:
         self.send_lock = asyncio.Lock()
         self.gone = asyncio.Event()  # the client disconnected (or we closed the socket)
         self.closed_sent = False
+        # the session itself failed and is telling the client so: an event whose handling fails
+        # meanwhile (the same cause, e.g. Redis away) adds no second error before session.closed
+        self.failing = False
         self.last_server_error: str | None = None  # the last server error code sent, if any
         self.recording: SessionRecording = OFF  # a subclass opens one (api/recordings)
         self.log_id = "-"  # names the connection in log lines (a session or turn id)
@@ -129,6 +132,7 @@ class Connection:
             await self.run()
         except Exception:
             log.exception("%s failed", type(self).__name__)
+            self.failing = True
             await self.on_failure()
         finally:
             try:
@@ -221,5 +225,6 @@ class Connection:
             await self.on_client_error(exc)
         except Exception:
             log.exception("handling %s failed", event.get("type"))
-            await self.on_event_failure(event)
+            if not self.failing:
+                await self.on_event_failure(event)
         return True
