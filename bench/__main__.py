@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             out["relay"]["levels"],
             out["relay"]["baseline"],
             report.DOCS / "bench_relay_latency.png",
+            out.get("capacity"),
         )
         print(f"plot: {png}")
     if not args.check:

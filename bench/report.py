@@ -91,17 +91,37 @@ def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_relay(levels: list[dict[str, Any]], baseline: list[dict[str, Any]], path: Path) -> Path:
-    """docs/bench_relay_latency.png: p50/p99 relay latency against concurrent sessions."""
+def _server_cpu(level: dict[str, Any]) -> float | None:
+    """The measured server's CPU % in a level: the gateway, or the baseline's server."""
+    procs = level.get("procs") or {}
+    proc = procs.get("gateway") or procs.get("server") or {}
+    return proc.get("cpu_pct")
+
+
+def plot_relay(
+    levels: list[dict[str, Any]],
+    baseline: list[dict[str, Any]],
+    path: Path,
+    capacity: dict[str, Any] | None = None,
+) -> Path:
+    """docs/bench_relay_latency.png: relay p50/p99 against concurrent sessions (every level the
+    run measured, the capacity ramp included) above the gateway core's utilisation, so the
+    capacity figure and its CPU read off one picture."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for data, label, color in (
-        (levels, "omniserve (gateway+Redis+worker)", "tab:blue"),
-        (baseline, "baseline (in-process, no Redis)", "tab:gray"),
+    measured = {d["sessions"]: d for d in levels}
+    for d in (capacity or {}).get("levels", []):
+        measured.setdefault(d["sessions"], d)
+    stack = [measured[n] for n in sorted(measured)]
+    fig, (ax, cpu) = plt.subplots(
+        2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2.2, 1]}
+    )
+    for data, label, server, color in (
+        (stack, "omniserve (gateway+Redis+worker)", "omniserve gateway", "tab:blue"),
+        (baseline, "baseline (in-process, no Redis)", "baseline server", "tab:gray"),
     ):
         pts = [(d["sessions"], d["latency_ms"]) for d in data if d["latency_ms"]["n"]]
         if not pts:
@@ -109,14 +129,27 @@ def plot_relay(levels: list[dict[str, Any]], baseline: list[dict[str, Any]], pat
         xs = [p[0] for p in pts]
         ax.plot(xs, [p[1]["p50"] for p in pts], "o-", color=color, label=f"{label} p50")
         ax.plot(xs, [p[1]["p99"] for p in pts], "s--", color=color, label=f"{label} p99")
+        use = [(d["sessions"], _server_cpu(d)) for d in data]
+        use = [(n, c) for n, c in use if c is not None]
+        if use:
+            cpu.plot([u[0] for u in use], [u[1] for u in use], "o-", color=color, label=server)
     ax.axhline(50, color="tab:red", lw=0.8, ls=":", label="50 ms capacity bound")
+    best = (capacity or {}).get("max_sessions")
+    if best:
+        for a in (ax, cpu):
+            a.axvline(best, color="tab:green", lw=0.8, ls="-.")
+        ax.text(best, 50, f" capacity {best}", color="tab:green", fontsize=7, va="bottom")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_yscale("log")
-    ax.set_xlabel("concurrent real-time audio duplex sessions")
     ax.set_ylabel("emit -> client receive (ms)")
     ax.set_title("Relay latency per delta (scripted backend, loopback)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    cpu.set_xlabel("concurrent real-time audio duplex sessions")
+    cpu.set_ylabel("server core (% of one)")
+    cpu.grid(True, which="both", alpha=0.3)
+    cpu.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
