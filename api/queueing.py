@@ -73,12 +73,12 @@ class QueueManager:
         self._task = asyncio.create_task(self._loop(), name="queue-manager")
 
     async def stop(self) -> None:
+        """Cancelled again until it ends: Python 3.11's ``wait_for`` swallows a cancel that lands
+        as the awaited event fires (a queue event at shutdown), and the loop would wait on."""
         if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.1)
 
     def on_event(self, message: str) -> None:
         """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...)."""
