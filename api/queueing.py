@@ -15,7 +15,7 @@ from streaming.admission import Admission, QueueFull, QueueSnapshot
 REENQUEUE_LIMIT = 2**31  # a lost ticket goes back whatever the queue length
 COALESCE_S = 0.02  # queue events within this pause are handled by one refresh
 SLOT_FREED = frozenset({"release", "offer"})  # queue events that may let a waiter in
-FULL_REFRESH_S = 1.0  # DISPATCH and a look at every waiter at least this often, events or not
+FULL_REFRESH_S = 1.0  # a refresh (DISPATCH, every waiter looked at) at least this often
 LOST_AFTER_S = 2.0  # a ticket missing from the queue, unassigned, this long was lost: re-enqueue
 
 
@@ -64,7 +64,7 @@ class QueueManager:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()  # cuts the coalescing pause short (see _loop)
         self._need_dispatch = False  # a slot was freed (or a ticket re-enqueued) since DISPATCH
-        self._full_at = 0.0  # monotonic time of the last full refresh
+        self._full_at = 0.0  # monotonic time of the last refresh
         self._task: asyncio.Task[None] | None = None
         self._claims: set[asyncio.Task[bool]] = set()
         self.updates_sent = 0
@@ -87,8 +87,7 @@ class QueueManager:
         """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...).
 
         A ``dispatch`` by this gateway is not claimed: its script's reply handed the slots over
-        already (``_hand_over``). Only a freed slot makes the next refresh run DISPATCH (and only
-        while this gateway has waiters); every other event only moves positions.
+        already (``_hand_over``). See ``refresh`` for which events cost a refresh.
         """
         if message.startswith("dispatch "):
             parts = message.split(" ")[1:]
@@ -242,36 +241,31 @@ class QueueManager:
             log.debug("queue update to %s failed", waiter.ticket_id, exc_info=True)
 
     async def refresh(self, full: bool = True) -> None:
-        """Dispatch if needed, then push positions that changed (all of them every interval).
+        """DISPATCH, then push positions that changed (and all of them every interval).
 
-        ``full`` (at least every ``FULL_REFRESH_S``): DISPATCH whatever happened, and look at
-        every waiter. Otherwise DISPATCH only after a freed slot while someone waits, and look
-        only at waiters already told their position (a waiter still in ``acquire`` reads the
-        queue itself): a chat turn served at once costs no refresh command at all.
+        Skipped (no command at all) unless ``full`` (the periodic pass), a slot was freed while
+        someone waits here, or a waiter here was already told its position (a waiter still in
+        ``acquire`` reads the queue itself): so a chat turn served at once costs no refresh on
+        its own events. The DISPATCH and the queue read go in one pipeline.
         """
         pending = [w for w in self.waiters.values() if not w.future.done()]
-        dispatch = full or (self._need_dispatch and bool(pending))
-        if not (full or dispatch):
-            pending = [w for w in pending if w.last_position is not None]
-        if dispatch:
-            self._need_dispatch = False
+        told = any(w.last_position is not None for w in pending)
+        if not (full or told or (self._need_dispatch and pending)):
+            return
+        self._need_dispatch = False
+        self._full_at = time.monotonic()
         try:
             if not pending:
-                if dispatch:
-                    self._hand_over(await self.admission.dispatch(self.gateway_id))
+                self._hand_over(await self.admission.dispatch(self.gateway_id))
                 return
-            snap: QueueSnapshot | None
-            if not dispatch:
-                snap = await self.admission.snapshot()
-            else:
 
-                def hand_over(pairs: list[tuple[str, str]]) -> bool:
-                    self._hand_over(pairs)
-                    return any(not w.future.done() for w in pending)
+            def hand_over(pairs: list[tuple[str, str]]) -> bool:
+                self._hand_over(pairs)
+                return any(not w.future.done() for w in pending)
 
-                snap = await self.admission.dispatch_and_snapshot(self.gateway_id, hand_over)
+            snap = await self.admission.dispatch_and_snapshot(self.gateway_id, hand_over)
         except BaseException:
-            self._need_dispatch = self._need_dispatch or dispatch  # try again next time
+            self._need_dispatch = True  # try again next time
             raise
         if snap is None:
             return  # every waiter looked at was handed its slot
@@ -302,11 +296,8 @@ class QueueManager:
                 pass
             self._wake.clear()
             self._slot_freed.clear()
-            full = time.monotonic() - self._full_at >= FULL_REFRESH_S
-            if full:
-                self._full_at = time.monotonic()
             try:
-                await self.refresh(full)
+                await self.refresh(time.monotonic() - self._full_at >= FULL_REFRESH_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
