@@ -221,7 +221,7 @@ async def test_a_claim_racing_the_hand_over_keeps_the_slot(
         async def enqueue_then_claim(*args: Any, **kwargs: Any) -> Any:
             nonlocal pairs
             pos, pairs = await real_enqueue(*args, **kwargs)
-            adm.take_assignment = racing_take  # type: ignore[method-assign]
+            adm.take_assignment = racing_take  # type: ignore[method-assign,assignment]
             assert await qm._claim(pairs[0][0])  # the event's claim, ahead of the reply
             return pos, pairs
 
@@ -240,7 +240,7 @@ async def test_two_gateways_serve_one_queue_in_order_on_events_alone(
     async with gateway(async_redis, keys, "gwa") as a, gateway(async_redis, keys, "gwb") as b:
         _t, slot, _at = await a.acquire(_quiet)
         order = []
-        waits = []
+        waits: list[asyncio.Future[Any]] = []
         for qm in (b, a, b, a):
             waits.append(asyncio.ensure_future(qm.acquire(_quiet)))
             await asyncio.sleep(0.05)  # arrival order
