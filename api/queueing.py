@@ -253,20 +253,24 @@ class QueueManager:
         if not (full or told or (self._need_dispatch and pending)):
             return
         self._need_dispatch = False
-        self._full_at = time.monotonic()
         try:
-            if not pending:
-                self._hand_over(await self.admission.dispatch(self.gateway_id))
-                return
-
-            def hand_over(pairs: list[tuple[str, str]]) -> bool:
-                self._hand_over(pairs)
-                return any(not w.future.done() for w in pending)
-
-            snap = await self.admission.dispatch_and_snapshot(self.gateway_id, hand_over)
+            await self._refresh(pending)
         except BaseException:
             self._need_dispatch = True  # try again next time
             raise
+        finally:
+            self._full_at = time.monotonic()  # the periodic pass counts from the end of this one
+
+    async def _refresh(self, pending: list[Waiter]) -> None:
+        if not pending:
+            self._hand_over(await self.admission.dispatch(self.gateway_id))
+            return
+
+        def hand_over(pairs: list[tuple[str, str]]) -> bool:
+            self._hand_over(pairs)
+            return any(not w.future.done() for w in pending)
+
+        snap = await self.admission.dispatch_and_snapshot(self.gateway_id, hand_over)
         if snap is None:
             return  # every waiter looked at was handed its slot
         now = time.monotonic()
