@@ -15,6 +15,7 @@ from streaming.admission import Admission, QueueFull, QueueSnapshot
 REENQUEUE_LIMIT = 2**31  # a lost ticket goes back whatever the queue length
 COALESCE_S = 0.02  # queue events within this pause are handled by one refresh
 SLOT_FREED = frozenset({"release", "offer"})  # queue events that may let a waiter in
+FULL_REFRESH_S = 1.0  # a refresh (DISPATCH, every waiter looked at) at least this often
 LOST_AFTER_S = 2.0  # a ticket missing from the queue, unassigned, this long was lost: re-enqueue
 
 
@@ -62,6 +63,8 @@ class QueueManager:
         self._counter = itertools.count(1)
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()  # cuts the coalescing pause short (see _loop)
+        self._need_dispatch = False  # a slot was freed (or a ticket re-enqueued) since DISPATCH
+        self._full_at = 0.0  # monotonic time of the last refresh
         self._task: asyncio.Task[None] | None = None
         self._claims: set[asyncio.Task[bool]] = set()
         self.updates_sent = 0
@@ -73,24 +76,34 @@ class QueueManager:
         self._task = asyncio.create_task(self._loop(), name="queue-manager")
 
     async def stop(self) -> None:
+        """Cancelled again until it ends: Python 3.11's ``wait_for`` swallows a cancel that lands
+        as the awaited event fires (a queue event at shutdown), and the loop would wait on."""
         if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.1)
 
     def on_event(self, message: str) -> None:
-        """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...)."""
+        """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...).
+
+        A ``dispatch`` by this gateway is not claimed: its script's reply handed the slots over
+        already (``_hand_over``). See ``refresh`` for which events cost a refresh.
+        """
         if message.startswith("dispatch "):
             parts = message.split(" ")[1:]
-            for ticket in parts[0::2]:
-                if ticket in self.waiters:
-                    claim = asyncio.ensure_future(self._claim(ticket))
-                    self._claims.add(claim)  # keep a reference until it is done
-                    claim.add_done_callback(self._claims.discard)
-        elif message in SLOT_FREED and self.waiters:
-            self._slot_freed.set()
+            by = ""
+            if len(parts) >= 2 and parts[-2] == "by":
+                by, parts = parts[-1], parts[:-2]
+            if by != self.gateway_id:
+                for ticket in parts[0::2]:
+                    if ticket in self.waiters:
+                        claim = asyncio.ensure_future(self._claim(ticket))
+                        self._claims.add(claim)  # keep a reference until it is done
+                        claim.add_done_callback(self._claims.discard)
+        elif message in SLOT_FREED:
+            self._need_dispatch = True
+            if self.waiters:
+                self._slot_freed.set()
         self._wake.set()
 
     async def acquire(
@@ -116,7 +129,7 @@ class QueueManager:
         self.waiters[ticket] = waiter
         try:
             _, pairs = await self.admission.enqueue_and_dispatch(ticket, self.max_queue, front)
-            await self._claim_dispatched(pairs)
+            self._hand_over(pairs)
             if not waiter.future.done():
                 snap = await self.admission.snapshot()
                 pos = snap.order.get(ticket)
@@ -154,7 +167,8 @@ class QueueManager:
         if slot is None:
             return False
         if waiter.future.done() or ticket not in self.waiters:
-            await self.admission.release(slot)
+            if not _holds(waiter, slot):  # not handed over by a reply meanwhile: nobody has it
+                await self.admission.release(slot)
             return True
         waiter.assigned_at = time.monotonic()
         waiter.future.set_result(slot)
@@ -171,6 +185,8 @@ class QueueManager:
         waiter.missing_since = None
         log.warning("ticket %s was lost from the queue; enqueued again", waiter.ticket_id)
         await self.admission.enqueue(waiter.ticket_id, REENQUEUE_LIMIT)
+        self._need_dispatch = True  # plain ENQUEUE does not dispatch; the next refresh does
+        self._wake.set()
 
     def _give_up(self, pending: list[Waiter], snap: QueueSnapshot, now: float) -> list[Waiter]:
         """Fail the waiters that waited ``capacity_wait_s`` while no slot was ready."""
@@ -186,14 +202,20 @@ class QueueManager:
                 keep.append(w)
         return keep
 
-    async def _dispatch(self) -> None:
-        await self._claim_dispatched(await self.admission.dispatch())
+    def _hand_over(self, pairs: list[tuple[str, str]]) -> None:
+        """Resolve this gateway's waiters with the slots its own DISPATCH reply paired them with.
 
-    async def _claim_dispatched(self, pairs: list[tuple[str, str]]) -> None:
-        """Claim the slots dispatched to this gateway's waiters."""
-        for ticket, _slot in pairs:
-            if ticket in self.waiters:
-                await self._claim(ticket)
+        Their assignment records stay (they expire): a waiter cancelled before this ran is no
+        longer in ``waiters`` (or its future is done) and is skipped; its LEAVE finds the record
+        and gives the slot back. A waiter resolved here gives its slot back by RELEASE if it is
+        cancelled afterwards, never by LEAVE, so each slot goes back once.
+        """
+        now = time.monotonic()
+        for ticket, slot in pairs:
+            waiter = self.waiters.get(ticket)
+            if waiter is not None and not waiter.future.done():
+                waiter.assigned_at = now
+                waiter.future.set_result(slot)
 
     async def _send(
         self,
@@ -218,14 +240,41 @@ class QueueManager:
         except Exception:
             log.debug("queue update to %s failed", waiter.ticket_id, exc_info=True)
 
-    async def refresh(self) -> None:
-        """Dispatch, then push positions that changed (and all of them every interval)."""
-        await self._dispatch()
+    async def refresh(self, full: bool = True) -> None:
+        """DISPATCH, then push positions that changed (and all of them every interval).
+
+        Skipped (no command at all) unless ``full`` (the periodic pass), a slot was freed while
+        someone waits here, or a waiter here was already told its position (a waiter still in
+        ``acquire`` reads the queue itself): so a chat turn served at once costs no refresh on
+        its own events. The DISPATCH and the queue read go in one pipeline.
+        """
         pending = [w for w in self.waiters.values() if not w.future.done()]
-        if not pending:
+        told = any(w.last_position is not None for w in pending)
+        if not (full or told or (self._need_dispatch and pending)):
             return
-        snap = await self.admission.snapshot()
+        self._need_dispatch = False
+        try:
+            await self._refresh(pending)
+        except BaseException:
+            self._need_dispatch = True  # try again next time
+            raise
+        finally:
+            self._full_at = time.monotonic()  # the periodic pass counts from the end of this one
+
+    async def _refresh(self, pending: list[Waiter]) -> None:
+        if not pending:
+            self._hand_over(await self.admission.dispatch(self.gateway_id))
+            return
+
+        def hand_over(pairs: list[tuple[str, str]]) -> bool:
+            self._hand_over(pairs)
+            return any(not w.future.done() for w in pending)
+
+        snap = await self.admission.dispatch_and_snapshot(self.gateway_id, hand_over)
+        if snap is None:
+            return  # every waiter looked at was handed its slot
         now = time.monotonic()
+        pending = [w for w in pending if not w.future.done()]  # minus those just handed over
         sends = []
         for w in self._give_up(pending, snap, now):
             pos = snap.order.get(w.ticket_id)
@@ -244,14 +293,15 @@ class QueueManager:
 
     async def _loop(self) -> None:
         while True:
+            wait = self._full_at + FULL_REFRESH_S - time.monotonic()
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, wait))
             except TimeoutError:
                 pass
             self._wake.clear()
             self._slot_freed.clear()
             try:
-                await self.refresh()
+                await self.refresh(time.monotonic() - self._full_at >= FULL_REFRESH_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -262,6 +312,12 @@ class QueueManager:
                 await asyncio.wait_for(self._slot_freed.wait(), COALESCE_S)
             except TimeoutError:
                 pass
+
+
+def _holds(waiter: Waiter, slot: str) -> bool:
+    """Whether the waiter was resolved with this very slot."""
+    fut = waiter.future
+    return fut.done() and not fut.cancelled() and fut.exception() is None and fut.result() == slot
 
 
 __all__ = ["NoCapacity", "QueueFull", "QueueManager", "Waiter"]

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from streaming import lua
 from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
+
+# gets DISPATCH's (ticket, slot) pairs; returns whether the rest of the snapshot is still wanted
+OnDispatch = Callable[[list[tuple[str, str]]], bool]
 
 
 class QueueFull(Exception):
@@ -106,17 +113,24 @@ class Admission:
             return slot_id
         return None
 
-    async def dispatch(self) -> list[tuple[str, str]]:
-        """Pair waiting tickets with idle slots, oldest first. Returns (ticket, slot) pairs."""
-        k = self.keys
-        flat = await self._dispatch(
-            keys=[k.queue, k.free_slots, k.busy_slots, k.queue_events],
-            args=[k.prefix, self.assignment_ttl_s],
-        )
+    async def dispatch(self, by: str = "") -> list[tuple[str, str]]:
+        """Pair waiting tickets with idle slots, oldest first. Returns (ticket, slot) pairs.
+
+        ``by``: the calling gateway, named in the ``dispatch`` event: it takes its own tickets'
+        slots from this reply, so it need not claim them when the event comes back.
+        """
+        flat = await self._dispatch(keys=self._dispatch_keys(), args=self._dispatch_args(by))
         return _pairs(flat)
 
+    def _dispatch_keys(self) -> list[str]:
+        k = self.keys
+        return [k.queue, k.free_slots, k.busy_slots, k.queue_events]
+
+    def _dispatch_args(self, by: str) -> list[str | int]:
+        return [self.keys.prefix, self.assignment_ttl_s, by]
+
     async def take_assignment(self, ticket_id: str) -> str | None:
-        """Claim the slot dispatched to a ticket (once)."""
+        """Claim the slot dispatched to a ticket (once; LEAVE competes for the same record)."""
         slot = await self.redis.getdel(self.keys.assignment(ticket_id))
         if slot is None:
             return None
@@ -133,12 +147,43 @@ class Admission:
 
     async def snapshot(self) -> QueueSnapshot:
         """Positions of every waiting ticket, the live slot count and the mean slot hold time."""
-        k = self.keys
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrange(k.queue, 0, -1)
-            pipe.hgetall(k.workers)
-            pipe.hget(k.duration_stats, "ema_s")
-            members, workers, ema = await pipe.execute()
+            self._snapshot_reads(pipe)
+            replies = await pipe.execute()
+        return await self._snapshot_of(replies)
+
+    async def dispatch_and_snapshot(self, by: str, on_dispatch: OnDispatch) -> QueueSnapshot | None:
+        """``dispatch(by)`` and the snapshot's reads in one pipeline (one round trip for both).
+
+        The pairs go to ``on_dispatch`` before the capacity is read, so a slot handed over does
+        not wait for the rest of the snapshot; None when ``on_dispatch`` says nobody needs it.
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT EXISTS
+            # round trip on every execute
+            pipe.evalsha(self._dispatch.sha, 4, *self._dispatch_keys(), *self._dispatch_args(by))
+            self._snapshot_reads(pipe)
+            flat, *replies = await pipe.execute(raise_on_error=False)
+        if isinstance(flat, NoScriptError):  # Redis lost its script cache (a restart)
+            wanted = on_dispatch(await self.dispatch(by))  # loads the script
+            return await self.snapshot() if wanted else None  # read again: the queue moved
+        if isinstance(flat, Exception):
+            raise flat
+        if not on_dispatch(_pairs(flat)):
+            return None
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return await self._snapshot_of(replies)
+
+    def _snapshot_reads(self, pipe: Pipeline) -> None:
+        k = self.keys
+        pipe.zrange(k.queue, 0, -1)
+        pipe.hgetall(k.workers)
+        pipe.hget(k.duration_stats, "ema_s")
+
+    async def _snapshot_of(self, replies: list[Any]) -> QueueSnapshot:
+        members, workers, ema = replies
         order = {(m.decode() if isinstance(m, bytes) else m): i + 1 for i, m in enumerate(members)}
         cap = await self.capacity(workers)
         return QueueSnapshot(

@@ -5,9 +5,10 @@ Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n
 """
 
 ENQUEUE = """
--- KEYS: queue, queue_seq, free_slots, queue_events   ARGV: ticket_id, max_queue, front
+-- KEYS: queue, queue_seq, free_slots, queue_events   ARGV: ticket_id, max_queue, front[, quiet]
 -- front = '1': a failover's ticket goes ahead of every ordinary one (in arrival order among
--- themselves), whatever the queue length.
+-- themselves), whatever the queue length. quiet = '1': publish nothing (ENQUEUE_DISPATCH
+-- publishes `enqueue` itself, only for a ticket that is left waiting).
 local waiting = redis.call('ZCARD', KEYS[1])
 local free = redis.call('LLEN', KEYS[3])
 local front = ARGV[3] == '1'
@@ -19,7 +20,9 @@ if front then
   seq = seq - 1e12
 end
 redis.call('ZADD', KEYS[1], seq, ARGV[1])
-redis.call('PUBLISH', KEYS[4], 'enqueue')
+if ARGV[4] ~= '1' then
+  redis.call('PUBLISH', KEYS[4], 'enqueue')
+end
 if front then
   return redis.call('ZRANK', KEYS[1], ARGV[1]) + 1
 end
@@ -42,8 +45,11 @@ return false
 """
 
 DISPATCH = """
--- KEYS: queue, free_slots, busy_slots, queue_events   ARGV: prefix, assignment_ttl_s
+-- KEYS: queue, free_slots, busy_slots, queue_events   ARGV: prefix, assignment_ttl_s[, by]
 -- Pairs the oldest live tickets with live idle slots. Returns {ticket, slot, ticket, slot, ...}.
+-- The assignment is recorded even though the caller (gateway `by`) takes its own tickets' slots
+-- from this reply: a waiter that was cancelled before it saw the reply gives its slot back
+-- through LEAVE, which finds it there. The event names `by` so that gateway skips the claim.
 local prefix = ARGV[1]
 local out = {}
 while true do
@@ -73,7 +79,9 @@ while true do
   end
 end
 if #out > 0 then
-  redis.call('PUBLISH', KEYS[4], 'dispatch ' .. table.concat(out, ' '))
+  local by = ''
+  if ARGV[3] and ARGV[3] ~= '' then by = ' by ' .. ARGV[3] end
+  redis.call('PUBLISH', KEYS[4], 'dispatch ' .. table.concat(out, ' ') .. by)
 end
 return out
 """
@@ -124,7 +132,9 @@ return #ARGV
 """
 
 # ENQUEUE, then DISPATCH, as one step: a new ticket is taken and paired with an idle slot in one
-# round trip (the two scripts' bodies run as local functions, unchanged).
+# round trip (the two scripts' bodies run as local functions). The reply hands the caller its
+# slot (no claim round trip); `enqueue` is published only when the ticket is left waiting (a
+# ticket served at once changed no position, and nothing is left to dispatch after this step).
 ENQUEUE_DISPATCH = (
     "local function enqueue(KEYS, ARGV)\n"
     + ENQUEUE
@@ -135,11 +145,16 @@ end
 -- KEYS: queue, queue_seq, free_slots, queue_events, busy_slots
 -- ARGV: ticket_id, max_queue, front, prefix, assignment_ttl_s
 -- Returns {position (-1: full, nothing dispatched), ticket, slot, ticket, slot, ...}.
-local pos = enqueue({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, {ARGV[1], ARGV[2], ARGV[3]})
+-- The dispatching gateway (named in the `dispatch` event) is the ticket's own.
+local pos = enqueue({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, {ARGV[1], ARGV[2], ARGV[3], '1'})
 if pos < 0 then
   return {pos}
 end
-local out = dispatch({KEYS[1], KEYS[3], KEYS[5], KEYS[4]}, {ARGV[4], ARGV[5]})
+local by = string.match(ARGV[1], '^ticket_([^_]+)_') or ''
+local out = dispatch({KEYS[1], KEYS[3], KEYS[5], KEYS[4]}, {ARGV[4], ARGV[5], by})
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('PUBLISH', KEYS[4], 'enqueue')
+end
 table.insert(out, 1, pos)
 return out
 """

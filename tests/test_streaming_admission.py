@@ -137,3 +137,31 @@ async def test_enqueue_and_dispatch_in_one_step(
         [(ticket(2), "w#1|0")],
     )
     assert await admission.enqueue_and_dispatch(ticket(6), max_queue=0, front=True) == (1, [])
+
+
+async def test_dispatch_and_snapshot_in_one_pipeline_survives_a_flushed_script_cache(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """The refresh's pipelined DISPATCH (a plain EVALSHA) after Redis lost its scripts (a
+    restart): it falls back to loading the script, and the pairs still reach the callback."""
+    worker(sync_redis, keys, "w#1", 1)
+    await admission.enqueue(ticket(1), max_queue=10)
+    await admission.enqueue(ticket(2), max_queue=10)
+    sync_redis.script_flush()
+    got: list[list[tuple[str, str]]] = []
+
+    def on_dispatch(pairs: list[tuple[str, str]]) -> bool:
+        got.append(pairs)
+        return True
+
+    snap = await admission.dispatch_and_snapshot(GW, on_dispatch)
+    assert got == [[(ticket(1), "w#1|0")]]
+    assert snap is not None and snap.order == {ticket(2): 1}
+    assert await admission.release("w#1|0")
+
+    def nobody_left(pairs: list[tuple[str, str]]) -> bool:
+        got.append(pairs)
+        return False
+
+    snap = await admission.dispatch_and_snapshot(GW, nobody_left)
+    assert snap is None and got[-1] == [(ticket(2), "w#1|0")]  # nobody needs the rest
