@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
 import redis.asyncio as aioredis
 
 from streaming.codec import dumps, loads
@@ -43,9 +42,8 @@ async def drop_chat_request(r: aioredis.Redis, keys: Keys, turn_id: str) -> None
     await r.delete(keys.chat_request(turn_id))
 
 
-def take_chat_request(r: redis.Redis, keys: Keys, turn_id: str) -> dict[str, Any] | None:
-    """Worker: the request of a turn, once (None when it expired or Redis lost it)."""
-    raw = r.getdel(keys.chat_request(turn_id))
+def parse_chat_request(raw: bytes | None) -> dict[str, Any] | None:
+    """Worker: a turn's request as its claim read it (None when it expired or Redis lost it)."""
     if raw is None:
         return None
     request = loads(raw)

@@ -159,3 +159,21 @@ table.insert(out, 1, pos)
 return out
 """
 )
+
+CLAIM_SESSION = """
+-- KEYS: session_claim, slot_hold, session_lease[, chat_request]
+-- ARGV: worker_id, claim_ttl_s, session_id, lease_ttl_ms
+-- A worker starts a session in one step: the claim (SET NX: a session never runs twice), then the
+-- slot hold and the session lease, then (a chat turn) its request, read once. A failed claim
+-- changes nothing: no hold, no lease, the request left for nobody. Returns false when the claim
+-- failed, else {1} or {1, request} (the request is false when it expired or Redis lost it).
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  return false
+end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4])
+if KEYS[4] then
+  return {1, redis.call('GETDEL', KEYS[4])}
+end
+return {1}
+"""

@@ -80,14 +80,6 @@ class WorkerRegistry:
             )
         return bool(results[1])
 
-    def hold(self, slot_id: str, session_id: str) -> None:
-        """Mark a slot as held by a running session and renew the session's lease."""
-        k = self.keys
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.set(k.slot_hold(slot_id), session_id, px=self.lease_ttl_ms)
-            pipe.set(k.session_lease(session_id), self.worker_id, px=self.lease_ttl_ms)
-            pipe.execute()
-
     def release(self, slot_id: str) -> bool:
         """Give one slot back to the pool (idempotent)."""
         k = self.keys

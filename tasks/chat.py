@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from inference import ChatDelta, ChatDone, ChatPrefilled, InferenceError, UnsupportedInput
-from streaming.chat_requests import take_chat_request
 from streaming.events import (
     AudioDelta,
     CloseReason,
@@ -120,11 +119,11 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
 
 @app.task(name=CHAT_TASK, ignore_result=True, throws=(SessionFailed,))
 def chat_turn(turn_id: str, slot_id: str, gateway_id: str, deadline_ts: float) -> None:
-    """Run one chat turn and free the slot (its request waits in Redis, read once here)."""
+    """Run one chat turn and free the slot (its request waits in Redis, read once by its claim)."""
     with running_session(turn_id, slot_id, gateway_id, deadline_ts, kind=CHAT) as ctx:
         if ctx is None:
             return
-        request = take_chat_request(ctx.rt.redis, ctx.rt.keys, turn_id)
+        request = ctx.request
         if request is None:
             ctx.error(
                 ErrorCode.INFERENCE_ERROR,

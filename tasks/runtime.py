@@ -15,6 +15,7 @@ from inference import Backend, create_backend
 from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming.keys import Keys, worker_queue
+from streaming.session_claim import Claimed, SessionClaimer
 from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
 from tasks.metrics import WorkerMetrics
 from tasks.watchdog import COUNTER as STEP_TIMEOUTS
@@ -82,6 +83,13 @@ class WorkerRuntime:
             self.beat_redis, self.keys, self.worker_id, self.settings.lease_ttl_s
         )
         self.slot_ids = self.registry.slot_ids(slots)
+        self.claimer = SessionClaimer(
+            self.redis,
+            self.keys,
+            self.worker_id,
+            claim_ttl_s=self.settings.session_ttl_s,
+            lease_ttl_s=self.settings.lease_ttl_s,
+        )
         self.active: dict[str, str] = {}  # slot -> session id
         self.quarantined: set[str] = set()  # slots whose backend step hung: never offered
         self.lock = threading.Lock()
@@ -256,22 +264,17 @@ class WorkerRuntime:
             )
 
     # ------------------------------------------------------------------ sessions
-    def claim(self, session_id: str) -> bool:
-        """Take a session exactly once; a re-delivered or stale task gets False."""
-        return bool(
-            self.redis.set(
-                self.keys.session_claim(session_id),
-                self.worker_id,
-                nx=True,
-                ex=int(self.settings.session_ttl_s),
-            )
-        )
+    def claim(
+        self, claim_id: str, slot_id: str, session_id: str, chat_turn: bool = False
+    ) -> Claimed | None:
+        """Take a session exactly once, with its slot hold and lease (and a chat turn's request)
+        in the same step; a re-delivered or stale task gets None and changes nothing."""
+        return self.claimer.claim(claim_id, slot_id, session_id, chat_turn)
 
     def begin(self, slot_id: str, session_id: str) -> None:
-        """A session starts on a slot."""
+        """A claimed session starts on a slot: the heartbeat renews its hold and lease now."""
         with self.lock:
             self.active[slot_id] = session_id
-        self.registry.hold(slot_id, session_id)
 
     def end(self, slot_id: str, session_id: str, held_s: float) -> None:
         """A session ended: free its slot and its keys."""

@@ -46,6 +46,7 @@ class SessionContext:
     done: bool = False  # a chat turn's Done was sent
     parked: bool = False  # the client went away: the slot was given back, a resume may restart
     log_linger_s: float = 60.0  # how long the replay log outlives the task (longer when parked)
+    request: dict[str, Any] | None = None  # a chat turn's request, read by its claim
 
     def emit(self, event: Event) -> None:
         """Send one event to the gateway (and note what the outcome depends on)."""
@@ -130,7 +131,8 @@ def running_session(
     recover: bool = False,
     kind: str = DUPLEX,
 ) -> Iterator[SessionContext | None]:
-    """Claim the session and hold its slot for the duration of the block.
+    """Claim the session and hold its slot for the duration of the block (one Redis step:
+    streaming/session_claim.py; a chat turn's request is read in it, ``ctx.request``).
 
     Yields None when the session must not run (already claimed: a re-delivered or stale task,
     or a slot that is not this process's); the block then does nothing. ``claim_id``: what is
@@ -144,7 +146,8 @@ def running_session(
         log.warning("task for slot %s reached %s; ignored", slot_id, rt.worker_id)
         yield None
         return
-    if not rt.claim(claim_id or session_id):
+    claimed = rt.claim(claim_id or session_id, slot_id, session_id, chat_turn=kind == CHAT)
+    if claimed is None:
         log.warning("session %s already claimed; stale or re-delivered task exits", session_id)
         yield None
         return
@@ -163,6 +166,7 @@ def running_session(
         out=out,
         inputs=InputReader(rt.redis, rt.keys, session_id),
         kind=kind,
+        request=claimed.request,
     )
     started = time.monotonic()
     rt.begin(slot_id, session_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -10,11 +12,20 @@ from streaming.chat_requests import (
     TTL_MARGIN_S,
     drop_chat_request,
     store_chat_request,
-    take_chat_request,
 )
 from streaming.keys import Keys
+from streaming.session_claim import SessionClaimer
 
 pytestmark = pytest.mark.asyncio
+
+
+def take(client: redis.Redis, keys: Keys, turn_id: str) -> dict | None:
+    """What a worker's claim of a fresh attempt of the turn reads (each call claims anew)."""
+    claimer = SessionClaimer(client, keys, "w#1", claim_ttl_s=60, lease_ttl_s=5)
+    claimed = claimer.claim(f"{turn_id}-{uuid.uuid4().hex}", "w#1|0", turn_id, chat_turn=True)
+    assert claimed is not None
+    return claimed.request
+
 
 REQUEST = {"messages": [{"role": "user", "content": "hello"}], "tts": {"enabled": False}}
 
@@ -25,9 +36,9 @@ async def test_stored_then_taken_once(
     await store_chat_request(async_redis, keys, "t1", REQUEST, start_timeout_s=15)
     ttl = await async_redis.ttl(keys.chat_request("t1"))
     assert 15 < ttl <= 15 + TTL_MARGIN_S
-    assert take_chat_request(sync_redis, keys, "t1") == REQUEST
-    assert take_chat_request(sync_redis, keys, "t1") is None  # read once
-    assert take_chat_request(sync_redis, keys, "never-stored") is None
+    assert take(sync_redis, keys, "t1") == REQUEST
+    assert take(sync_redis, keys, "t1") is None  # read once
+    assert take(sync_redis, keys, "never-stored") is None
 
 
 async def test_dropped_when_no_task_took_it(
@@ -35,4 +46,4 @@ async def test_dropped_when_no_task_took_it(
 ) -> None:
     await store_chat_request(async_redis, keys, "t2", REQUEST, start_timeout_s=15)
     await drop_chat_request(async_redis, keys, "t2")
-    assert take_chat_request(sync_redis, keys, "t2") is None
+    assert take(sync_redis, keys, "t2") is None

@@ -24,7 +24,7 @@ def test_register_heartbeat_hold_release_unregister(sync_redis: redis.Redis, key
 
     sync_redis.lrem(keys.free_slots, 0, "w#1|0")  # dispatch took it
     sync_redis.sadd(keys.busy_slots, "w#1|0")
-    reg.hold("w#1|0", "rt_1")
+    sync_redis.set(keys.slot_hold("w#1|0"), "rt_1")  # its session's claim held it
     reg.heartbeat(["w#1|1"], {"w#1|0": "rt_1"})
     assert sync_redis.get(keys.session_lease("rt_1")) == b"w#1"
     assert sync_redis.get(keys.slot_hold("w#1|0")) == b"rt_1"
