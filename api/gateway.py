@@ -99,7 +99,7 @@ class Gateway:
         # Submits tasks by name: the gateway never imports worker code.
         self.celery = Celery("omniserve-gateway", broker=settings.redis_url)
         self.celery.conf.update(
-            broker_transport_options={"visibility_timeout": 4 * 3600},
+            broker_transport_options={"ack_emulation": False},  # as the workers' app
             task_serializer="json",
             broker_connection_retry_on_startup=True,
         )
@@ -180,6 +180,7 @@ class Gateway:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
                 await self._renew_lease()
+                await self._count_slots()  # admission then reads a fresh count, not Redis
                 n += 1
                 if n % reap_every == 0:
                     await self.admission.reap_busy()
@@ -224,11 +225,17 @@ class Gateway:
     async def has_workers(self) -> bool:
         """Whether any live worker slot exists or is loading (cached for a second).
 
-        A worker still loading its model is coming capacity: clients queue for it.
+        A worker still loading its model is coming capacity: clients queue for it. The lease
+        loop recounts every ``heartbeat_interval_s``, so a new session or chat turn normally
+        waits for no Redis read here (two round trips before its enqueue, issue #16). "None"
+        is always read afresh: a worker that just came up serves the next client at once.
         """
-        now = time.monotonic()
-        if now - self._slots_checked_at > 1.0:
-            cap = await self.admission.capacity()
-            self._live_slots = cap.ready + cap.loading
-            self._slots_checked_at = now
+        if self._live_slots == 0 or time.monotonic() - self._slots_checked_at > 1.0:
+            await self._count_slots()
         return self._live_slots > 0
+
+    async def _count_slots(self) -> None:
+        now = time.monotonic()
+        cap = await self.admission.capacity()
+        self._live_slots = cap.ready + cap.loading
+        self._slots_checked_at = now

@@ -27,8 +27,11 @@ def make_app() -> Celery:
         task_reject_on_worker_lost=False,
         # Admission puts at most one task per slot in a worker's queue; reserve nothing more.
         worker_prefetch_multiplier=1,
-        # Longer than any session, so the broker never re-delivers an unacked session task.
-        broker_transport_options={"visibility_timeout": 4 * 3600},
+        # No unacked bookkeeping: kombu's ack emulation costs two Redis transactions per task
+        # (about a third of a chat turn's pickup, issue #16) to re-deliver a message whose worker
+        # died between taking and acking it, which a session must never be anyway (the
+        # gateway's task_start_timeout_s reports a task that did not start).
+        broker_transport_options={"ack_emulation": False},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives any Redis outage
         task_default_queue="omni.default",

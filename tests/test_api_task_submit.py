@@ -23,7 +23,7 @@ from streaming.jobs import ChatJob, DuplexJob
 def _app(url: str) -> Celery:
     app = Celery("omniserve-gateway", broker=url)  # as api/gateway.py configures it
     app.conf.update(
-        broker_transport_options={"visibility_timeout": 4 * 3600},
+        broker_transport_options={"ack_emulation": False},
         task_serializer="json",
         broker_connection_retry_on_startup=True,
     )
