@@ -140,7 +140,7 @@ def plot_relay(
             a.axvline(best, color="tab:green", lw=0.8, ls="-.")
         ax.text(best, 50, f" capacity {best}", color="tab:green", fontsize=7, va="bottom")
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_yscale("log")
     ax.set_ylabel("emit -> client receive (ms)")
     ax.set_title("Relay latency per delta (scripted backend, loopback)")
