@@ -3,7 +3,7 @@
 
 A chat session holds no worker slot between turns and each turn streams on its own channel, so
 its session-wide ``seq`` is numbered here, on the gateway: every frame after ``session.created``
-(``emit``) goes to the session's frame log (``streaming/chat_log.py``) and then to the client.
+(``emit``) goes to the session's frame log (``streaming/chat_log.py``) alongside the client.
 The resume record (``api/resumable.py``) keeps the init payload and the number of accepted
 inputs; the conversation itself travels in each turn's ``messages``.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 
 from starlette import status
@@ -31,6 +31,7 @@ from api.errors import Frame
 from api.gateway import Gateway
 from api.realtime import SessionState
 from api.resumable import Resumable, resync_frame
+from api.slot_wait import Admitted
 from streaming.chat_log import ChatLog
 
 log = logging.getLogger("omniserve.gateway")
@@ -65,18 +66,39 @@ class ResumableChat(Resumable):
             self.frames = self._open_log()
 
     async def emit(self, frame: Frame) -> None:
-        """Send a frame of the session's sequence: numbered and logged first when resumable."""
-        if self.frames is not None:
-            self.seq += 1
-            frame["seq"] = self.seq
-            try:
-                await self.frames.append(self.seq, frame)
-            except Exception:
-                log.warning("frame %d of %s not logged", self.seq, self.session_id, exc_info=True)
-        await self.send(frame)
+        """Send a frame of the session's sequence: numbered and logged when resumable.
 
-    async def note_input(self) -> None:
-        """Count one accepted ``input.append`` in the record (a resume continues the count)."""
+        The log write goes out alongside the send, not before it: the client does not wait
+        for a Redis round trip per frame (issue #16), and the next frame is numbered only
+        after this one is logged, so the log stays in order. A gateway that dies between the
+        two leaves the log a frame short of what the client saw, which a resume handles
+        already (it numbers on from the larger of the client's ``last_seq`` and the log's).
+        """
+        if self.frames is None:
+            await self.send(frame)
+            return
+        self.seq += 1
+        frame["seq"] = self.seq
+        logged = asyncio.ensure_future(self._log(self.frames, self.seq, frame))
+        try:
+            await self.send(frame)
+        finally:
+            await logged
+
+    async def _log(self, frames: ChatLog, seq: int, frame: Frame) -> None:
+        try:
+            await frames.append(seq, frame)
+        except Exception:
+            log.warning("frame %d of %s not logged", seq, self.session_id, exc_info=True)
+
+    def note_input(self) -> None:
+        """Count one accepted ``input.append``: the resume record gets the count when the turn
+        that answers it starts (with its turn lease, one round trip), or at once when the turn
+        must wait behind another (``note_waiting_input``); a resume continues the count."""
+        self.input_seq += 1
+
+    async def note_waiting_input(self) -> None:
+        """Keep the count of an input that waits behind a running turn in the record now."""
         if self.frames is None:
             return
         try:
@@ -135,20 +157,41 @@ class ResumableChat(Resumable):
         return seq
 
     @asynccontextmanager
-    async def hold_turn(self) -> AsyncIterator[None]:
-        """Run a turn holding the turn lease (first following one another connection runs);
-        meanwhile renew it, detach when the client vanishes and notice being replaced."""
+    async def hold_turn(
+        self, acquire: Callable[[], Awaitable[Admitted | None]]
+    ) -> AsyncIterator[Admitted | None]:
+        """Run a turn holding the turn lease (first following one another connection runs) and
+        a worker slot (``acquire``; None: the session ended); meanwhile renew the lease,
+        detach when the client vanishes and notice being replaced.
+
+        The lease and the slot are asked for at once, so starting a turn waits for one Redis
+        round trip, not two (issue #16). Another connection holds the lease only when this
+        session was just resumed elsewhere; then the slot goes back before following it.
+        """
         frames = self.frames
         if frames is None:
-            yield
+            yield await acquire()
             return
-        while not await frames.take_turn(self.conn_id, TURN_LEASE_S):
+        while True:
+            slot = asyncio.ensure_future(acquire())
+            record = (self.gw.keys.session_resume(self.session_id), "inputs", self.input_seq)
+            try:
+                taken = await frames.take_turn(self.conn_id, TURN_LEASE_S, record)
+            except BaseException:
+                await self._give_back(slot)
+                raise
+            if taken:
+                break
+            if not await self._give_back(slot):
+                yield None  # the acquire ended the session meanwhile (and told the client)
+                return
             await self.follow(self.seq)
             if self.gone.is_set():
+                slot = asyncio.ensure_future(acquire())
                 break
         keeper = asyncio.create_task(self._keep_turn(frames))
         try:
-            yield
+            yield await slot
         finally:
             keeper.cancel()
             with suppress(asyncio.CancelledError):
@@ -157,6 +200,22 @@ class ResumableChat(Resumable):
                 await frames.release_turn(self.conn_id)
             except Exception:
                 log.warning("turn lease of %s not released", self.session_id, exc_info=True)
+
+    async def _give_back(self, slot: asyncio.Future[Admitted | None]) -> bool:
+        """Withdraw an acquire made alongside a lease that was not ours: the slot goes back if
+        it came. False when the acquire had ended the session instead."""
+        slot.cancel()
+        try:
+            got = await slot
+        except asyncio.CancelledError:
+            return True
+        except Exception:
+            log.warning("acquire of %s failed", self.session_id, exc_info=True)
+            return True
+        if got is None:
+            return False
+        await self.gw.admission.release(got.slot_id)
+        return True
 
     async def _keep_turn(self, frames: ChatLog) -> None:
         while True:

@@ -51,6 +51,7 @@ class ChatSession(ResumableChat):
         super().__init__(gw, ws)
         self.turns: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.current_turn: str | None = None  # the id of the turn running or last run
+        self.turn_running = False  # from taking the turn lease to the turn's end
 
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
@@ -105,9 +106,10 @@ class ChatSession(ResumableChat):
             )
         voices = self.gw.settings.voices_dir
         request = chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
-        self.input_seq += 1
+        self.note_input()
         self.turns.put_nowait((f"input_{self.input_seq}", request))
-        await self.note_input()
+        if self.turn_running:  # its turn lease was taken with an older count
+            await self.note_waiting_input()
 
     async def on_evict(self, reason: CloseReason) -> None:
         await super().on_evict(reason)
@@ -166,11 +168,14 @@ class ChatSession(ResumableChat):
         async def queue_event(frame: Frame) -> None:
             await self.send({**frame, "type": TURN_QUEUE_EVENTS[frame["type"]], **names})
 
-        async with self.hold_turn():
-            admitted = await self.acquire_slot(queue_event)
-            if admitted is None:
-                return False
-            return await self.run_turn(admitted, input_id, request, names)
+        self.turn_running = True
+        try:
+            async with self.hold_turn(lambda: self.acquire_slot(queue_event)) as admitted:
+                if admitted is None:
+                    return False
+                return await self.run_turn(admitted, input_id, request, names)
+        finally:
+            self.turn_running = False
 
     async def run_turn(
         self, admitted: Admitted, input_id: str, request: dict[str, Any], names: Frame

@@ -3,7 +3,7 @@
 A chat session holds no worker slot between turns, and each turn has its own output channel, so
 its session-wide ``seq`` is assigned by the gateway connection that runs the turns: every frame
 after ``session.created`` goes to this STREAM (``Keys.chat_frames``, entry id ``<seq>-1``, capped
-at ``output_log_maxlen`` entries) before the client gets it. Only one connection writes at a time:
+at ``output_log_maxlen`` entries) as the client gets it. Only one connection writes at a time:
 the one holding the turn lease (``Keys.chat_turn_lease``, renewed while a turn runs). A client
 that drops mid-turn leaves that connection finishing the turn into the log; the connection that
 resumes the session reads the log after the client's ``last_seq`` and follows it until the lease
@@ -16,10 +16,12 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from streaming.keys import Keys
 
 Frame = dict[str, Any]
+EXPIRE_EVERY = 32  # frames per renewal of the log's TTL (see ChatLog.append)
 
 
 def _text(value: bytes | str) -> str:
@@ -44,19 +46,28 @@ class ChatLog:
         self.lease_key = keys.chat_turn_lease(session_id)
         self.maxlen = maxlen
         self.ttl_s = max(1, int(ttl_s))  # the session's time left plus the grace
+        self._appended = 0  # frames this connection logged
 
     async def append(self, seq: int, frame: Frame) -> None:
-        """Log ``frame`` (which carries ``seq``); a seq not above the last one is refused."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(
-                self.key,
-                {"f": orjson.dumps(frame)},
-                id=f"{seq}-1",
-                maxlen=self.maxlen,
-                approximate=False,
+        """Log ``frame`` (which carries ``seq``); a seq not above the last one is refused.
+
+        Mostly one command per frame: the log's TTL (the session's time left plus the grace,
+        from when this connection opened it) goes with this connection's first frame and every
+        ``EXPIRE_EVERY``-th after it (a log that Redis lost and an XADD re-created has one again
+        soon).
+        """
+        fields: dict[FieldT, EncodableT] = {"f": orjson.dumps(frame)}
+        entry_id = f"{seq}-1"
+        if self._appended % EXPIRE_EVERY:
+            await self.redis.xadd(
+                self.key, fields, id=entry_id, maxlen=self.maxlen, approximate=False
             )
-            pipe.expire(self.key, self.ttl_s)
-            await pipe.execute()
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(self.key, fields, id=entry_id, maxlen=self.maxlen, approximate=False)
+                pipe.expire(self.key, self.ttl_s)
+                await pipe.execute()
+        self._appended += 1
 
     async def last_seq(self) -> int:
         """The newest logged seq (0: none)."""
@@ -74,13 +85,27 @@ class ChatLog:
         )
         return _entries(got[0][1]) if got else []  # RESP2: [[key, entries]]
 
-    async def take_turn(self, conn: str, ttl_s: float) -> bool:
-        """Hold the turn lease for ``conn`` (renewing it when held already)."""
-        if await self.redis.set(self.lease_key, conn, nx=True, px=int(ttl_s * 1000)):
+    async def take_turn(
+        self, conn: str, ttl_s: float, record: tuple[str, str, int] | None = None
+    ) -> bool:
+        """Hold the turn lease for ``conn`` (renewing it when held already).
+
+        ``record``: (key, field, value) of a hash field to set in the same round trip (the
+        session's resume record), so starting a turn costs one command exchange, not two.
+        """
+        px = int(ttl_s * 1000)
+        if record is None:
+            taken = await self.redis.set(self.lease_key, conn, nx=True, px=px)
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(*record)
+                pipe.set(self.lease_key, conn, nx=True, px=px)
+                taken = (await pipe.execute())[1]
+        if taken:
             return True
         holder = await self.redis.get(self.lease_key)
         if holder is not None and _text(holder) == conn:
-            await self.redis.pexpire(self.lease_key, int(ttl_s * 1000))
+            await self.redis.pexpire(self.lease_key, px)
             return True
         return False
 
