@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import cast
@@ -21,6 +19,7 @@ import redis.asyncio as aioredis
 
 from streaming.events import BadEvent, Event, Gap, decode_event, encode_event
 from streaming.keys import Keys
+from streaming.output_writer import OutputWriter
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +27,11 @@ log = logging.getLogger(__name__)
 class OutputPublisher:
     """Worker side: emits a session's events in order (synchronous client).
 
-    ``emit`` only numbers and queues an event; one background thread per session writes them to
-    Redis in order, several per round trip when they come faster than Redis answers, so a model
-    generating tokens never waits on the network. ``finish`` flushes everything.
+    ``emit`` only numbers and queues an event; a background thread (``writer``: the slot's, or
+    one of its own) writes them to Redis in order, several per round trip when they come faster
+    than Redis answers, so a model generating tokens never waits on the network. ``finish``
+    flushes everything.
     """
-
-    BATCH = 64
 
     def __init__(
         self,
@@ -43,6 +41,7 @@ class OutputPublisher:
         log_maxlen: int,
         ttl_s: float,
         start_seq: int = 0,
+        writer: OutputWriter | None = None,
     ) -> None:
         self.client = client
         self.session_id = session_id
@@ -52,63 +51,34 @@ class OutputPublisher:
         self.ttl_s = int(ttl_s)
         self.seq = start_seq  # a failover's worker continues the session's sequence
         self._first = start_seq + 1
-        self._queue: queue.SimpleQueue[tuple[int, bytes] | threading.Event | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._run, name=f"out-{session_id}", daemon=True)
-        self._thread.start()
+        self._own_writer = writer is None
+        self.writer = writer or OutputWriter(f"out-{session_id}")
+        self.writer.start()
 
     def emit(self, event: Event) -> int:
         """Number, stamp and queue one event for publication; returns its sequence number."""
         self.seq += 1
         event.seq = self.seq
         event.emitted_at = time.time()
-        self._queue.put((self.seq, encode_event(event)))
+        self.writer.put(self, self.seq, encode_event(event))
         return self.seq
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event emitted so far is in Redis."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
+        return self.writer.flush(timeout)
 
     def finish(self, linger_s: float = 60.0) -> None:
-        """Flush, stop the writer, and keep the replay log only briefly."""
+        """Flush (and stop a writer of its own), and keep the replay log only briefly."""
         self.flush()
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        if self._own_writer:
+            self.writer.stop()
         try:
             self.client.expire(self.log_key, int(linger_s))
         except redis.RedisError:
             log.warning("could not set the expiry of %s", self.log_key)
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            batch: list[tuple[int, bytes]] = []
-            markers: list[threading.Event] = []
-            stop = False
-            while True:
-                if item is None:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    markers.append(item)
-                else:
-                    batch.append(item)
-                if stop or len(batch) >= self.BATCH:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if batch:
-                self._write(batch)
-            for marker in markers:
-                marker.set()
-            if stop:
-                return
-
-    def _write(self, batch: list[tuple[int, bytes]]) -> None:
+    def write(self, batch: list[tuple[int, bytes]]) -> None:
+        """(The writer thread) log and publish ``batch`` in one round trip, retried twice."""
         for attempt in range(3):
             try:
                 with self.client.pipeline(transaction=False) as pipe:

@@ -15,6 +15,7 @@ from inference import Backend, create_backend
 from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming.keys import Keys, worker_queue
+from streaming.output_writer import OutputWriter
 from streaming.session_claim import Claimed, SessionClaimer
 from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
 from tasks.metrics import WorkerMetrics
@@ -92,6 +93,7 @@ class WorkerRuntime:
         )
         self.active: dict[str, str] = {}  # slot -> session id
         self.quarantined: set[str] = set()  # slots whose backend step hung: never offered
+        self.writers: dict[str, OutputWriter] = {}  # slot -> the event writer its sessions share
         self.lock = threading.Lock()
         self.shutting_down = threading.Event()  # draining: no new work (see must_close)
         self.drain_deadline = 0.0  # unix time by which running sessions must end
@@ -161,6 +163,8 @@ class WorkerRuntime:
         """The backend is loaded: become ready, offer the slots, start the step watchdog."""
         assert self.backend is not None, "load_backend() first"
         info = {"state": "ready", "ready_at": time.time(), "backend": self.backend.info()}
+        for slot_id in self.slot_ids:  # before any session: none pays for starting a thread
+            self.writer(slot_id)
         self.ready.set()
         try:
             self.registry.update(**info)
@@ -270,6 +274,16 @@ class WorkerRuntime:
         """Take a session exactly once, with its slot hold and lease (and a chat turn's request)
         in the same step; a re-delivered or stale task gets None and changes nothing."""
         return self.claimer.claim(claim_id, slot_id, session_id, chat_turn)
+
+    def writer(self, slot_id: str) -> OutputWriter:
+        """The slot's event writer, started once and handed from session to session
+        (streaming/output_writer.py says why)."""
+        with self.lock:
+            writer = self.writers.get(slot_id)
+            if writer is None:
+                writer = self.writers[slot_id] = OutputWriter(f"out-{slot_id}")
+        writer.start()
+        return writer
 
     def begin(self, slot_id: str, session_id: str) -> None:
         """A claimed session starts on a slot: the heartbeat renews its hold and lease now."""

@@ -155,7 +155,13 @@ def running_session(
     s = rt.settings
     start = last_seq(rt.redis, rt.keys, session_id) if recover else 0
     out = OutputPublisher(
-        rt.redis, rt.keys, session_id, s.output_log_maxlen, s.session_ttl_s, start_seq=start
+        rt.redis,
+        rt.keys,
+        session_id,
+        s.output_log_maxlen,
+        s.session_ttl_s,
+        start_seq=start,
+        writer=rt.writer(slot_id),
     )
     ctx = SessionContext(
         rt=rt,

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from streaming.events import Event, Gap, Listen, TextDelta
 from streaming.keys import Keys
 from streaming.output import OutputBus, OutputPublisher, SessionOutput, read_log
+from streaming.output_writer import OutputWriter
 
 SID = "rt_unit"
 
@@ -205,3 +206,35 @@ async def test_undelivered_bytes_are_counted_until_read(
         assert told == [True] and out.queue.empty()
     finally:
         await bus.stop()
+
+
+async def test_sessions_that_share_a_writer_keep_their_own_order(
+    sync_redis: redis.Redis, async_redis: aioredis.Redis, keys: Keys, bus: OutputBus
+) -> None:
+    """A slot's writer thread serves one session after another (and, interleaved, two): each
+    session's events reach its own channel and log in order, and finishing a session leaves
+    the shared writer running for the next."""
+    writer = OutputWriter("out-test-slot")
+    first, second = await bus.open("rt_first"), await bus.open("rt_second")
+    pubs = [
+        OutputPublisher(sync_redis, keys, s, 64, 60, writer=writer)
+        for s in ("rt_first", "rt_second")
+    ]
+    thread = writer._thread
+    for n in range(1, 41):
+        pubs[n % 2].emit(text(n))
+    assert await asyncio.to_thread(pubs[0].flush)
+    assert [ev.seq for ev in await collect(first, 20)] == list(range(1, 21))
+    assert [ev.seq for ev in await collect(second, 20)] == list(range(1, 21))
+    pubs[0].finish(linger_s=1)
+    assert writer._thread is thread and thread is not None and thread.is_alive()
+    pubs[1].emit(text(41))
+    assert await asyncio.to_thread(pubs[1].flush)
+    assert [ev.seq for ev in await second.get(timeout=10)] == [21]
+    logged = await read_log(async_redis, keys, "rt_second", 1)
+    assert [ev.text for ev in logged if isinstance(ev, TextDelta)] == [
+        f"t{n}" for n in range(1, 42) if n % 2 == 1
+    ]
+    pubs[1].finish(linger_s=1)
+    writer.stop()
+    assert not thread.is_alive()

@@ -1,0 +1,98 @@
+"""The thread that writes a worker's session events to Redis (see ``OutputPublisher``).
+
+A worker keeps one writer per slot and hands it from session to session: starting a thread for
+every session cost each chat turn ~0.5 ms before its first event (issue #16), since the new
+thread must win the GIL from Celery's consumer, which is busy at that moment with the task's
+own events. Sessions on one writer stay in order, each as its own ``Target``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Protocol
+
+
+class Target(Protocol):
+    """What a writer writes for: one session's publisher."""
+
+    def write(self, batch: list[tuple[int, bytes]]) -> None:
+        """Write these (seq, encoded event) pairs to Redis, in order."""
+
+
+Item = tuple[Target, int, bytes] | threading.Event | None
+
+
+class OutputWriter:
+    """One background thread writing events in the order they were queued; several events
+    of a session go in one round trip when they come faster than Redis answers."""
+
+    BATCH = 64
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the thread (once; ``put`` starts it too)."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+
+    def put(self, target: Target, seq: int, data: bytes) -> None:
+        """Queue one encoded event of ``target``."""
+        if self._thread is None:
+            self.start()
+        self._queue.put((target, seq, data))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far is written."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Write what is queued, then end the thread."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout=timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch: list[tuple[int, bytes]] = []
+            target: Target | None = None
+            markers: list[threading.Event] = []
+            stop = False
+            while True:
+                if item is None:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    markers.append(item)
+                else:
+                    owner, seq, data = item
+                    if owner is not target and batch:
+                        assert target is not None
+                        target.write(batch)  # another session's events: one batch each
+                        batch = []
+                    target = owner
+                    batch.append((seq, data))
+                if stop or len(batch) >= self.BATCH:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch and target is not None:
+                target.write(batch)
+            for marker in markers:
+                marker.set()
+            if stop:
+                return
