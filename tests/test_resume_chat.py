@@ -186,3 +186,35 @@ async def test_log_no_longer_holds_them_resync_required(stack: Stack) -> None:
     await back.send({"type": "session.close"})
     await back.until("session.closed")
     stack.wait_free(1)
+
+
+async def test_a_turn_waits_for_a_lease_held_elsewhere_without_keeping_a_slot(
+    stack: Stack,
+) -> None:
+    """A turn asks for the turn lease and a slot at once (one round trip). While another
+    connection holds the lease (a resume elsewhere finishing its turn) the slot goes back to the
+    pool at once, the input count is in the record already, and the turn runs once the lease is
+    free."""
+    stack.start_worker()
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    sid = (await client.init())["session_id"]
+    r = stack.redis()
+    lease = f"{stack.prefix}:s:{sid}:turn"
+    r.set(lease, "another-connection", px=60_000)
+    await client.send(
+        {"type": "input.append", "input": {"messages": [user("Reply with exactly: ok")]}}
+    )
+    wait_for(lambda: r.hget(f"{stack.prefix}:s:{sid}:resume", "inputs") == b"1", 10, "the count")
+    wait_for(lambda: stack.free_slots() == 1, 5, "the slot back in the pool")
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # and staying there while the turn waits
+        assert stack.free_slots() == 1
+        time.sleep(0.05)
+    assert not [f for f in client.received if f["type"] == "response.output.delta"]
+    r.delete(lease)
+    done = await client.until("response.done", timeout=30)
+    assert done["text"] == "ok"
+    await client.send({"type": "session.close"})
+    await client.until("session.closed")
+    stack.wait_free(1)
