@@ -18,6 +18,7 @@ from api.task_relay import TaskRelay
 from streaming.chat_requests import chat_request_value, drop_chat_request
 from streaming.events import Event, TurnEnd
 from streaming.jobs import ChatJob
+from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -35,6 +36,7 @@ class ChatTurn:
         request: dict[str, Any],
         deadline_ts: float,
         on_overflow: Callable[[], None] | None = None,
+        out: SessionOutput | None = None,
     ) -> None:
         self.gw = gw
         self.on_overflow = on_overflow  # the turn's undelivered output passed its caps
@@ -42,6 +44,7 @@ class ChatTurn:
         self.slot_id = admitted.slot_id
         self.request = request
         self.deadline_ts = deadline_ts
+        self.out = out  # the turn's output channel when opened already (see ChatSession)
 
     async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
         """The turn's events in order, up to (not including) ``TurnEnd``.
@@ -52,7 +55,7 @@ class ChatTurn:
         ``contextlib.aclosing`` so the output channel is closed however the caller leaves.
         """
         gw = self.gw
-        out = await gw.bus.open(self.turn_id, on_overflow=self.on_overflow)
+        out = self.out or await gw.bus.open(self.turn_id, on_overflow=self.on_overflow)
         relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
         try:
             await relay.submit(

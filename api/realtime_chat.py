@@ -14,6 +14,7 @@ A session is resumable (``api/chat_resumable.py``): its frames after ``session.c
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from contextlib import aclosing
 from typing import Any
@@ -35,6 +36,9 @@ from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, WorkerLost
 from streaming.controls import CloseControl
 from streaming.events import Closed, CloseReason, ErrorCode, Gap
+from streaming.output import SessionOutput
+
+log = logging.getLogger("omniserve.gateway")
 
 TURN_QUEUE_EVENTS = {
     "session.queued": "response.queued",
@@ -52,6 +56,9 @@ class ChatSession(ResumableChat):
         self.turns: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.current_turn: str | None = None  # the id of the turn running or last run
         self.turn_running = False  # from taking the turn lease to the turn's end
+        # the next turn's output channel, subscribed while the session waits for its input,
+        # so a turn's start does not wait for the SUBSCRIBE (issue #16)
+        self.next_out: tuple[str, SessionOutput] | None = None
 
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
@@ -125,6 +132,7 @@ class ChatSession(ResumableChat):
         try:
             await self.run_turns()
         finally:
+            await self._drop_next_output()
             await self.note_gone()
 
     async def run_turns(self) -> None:
@@ -135,6 +143,8 @@ class ChatSession(ResumableChat):
                 if not await self.resume_chat(self.resume_request):
                     return
                 self.superseded.clear()  # this connection's own turns queue from now on
+            if self.state is SessionState.ACTIVE and self.turns.empty():
+                await self._open_next_output()
             get = asyncio.ensure_future(self.turns.get())
             stops = [self.gone, self.close_wanted] + ([] if resumed else [self.superseded])
             waits = [asyncio.ensure_future(ev.wait()) for ev in stops]
@@ -156,6 +166,37 @@ class ChatSession(ResumableChat):
                 return await self.finish(*self.end_reason())
             elif self.resumable and await self._was_replaced():
                 return
+
+    def turn_id(self, input_seq: int) -> str:
+        """The id (and output channel) of the turn that answers ``input_<input_seq>`` (input
+        ids are unique in a session, across resumes: so are the turn ids)."""
+        return f"{self.session_id}_t{input_seq}"
+
+    async def _open_next_output(self) -> None:
+        """Subscribe the next input's turn channel now, while the session is idle."""
+        turn_id = self.turn_id(self.input_seq + 1)
+        if self.next_out is not None and self.next_out[0] == turn_id:
+            return
+        await self._drop_next_output()
+        try:
+            out = await self.gw.bus.open(turn_id, on_overflow=self.output_overflow)
+        except Exception:  # Redis away: the turn subscribes for itself
+            log.debug("could not subscribe %s ahead", turn_id, exc_info=True)
+            return
+        self.next_out = (turn_id, out)
+
+    def _take_next_output(self, turn_id: str) -> SessionOutput | None:
+        """The channel subscribed ahead, if it is this turn's (the turn closes it)."""
+        if self.next_out is None or self.next_out[0] != turn_id:
+            return None
+        out, self.next_out = self.next_out[1], None
+        return out
+
+    async def _drop_next_output(self) -> None:
+        if self.next_out is not None:
+            turn_id, out = self.next_out
+            self.next_out = None
+            await self.gw.bus.close(turn_id, out)
 
     async def turn(self, input_id: str, request: dict[str, Any]) -> bool:
         """Run one turn through the queue and a worker; False when the session ended."""
@@ -185,12 +226,17 @@ class ChatSession(ResumableChat):
         if admitted.waited:
             await self.send({"type": "response.queue_done", **names})
             telemetry.handed_off(self.gw.metrics, admitted.assigned_at)
-        # (input ids are unique in a session, across resumes: so are the turn ids)
-        turn_id = f"{self.session_id}_t{input_id.removeprefix('input_')}"
+        turn_id = self.turn_id(int(input_id.removeprefix("input_")))
         self.current_turn = turn_id
         self.clock.input_sent(turn_id)
         turn = ChatTurn(
-            self.gw, turn_id, admitted, request, self.deadline, on_overflow=self.output_overflow
+            self.gw,
+            turn_id,
+            admitted,
+            request,
+            self.deadline,
+            on_overflow=self.output_overflow,
+            out=self._take_next_output(turn_id),
         )
         mapper = ChatMapper(self.session_id, names["response_id"], input_id)
         try:

@@ -218,3 +218,33 @@ async def test_a_turn_waits_for_a_lease_held_elsewhere_without_keeping_a_slot(
     await client.send({"type": "session.close"})
     await client.until("session.closed")
     stack.wait_free(1)
+
+
+async def test_the_next_turns_channel_is_subscribed_ahead_and_closed_with_the_session(
+    stack: Stack,
+) -> None:
+    """While a chat session waits for its next input, the gateway has that turn's output
+    channel subscribed already (a turn's start does not wait for it); each turn uses its own,
+    and none is left subscribed when the session ends."""
+    stack.start_worker()
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    sid = (await client.init())["session_id"]
+    r = stack.redis()
+
+    def subscribers(turn: int) -> int:
+        return int(r.pubsub_numsub(f"{stack.prefix}:s:{sid}_t{turn}:out")[0][1])
+
+    for turn in (1, 2, 3):
+        wait_for(lambda: subscribers(turn) == 1, 10, f"turn {turn}'s channel ahead")  # noqa: B023
+        await client.send(
+            {"type": "input.append", "input": {"messages": [user(f"Reply with exactly: t{turn}")]}}
+        )
+        assert (await client.until("response.done", timeout=30))["text"] == f"t{turn}"
+        wait_for(lambda: subscribers(turn) == 0, 10, f"turn {turn}'s channel closed")  # noqa: B023
+    await client.send({"type": "session.close"})
+    await client.until("session.closed")
+    wait_for(
+        lambda: not r.pubsub_channels(f"{stack.prefix}:s:{sid}*"), 10, "no channel of the session"
+    )
+    stack.wait_free(1)
