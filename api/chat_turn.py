@@ -80,7 +80,8 @@ class ChatTurn:
                     yield ev
         finally:
             await gw.bus.close(self.turn_id)
-            try:
-                await drop_chat_request(gw.redis, gw.keys, self.turn_id)
-            except Exception:  # Redis away: the request's TTL removes it
-                log.debug("request of turn %s not dropped", self.turn_id, exc_info=True)
+            if not relay.started:  # a task that started took its request in its claim
+                try:
+                    await drop_chat_request(gw.redis, gw.keys, self.turn_id)
+                except Exception:  # Redis away: the request's TTL removes it
+                    log.debug("request of turn %s not dropped", self.turn_id, exc_info=True)

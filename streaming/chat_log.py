@@ -18,6 +18,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
+from streaming import lua
 from streaming.keys import Keys
 
 Frame = dict[str, Any]
@@ -47,6 +48,7 @@ class ChatLog:
         self.maxlen = maxlen
         self.ttl_s = max(1, int(ttl_s))  # the session's time left plus the grace
         self._appended = 0  # frames this connection logged
+        self._release = client.register_script(lua.DELETE_IF_HELD)
 
     async def append(self, seq: int, frame: Frame) -> None:
         """Log ``frame`` (which carries ``seq``); a seq not above the last one is refused.
@@ -115,6 +117,5 @@ class ChatLog:
         return None if got is None else _text(got)
 
     async def release_turn(self, conn: str) -> None:
-        """Give the turn lease back (only ``conn``'s own)."""
-        if await self.turn_holder() == conn:
-            await self.redis.delete(self.lease_key)
+        """Give the turn lease back (only ``conn``'s own), in one step."""
+        await self._release(keys=[self.lease_key], args=[conn])

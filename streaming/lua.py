@@ -1,4 +1,5 @@
-"""Lua scripts for the admission queue and the slot pool. Each runs as one atomic Redis step.
+"""Lua scripts: the admission queue, the slot pool, a session's claim and a lease's release. Each
+runs as one atomic Redis step.
 
 Keys are built inside the scripts from a prefix, so the scripts assume one Redis (not a cluster).
 Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n>``.
@@ -176,4 +177,12 @@ if KEYS[4] then
   return {1, redis.call('GETDEL', KEYS[4])}
 end
 return {1}
+"""
+
+DELETE_IF_HELD = """
+-- KEYS[1] a lease; ARGV[1] who gives it back: deleted only while that one still holds it
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 """
