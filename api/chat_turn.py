@@ -2,8 +2,8 @@
 
 The turn runs on the slot the client was admitted to, as a short ``omniserve.chat_turn`` task
 with its own output channel (``turn_id``); its events are relayed through ``TaskRelay`` (start
-timeout, lease watch, replay catch-up, gaps) until ``TurnEnd``. The request itself goes to the
-task through Redis (``streaming/chat_requests.py``), never as a task argument.
+timeout, lease watch, replay catch-up, gaps) until its ``Done`` (or ``TurnEnd``). The request
+itself goes to the task through Redis (``streaming/chat_requests.py``), never as a task argument.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from api.gateway import Gateway
 from api.slot_wait import Admitted
 from api.task_relay import TaskRelay
 from streaming.chat_requests import chat_request_value, drop_chat_request
-from streaming.events import Event, TurnEnd
+from streaming.events import Done, Event, TurnEnd
 from streaming.jobs import ChatJob
 from streaming.output import SessionOutput
 
@@ -47,7 +47,12 @@ class ChatTurn:
         self.out = out  # the turn's output channel when opened already (see ChatSession)
 
     async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
-        """The turn's events in order, up to (not including) ``TurnEnd``.
+        """The turn's events in order, up to its ``Done`` (or, when it has none, up to
+        ``TurnEnd``, not included).
+
+        The turn ends for the client at ``Done``: all the task sends after it is ``TurnEnd``,
+        which the worker writes in a round trip of its own, and a next turn sent at once
+        waited for it (issue #16).
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
         is abandoned, so it never will) and the iteration ends. Raises TaskNotStarted, or
@@ -78,6 +83,8 @@ class ChatTurn:
                     if isinstance(ev, TurnEnd):
                         return
                     yield ev
+                    if isinstance(ev, Done):
+                        return
         finally:
             await gw.bus.close(self.turn_id)
             if not relay.started:  # a task that started took its request in its claim
