@@ -50,6 +50,9 @@ class ResumableChat(Resumable):
         self.seq = 0  # the last client seq emitted
         self.input_seq = 0  # accepted input.append events: input_1, input_2, ...
         self.detached = False
+        self._logging: asyncio.Task[None] | None = None  # the last frame's log write
+        self._turn_ends: set[asyncio.Task[None]] = set()  # lease hand-backs under way
+        self._turns_held = 0  # the turn leases this connection took (each has its number)
 
     def _open_log(self) -> ChatLog:
         s = self.gw.settings
@@ -68,22 +71,29 @@ class ResumableChat(Resumable):
     async def emit(self, frame: Frame) -> None:
         """Send a frame of the session's sequence: numbered and logged when resumable.
 
-        The log write goes out alongside the send, not before it: the client does not wait
-        for a Redis round trip per frame (issue #16), and the next frame is numbered only
-        after this one is logged, so the log stays in order. A gateway that dies between the
-        two leaves the log a frame short of what the client saw, which a resume handles
-        already (it numbers on from the larger of the client's ``last_seq`` and the log's).
+        The log write goes out alongside the send, and nothing waits for it until the next
+        frame is numbered (``logged``), so the log stays in order while neither the client nor
+        the end of a turn waits for a Redis round trip per frame (issue #16). A gateway that
+        dies between the two leaves the log a frame short of what the client saw, which a
+        resume handles already (it numbers on from the larger of the client's ``last_seq``
+        and the log's).
         """
         if self.frames is None:
             await self.send(frame)
             return
+        await self.logged()
         self.seq += 1
         frame["seq"] = self.seq
-        logged = asyncio.ensure_future(self._log(self.frames, self.seq, frame))
-        try:
-            await self.send(frame)
-        finally:
-            await logged
+        self._logging = asyncio.ensure_future(self._log(self.frames, self.seq, frame))
+        await self.send(frame)
+
+    async def logged(self) -> None:
+        """Wait until the last frame emitted is in the log (or failed to get there)."""
+        pending = self._logging
+        if pending is not None:
+            await pending
+            if self._logging is pending:  # (not a newer frame's, emitted meanwhile)
+                self._logging = None
 
     async def _log(self, frames: ChatLog, seq: int, frame: Frame) -> None:
         try:
@@ -166,17 +176,21 @@ class ResumableChat(Resumable):
 
         The lease and the slot are asked for at once, so starting a turn waits for one Redis
         round trip, not two (issue #16). Another connection holds the lease only when this
-        session was just resumed elsewhere; then the slot goes back before following it.
+        session was just resumed elsewhere; then the slot goes back before following it. The
+        lease goes back after the turn without holding up the session (``_end_turn``); a next
+        turn does not wait for that, it takes the lease over.
         """
         frames = self.frames
         if frames is None:
             yield await acquire()
             return
+        self._turns_held += 1
+        turn = self._turns_held
         while True:
             slot = asyncio.ensure_future(acquire())
             record = (self.gw.keys.session_resume(self.session_id), "inputs", self.input_seq)
             try:
-                taken = await frames.take_turn(self.conn_id, TURN_LEASE_S, record)
+                taken = await frames.take_turn(self.conn_id, turn, TURN_LEASE_S, record)
             except BaseException:
                 await self._give_back(slot)
                 raise
@@ -189,17 +203,33 @@ class ResumableChat(Resumable):
             if self.gone.is_set():
                 slot = asyncio.ensure_future(acquire())
                 break
-        keeper = asyncio.create_task(self._keep_turn(frames))
+        keeper = asyncio.create_task(self._keep_turn(frames, turn))
         try:
             yield await slot
         finally:
             keeper.cancel()
-            with suppress(asyncio.CancelledError):
-                await keeper
-            try:
-                await frames.release_turn(self.conn_id)
-            except Exception:
-                log.warning("turn lease of %s not released", self.session_id, exc_info=True)
+            # given back behind the session's back: a next turn sent at once does not wait
+            # for it (issue #16)
+            ending = asyncio.create_task(self._end_turn(frames, keeper, turn))
+            self._turn_ends.add(ending)
+            ending.add_done_callback(self._turn_ends.discard)
+
+    async def _end_turn(self, frames: ChatLog, keeper: asyncio.Task[None], turn: int) -> None:
+        """Give the turn lease back once the turn's last frame is logged (whoever takes the
+        lease next numbers on from the log); a next turn of this connection may have taken it
+        over already (``ChatLog.take_turn``), and keeps it."""
+        with suppress(asyncio.CancelledError):
+            await keeper
+        await self.logged()
+        try:
+            await frames.release_turn(self.conn_id, turn)
+        except Exception:
+            log.warning("turn lease of %s not released", self.session_id, exc_info=True)
+
+    async def turn_ended(self) -> None:
+        """Wait until the turns that ended gave their leases back."""
+        if self._turn_ends:
+            await asyncio.gather(*self._turn_ends)
 
     async def _give_back(self, slot: asyncio.Future[Admitted | None]) -> bool:
         """Withdraw an acquire made alongside a lease that was not ours: the slot goes back if
@@ -217,11 +247,11 @@ class ResumableChat(Resumable):
         await self.gw.admission.release(got.slot_id)
         return True
 
-    async def _keep_turn(self, frames: ChatLog) -> None:
+    async def _keep_turn(self, frames: ChatLog, turn: int) -> None:
         while True:
             await asyncio.sleep(RENEW_S)
             try:
-                await frames.take_turn(self.conn_id, TURN_LEASE_S)
+                await frames.renew_turn(self.conn_id, turn, TURN_LEASE_S)
                 await self.note_gone()
                 if not self.replaced and not self.gone.is_set():
                     await self._was_replaced()
@@ -236,6 +266,7 @@ class ResumableChat(Resumable):
             self.closed_sent = True
             self.state = SessionState.CLOSED
             await self.emit(self.closed_frame(reason))
+            await self.logged()
             await self.end_record()
         await super().finish(reason, code)
 

@@ -133,6 +133,8 @@ class ChatSession(ResumableChat):
             await self.run_turns()
         finally:
             await self._drop_next_output()
+            await self.turn_ended()
+            await self.logged()
             await self.note_gone()
 
     async def run_turns(self) -> None:

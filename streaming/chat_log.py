@@ -29,6 +29,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _holder(conn: str, turn: int) -> str:
+    """The turn lease's value: the connection and its turn number."""
+    return f"{conn}#{turn}"
+
+
 def _entries(raw: Any) -> list[tuple[int, Frame]]:
     return [
         (int(_text(eid).split("-", 1)[0]), orjson.loads(fields.get(b"f") or fields["f"]))
@@ -48,6 +53,7 @@ class ChatLog:
         self.maxlen = maxlen
         self.ttl_s = max(1, int(ttl_s))  # the session's time left plus the grace
         self._appended = 0  # frames this connection logged
+        self._take = client.register_script(lua.TAKE_LEASE)
         self._release = client.register_script(lua.DELETE_IF_HELD)
 
     async def append(self, seq: int, frame: Frame) -> None:
@@ -88,34 +94,40 @@ class ChatLog:
         return _entries(got[0][1]) if got else []  # RESP2: [[key, entries]]
 
     async def take_turn(
-        self, conn: str, ttl_s: float, record: tuple[str, str, int] | None = None
+        self, conn: str, turn: int, ttl_s: float, record: tuple[str, str, int] | None = None
     ) -> bool:
-        """Hold the turn lease for ``conn`` (renewing it when held already).
+        """Hold the turn lease for turn number ``turn`` of ``conn``, in one step: taken when
+        free or held by another turn of ``conn`` (one whose hand-back is still on its way; its
+        ``release_turn`` then leaves this one alone), renewed when held by this turn.
 
-        ``record``: (key, field, value) of a hash field to set in the same round trip (the
-        session's resume record), so starting a turn costs one command exchange, not two.
+        ``record``: (key, field, value) of a hash field to set in the same step (the session's
+        resume record), so starting a turn costs one command exchange, not two.
         """
-        px = int(ttl_s * 1000)
-        if record is None:
-            taken = await self.redis.set(self.lease_key, conn, nx=True, px=px)
-        else:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(*record)
-                pipe.set(self.lease_key, conn, nx=True, px=px)
-                taken = (await pipe.execute())[1]
-        if taken:
-            return True
-        holder = await self.redis.get(self.lease_key)
-        if holder is not None and _text(holder) == conn:
-            await self.redis.pexpire(self.lease_key, px)
-            return True
-        return False
+        return await self._take_lease(_holder(conn, turn), ttl_s, f"{conn}#", record)
+
+    async def renew_turn(self, conn: str, turn: int, ttl_s: float) -> bool:
+        """Renew the lease of turn ``turn`` of ``conn`` (taken again if Redis lost it)."""
+        return await self._take_lease(_holder(conn, turn), ttl_s, "")
+
+    async def _take_lease(
+        self, holder: str, ttl_s: float, owner: str, record: tuple[str, str, int] | None = None
+    ) -> bool:
+        keys = [self.lease_key]
+        args: list[str | int] = [holder, int(ttl_s * 1000), owner]
+        if record is not None:
+            keys.append(record[0])
+            args += [record[1], record[2]]
+        return bool(await self._take(keys=keys, args=args))
 
     async def turn_holder(self) -> str | None:
         """The connection running a turn now (None: no turn in flight)."""
         got = await self.redis.get(self.lease_key)
-        return None if got is None else _text(got)
+        if got is None:
+            return None
+        holder = _text(got)
+        return holder.rpartition("#")[0] or holder
 
-    async def release_turn(self, conn: str) -> None:
-        """Give the turn lease back (only ``conn``'s own), in one step."""
-        await self._release(keys=[self.lease_key], args=[conn])
+    async def release_turn(self, conn: str, turn: int) -> None:
+        """Give the turn lease back (only while turn ``turn`` of ``conn`` holds it), in one
+        step."""
+        await self._release(keys=[self.lease_key], args=[_holder(conn, turn)])

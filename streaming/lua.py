@@ -179,6 +179,23 @@ end
 return {1}
 """
 
+TAKE_LEASE = """
+-- KEYS[1] a lease[, KEYS[2] a hash]; ARGV: holder, ttl_ms, owner[, field, value]
+-- Taken (or renewed) when free, held by ARGV[1] already, or held by another hold of the same
+-- owner (a value starting with ARGV[3]; empty: none), one still being given back: returns 1;
+-- else left as it is: 0. The hash field, when given, is set either way, in the same step.
+if KEYS[2] then
+  redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1]
+    or (ARGV[3] ~= '' and string.sub(holder, 1, string.len(ARGV[3])) == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
 DELETE_IF_HELD = """
 -- KEYS[1] a lease; ARGV[1] who gives it back: deleted only while that one still holds it
 if redis.call('GET', KEYS[1]) == ARGV[1] then

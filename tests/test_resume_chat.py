@@ -248,3 +248,31 @@ async def test_the_next_turns_channel_is_subscribed_ahead_and_closed_with_the_se
         lambda: not r.pubsub_channels(f"{stack.prefix}:s:{sid}*"), 10, "no channel of the session"
     )
     stack.wait_free(1)
+
+
+async def test_turns_sent_at_once_run_back_to_back_logged_in_order(stack: Stack) -> None:
+    """Inputs sent without waiting run one after another, each as soon as the last one's
+    ``response.done`` is out (its turn lease is taken over, not given back and taken again):
+    every numbered frame is consecutive and in the log exactly as the client got it, and the
+    lease is gone once the session is idle."""
+    stack.start_worker()
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    sid = (await client.init())["session_id"]
+    for turn in (1, 2, 3):
+        message = user(f"Reply with exactly: t{turn}")
+        await client.send({"type": "input.append", "input": {"messages": [message]}})
+    dones = [(await client.until("response.done", timeout=30)) for _ in range(3)]
+    assert [d["text"] for d in dones] == ["t1", "t2", "t3"]
+    got = numbered(client.received)
+    assert [f["seq"] for f in got] == list(range(1, len(got) + 1))
+    r = stack.redis()
+    lease = f"{stack.prefix}:s:{sid}:turn"
+    wait_for(lambda: not r.exists(lease), 10, "the lease given back")
+    logged = [
+        orjson.loads(fields[b"f"]) for _, fields in r.xrange(f"{stack.prefix}:s:{sid}:frames")
+    ]
+    assert logged == got
+    await client.send({"type": "session.close"})
+    await client.until("session.closed")
+    stack.wait_free(1)
