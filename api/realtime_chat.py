@@ -147,6 +147,11 @@ class ChatSession(ResumableChat):
                 self.superseded.clear()  # this connection's own turns queue from now on
             if self.state is SessionState.ACTIVE and self.turns.empty():
                 await self._open_next_output()
+            if not self.turns.empty() and not self.gone.is_set():
+                # an input that came while the last turn ended runs now, with no wait set up
+                if not await self.turn(*self.turns.get_nowait()):
+                    return
+                continue
             get = asyncio.ensure_future(self.turns.get())
             stops = [self.gone, self.close_wanted] + ([] if resumed else [self.superseded])
             waits = [asyncio.ensure_future(ev.wait()) for ev in stops]
