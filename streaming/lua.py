@@ -203,3 +203,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+LOG_AND_PUBLISH = """
+-- KEYS: output_log   ARGV: output_channel, entry_id, log_maxlen, event
+-- One output event sent to Redis once, then logged and published: as two commands a 128 KB
+-- audio event crossed the socket twice. An entry id already logged (a batch retried after a
+-- lost reply) is not logged again; it is still published (the gateway skips a seq it has).
+redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], ARGV[2], 'e', ARGV[4])
+return redis.call('PUBLISH', ARGV[1], ARGV[4])
+"""

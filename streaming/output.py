@@ -9,19 +9,25 @@ and a gap the log no longer covers is reported as a ``gap`` event, never skipped
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
+from streaming import lua
 from streaming.events import BadEvent, Event, Gap, decode_event, encode_event
 from streaming.keys import Keys
 from streaming.output_writer import OutputWriter
 
 log = logging.getLogger(__name__)
+
+LOG_AND_PUBLISH_SHA = hashlib.sha1(lua.LOG_AND_PUBLISH.encode()).hexdigest()
 
 
 class OutputPublisher:
@@ -29,8 +35,8 @@ class OutputPublisher:
 
     ``emit`` only numbers and queues an event; a background thread (``writer``: the slot's, or
     one of its own) writes them to Redis in order, several per round trip when they come faster
-    than Redis answers, so a model generating tokens never waits on the network. ``finish``
-    flushes everything.
+    than Redis answers, so a model generating tokens never waits on the network. Events emitted
+    ``together`` go in one round trip. ``finish`` flushes everything.
     """
 
     def __init__(
@@ -54,14 +60,37 @@ class OutputPublisher:
         self._own_writer = writer is None
         self.writer = writer or OutputWriter(f"out-{session_id}")
         self.writer.start()
+        self._held: list[tuple[int, bytes]] | None = None  # inside ``together``
 
     def emit(self, event: Event) -> int:
         """Number, stamp and queue one event for publication; returns its sequence number."""
         self.seq += 1
         event.seq = self.seq
         event.emitted_at = time.time()
-        self.writer.put(self, self.seq, encode_event(event))
+        if self._held is not None:
+            self._held.append((self.seq, encode_event(event)))
+        else:
+            self.writer.put(self, [(self.seq, encode_event(event))])
         return self.seq
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Queue the events emitted inside as one batch: one duplex step's text and audio.
+
+        Queued one by one, the writer woke for the text and wrote it alone, and the audio,
+        emitted microseconds later, waited for that round trip: it reached the client ~1 ms
+        after the text (docs/BENCHMARKS.md). Nested uses join the outer batch.
+        """
+        if self._held is not None:
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self.writer.put(self, held)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event emitted so far is in Redis."""
@@ -81,19 +110,9 @@ class OutputPublisher:
         """(The writer thread) log and publish ``batch`` in one round trip, retried twice."""
         for attempt in range(3):
             try:
-                with self.client.pipeline(transaction=False) as pipe:
-                    for seq, data in batch:
-                        pipe.xadd(
-                            self.log_key,
-                            {"e": data},
-                            id=f"{seq}-1",
-                            maxlen=self.log_maxlen,
-                            approximate=True,
-                        )
-                        if seq == self._first:
-                            pipe.expire(self.log_key, self.ttl_s)
-                        pipe.publish(self.channel, data)
-                    pipe.execute()
+                if not self._write_once(batch):  # Redis lost its scripts (a restart)
+                    self.client.script_load(lua.LOG_AND_PUBLISH)
+                    self._write_once(batch)
                 return
             except redis.RedisError:
                 log.warning(
@@ -104,6 +123,31 @@ class OutputPublisher:
                     exc_info=attempt == 2,
                 )
                 time.sleep(0.1 * (attempt + 1))
+
+    def _write_once(self, batch: list[tuple[int, bytes]]) -> bool:
+        """One pipeline of LOG_AND_PUBLISH calls; False when Redis does not know the script."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for seq, data in batch:
+                # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT
+                # EXISTS round trip on every execute
+                pipe.evalsha(
+                    LOG_AND_PUBLISH_SHA,
+                    1,
+                    self.log_key,
+                    self.channel,
+                    f"{seq}-1",
+                    self.log_maxlen,
+                    data,
+                )
+                if seq == self._first:
+                    pipe.expire(self.log_key, self.ttl_s)
+            replies = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            return False
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return True
 
 
 async def read_log(
@@ -181,7 +225,13 @@ class SessionOutput:
         (The timeout covers only the wait: a caller's cancel scope around the log catch-up
         would lose the event already taken from the queue.) Raises TimeoutError.
         """
-        event, size = await asyncio.wait_for(self.queue.get(), timeout)
+        if self.queue.empty():
+            # a timer, not wait_for: wait_for wraps the get in a task of its own, a task and
+            # two more loop turns for every event relayed
+            async with asyncio.timeout(timeout):
+                event, size = await self.queue.get()
+        else:
+            event, size = self.queue.get_nowait()
         self.pending_bytes = max(0, self.pending_bytes - size)
         return await self._order(event)
 

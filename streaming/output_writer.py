@@ -20,7 +20,7 @@ class Target(Protocol):
         """Write these (seq, encoded event) pairs to Redis, in order."""
 
 
-Item = tuple[Target, int, bytes] | threading.Event | None
+Item = tuple[Target, list[tuple[int, bytes]]] | threading.Event | None
 
 
 class OutputWriter:
@@ -42,11 +42,11 @@ class OutputWriter:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
 
-    def put(self, target: Target, seq: int, data: bytes) -> None:
-        """Queue one encoded event of ``target``."""
+    def put(self, target: Target, events: list[tuple[int, bytes]]) -> None:
+        """Queue encoded ``(seq, event)`` pairs of ``target``, to be written in one batch."""
         if self._thread is None:
             self.start()
-        self._queue.put((target, seq, data))
+        self._queue.put((target, events))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is written."""
@@ -77,13 +77,13 @@ class OutputWriter:
                 elif isinstance(item, threading.Event):
                     markers.append(item)
                 else:
-                    owner, seq, data = item
+                    owner, events = item
                     if owner is not target and batch:
                         assert target is not None
                         target.write(batch)  # another session's events: one batch each
                         batch = []
                     target = owner
-                    batch.append((seq, data))
+                    batch.extend(events)
                 if stop or len(batch) >= self.BATCH:
                     break
                 try:

@@ -78,10 +78,11 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                     first_delta_s = time.perf_counter() - t0
                 if not req.streaming:
                     continue
-                if ev.text:
-                    ctx.emit(TextDelta(text=ev.text))
-                for piece in chunker.push(ev.audio):
-                    ctx.emit(AudioDelta(audio=audio_b64(piece)))
+                with ctx.out.together():  # the step's text and audio in one round trip
+                    if ev.text:
+                        ctx.emit(TextDelta(text=ev.text))
+                    for piece in chunker.push(ev.audio):
+                        ctx.emit(AudioDelta(audio=audio_b64(piece)))
             elif isinstance(ev, ChatDone):
                 # a streamed turn's last (short) piece of speech rides on "done" as last_audio
                 rest = chunker.flush() if req.streaming else None

@@ -265,24 +265,25 @@ class DuplexRunner:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
             self.conversation.heard(result.heard)
-        if result.listen:
-            self.end_response(interrupted=True)
-            ctx.emit(
-                Listen(
-                    input_id=chunk.input_id,
-                    kv_cache_length=result.kv_cache_length,
-                    metrics=metrics,
+        with ctx.out.together():  # the step's text and audio in one round trip
+            if result.listen:
+                self.end_response(interrupted=True)
+                ctx.emit(
+                    Listen(
+                        input_id=chunk.input_id,
+                        kv_cache_length=result.kv_cache_length,
+                        metrics=metrics,
+                    )
                 )
-            )
-        else:
-            self.speak(
-                chunk.input_id,
-                result.text,
-                result.audio,
-                result.end_of_turn,
-                result.kv_cache_length,
-                metrics,
-            )
+            else:
+                self.speak(
+                    chunk.input_id,
+                    result.text,
+                    result.audio,
+                    result.end_of_turn,
+                    result.kv_cache_length,
+                    metrics,
+                )
         if result.kv_cache_length >= self.backend.max_context_tokens:
             self.close(CloseReason.CONTEXT_FULL)
             return True

@@ -14,7 +14,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from streaming.events import Event, Gap, Listen, TextDelta
+from streaming.events import Event, Gap, Listen, TextDelta, encode_event
 from streaming.keys import Keys
 from streaming.output import OutputBus, OutputPublisher, SessionOutput, read_log
 from streaming.output_writer import OutputWriter
@@ -238,3 +238,56 @@ async def test_sessions_that_share_a_writer_keep_their_own_order(
     pubs[1].finish(linger_s=1)
     writer.stop()
     assert not thread.is_alive()
+
+
+async def test_events_emitted_together_go_out_in_one_write(
+    publisher: OutputPublisher, async_redis: aioredis.Redis, keys: Keys, bus: OutputBus
+) -> None:
+    """One duplex step's text and audio are held until the step's block ends and then written
+    in one round trip (one ``write``), in order; events outside such a block go out at once."""
+    out = await bus.open(SID)
+    batches: list[list[int]] = []
+    real_write = publisher.write
+
+    def spy(batch: list[tuple[int, bytes]]) -> None:
+        batches.append([seq for seq, _ in batch])
+        real_write(batch)
+
+    publisher.write = spy  # type: ignore[method-assign]
+    await emit(publisher, text(1))
+    with publisher.together():
+        publisher.emit(text(2))
+        with publisher.together():  # a nested block joins the outer one
+            publisher.emit(Listen(input_id="input_1", kv_cache_length=0))
+        assert await asyncio.to_thread(publisher.flush)
+        assert [ev.seq for ev in await read_log(async_redis, keys, SID, 1)] == [1]  # held
+    assert await asyncio.to_thread(publisher.flush)
+    assert batches == [[1], [2, 3]]
+    assert [ev.seq for ev in await collect(out, 3)] == [1, 2, 3]
+    assert [ev.seq for ev in await read_log(async_redis, keys, SID, 1)] == [1, 2, 3]
+
+
+async def test_a_batch_written_again_or_after_a_script_flush_still_arrives_once_logged(
+    sync_redis: redis.Redis,
+    publisher: OutputPublisher,
+    async_redis: aioredis.Redis,
+    keys: Keys,
+    bus: OutputBus,
+) -> None:
+    """Each event goes to Redis once and is logged and published there (LOG_AND_PUBLISH). A
+    batch written twice (a retry after a lost reply) is logged once and published twice, which
+    the reader skips by seq; a Redis that lost its scripts (a restart) gets it loaded again."""
+    out = await bus.open(SID)
+    await emit(publisher, text(1))
+    assert [ev.seq for ev in await out.get(timeout=10)] == [1]
+    publisher.write([(1, encode_event(TextDelta(text="again", seq=1)))])  # the retry
+    sync_redis.script_flush()
+    await emit(publisher, text(2))
+    got = await collect(out, 2)
+    assert [(ev.seq, ev.text) for ev in got if isinstance(ev, TextDelta)] == [(2, "t2")]
+    assert out.gaps == 0
+    logged = await read_log(async_redis, keys, SID, 1)
+    assert [(ev.seq, ev.text) for ev in logged if isinstance(ev, TextDelta)] == [
+        (1, "t1"),
+        (2, "t2"),
+    ]
