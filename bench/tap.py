@@ -17,9 +17,19 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import orjson
 import redis
+
+_AUDIO = b',"audio":"'
+
+
+def _head(data: bytes) -> dict[str, Any]:
+    """The event's fields before its audio: parsing a ~128 KB audio event whole took the
+    shared core from the client at the very moment the client was to read that event."""
+    cut = data.find(_AUDIO, 0, 4096)
+    return cast("dict[str, Any]", orjson.loads(data[:cut] + b"}" if cut > 0 else data))
 
 
 def run(url: str, prefix: str, outfile: Path) -> None:
@@ -50,7 +60,7 @@ def run(url: str, prefix: str, outfile: Path) -> None:
             data: bytes = msg["data"]
             if channel.startswith(out_prefix):
                 sid = channel[len(out_prefix) : -4].decode()
-                ev = orjson.loads(data)
+                ev = _head(data)
                 rows.append(
                     orjson.dumps([t, sid, ev.get("type"), ev.get("input_id"), ev.get("seq")])
                 )
