@@ -1,5 +1,5 @@
-"""Lua scripts: the admission queue, the slot pool, a session's claim and a lease's release. Each
-runs as one atomic Redis step.
+"""Lua scripts: the admission queue, the slot pool, a session's claim, a lease's release and an
+output event's write. Each runs as one atomic Redis step.
 
 Keys are built inside the scripts from a prefix, so the scripts assume one Redis (not a cluster).
 Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n>``.
