@@ -67,10 +67,11 @@ class OutputPublisher:
         self.seq += 1
         event.seq = self.seq
         event.emitted_at = time.time()
+        item = (self.seq, encode_event(event))
         if self._held is not None:
-            self._held.append((self.seq, encode_event(event)))
+            self._held.append(item)
         else:
-            self.writer.put(self, [(self.seq, encode_event(event))])
+            self.writer.put(self, [item])
         return self.seq
 
     @contextmanager

@@ -7,6 +7,7 @@ The worker side (``OutputPublisher``, a thread with a synchronous client) and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -291,3 +292,25 @@ async def test_a_batch_written_again_or_after_a_script_flush_still_arrives_once_
         (1, "t1"),
         (2, "t2"),
     ]
+
+
+async def test_an_event_the_log_refuses_is_still_delivered_and_the_failure_reported(
+    sync_redis: redis.Redis,
+    publisher: OutputPublisher,
+    keys: Keys,
+    bus: OutputBus,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A log write that fails for another reason than a retried id (here the key holds a
+    string) is not swallowed by the script: the writer retries and warns, as for a lost
+    connection, and the event still reaches the live reader once."""
+    out = await bus.open(SID)
+    sync_redis.set(keys.output_log(SID), "not a stream")
+    await emit(publisher, text(1))
+    assert [ev.seq for ev in await out.get(timeout=10)] == [1]
+    assert "publishing 1 event(s) of rt_unit failed (try 3)" in caplog.text
+    again: list[Event] = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            again += await out.get(timeout=0.3)
+    assert again == []  # the retries' copies (published again) are skipped by seq
