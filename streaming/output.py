@@ -9,7 +9,6 @@ and a gap the log no longer covers is reported as a ``gap`` event, never skipped
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -26,8 +25,6 @@ from streaming.keys import Keys
 from streaming.output_writer import OutputWriter
 
 log = logging.getLogger(__name__)
-
-LOG_AND_PUBLISH_SHA = hashlib.sha1(lua.LOG_AND_PUBLISH.encode()).hexdigest()
 
 
 class OutputPublisher:
@@ -61,6 +58,7 @@ class OutputPublisher:
         self.writer = writer or OutputWriter(f"out-{session_id}")
         self.writer.start()
         self._held: list[tuple[int, bytes]] | None = None  # inside ``together``
+        self._log_and_publish = client.register_script(lua.LOG_AND_PUBLISH)
 
     def emit(self, event: Event) -> int:
         """Number, stamp and queue one event for publication; returns its sequence number."""
@@ -112,7 +110,7 @@ class OutputPublisher:
         for attempt in range(3):
             try:
                 if not self._write_once(batch):  # Redis lost its scripts (a restart)
-                    self.client.script_load(lua.LOG_AND_PUBLISH)
+                    self.client.script_load(self._log_and_publish.script)
                     self._write_once(batch)
                 return
             except redis.RedisError:
@@ -132,7 +130,7 @@ class OutputPublisher:
                 # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT
                 # EXISTS round trip on every execute
                 pipe.evalsha(
-                    LOG_AND_PUBLISH_SHA,
+                    self._log_and_publish.sha,
                     1,
                     self.log_key,
                     self.channel,
