@@ -164,8 +164,12 @@ class MiniCPMOBackend(Backend):
             if self._active_duplex is not None:
                 self._active_duplex.close()
             self._closed = True
+            # every reference to the weights goes, ``loaded``'s too: otherwise empty_cache()
+            # below frees only the cache and the weights stay on the GPU (seen on an H100)
             self.model = None
             self.duplex_wrapper = None
+            self.loaded.model = None
+            self.loaded.duplex = None
         gc.collect()
         torch = loading.torch_module() if str(self.device).startswith("cuda") else None
         if torch is not None and torch.cuda.is_available():

@@ -359,6 +359,7 @@ class MiniCPMODuplexSession(DuplexSession):
             reset_session(model)
             compat.apply_stream_constants(model, self._backend.loaded.chat_constants)
         self._duplex = None
+        self._model = None  # a closed session must not keep the weights alive (close())
         self._settings = {}
         self._prompt_wav_path = None
         if self._tmpdir is not None:

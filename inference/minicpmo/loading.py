@@ -70,8 +70,9 @@ def gpu_memory(device: str) -> dict[str, Any]:
     if torch is None or not torch.cuda.is_available():
         return {}
     return {
-        "gpu_memory_allocated_bytes": int(torch.cuda.memory_allocated()),
-        "gpu_memory_reserved_bytes": int(torch.cuda.memory_reserved()),
+        # the configured device's, not the current one's ("cuda:1" on a multi-GPU host)
+        "gpu_memory_allocated_bytes": int(torch.cuda.memory_allocated(device)),
+        "gpu_memory_reserved_bytes": int(torch.cuda.memory_reserved(device)),
     }
 
 
