@@ -4,7 +4,9 @@ Every relayed session must notice, twice a second, when its worker stopped renew
 lease (``api/task_relay.py``) and, when resumable, when another connection took it over (the
 ``conn`` field of its resume record, ``api/resumable.py``). Asked one session at a time that
 was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here the
-sessions' questions wait for the gateway's next tick, and one pipeline answers all of them.
+sessions' questions wait for the gateway's next tick, and one script (``lua.LIVENESS``) answers
+all of them with one character each: as a pipeline of single commands, parsing a tick's
+hundreds of replies cost more than everything else the read did.
 
 A question is answered by a read made after it was asked (at the first tick after it), so an
 answer is never older than the question. A session asked about in one tick gets a question
@@ -19,40 +21,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
 
+from streaming import lua
 from streaming.keys import Keys
 
 log = logging.getLogger("omniserve.gateway")
 
 TICK_S = 0.5  # one round trip per this for all sessions; with lease_ttl_s (1.5 s) a dead
 # worker's clients are told within ~2.5 s
+KEYS_PER_CALL = 500  # a script call reads at most this many keys: Redis serves other clients
+# between the calls of a very large gateway's tick
 
 
-T = TypeVar("T")
+Q = TypeVar("Q", bound=Hashable)
 
 
-class _Questions(Generic[T]):
-    """The open questions of one kind, by session id (never a done future in here)."""
+class _Questions(Generic[Q]):
+    """The open questions of one kind, by what they ask (never a done future in here)."""
 
     def __init__(self) -> None:
-        self.open: dict[str, asyncio.Future[T]] = {}
-        self.taken: set[str] = set()  # handed to an asker since opened
+        self.open: dict[Q, asyncio.Future[bool]] = {}
+        self.taken: set[Q] = set()  # handed to an asker since opened
 
-    def ask(self, session_id: str) -> asyncio.Future[T]:
-        fut = self.open.get(session_id)
+    def ask(self, question: Q) -> asyncio.Future[bool]:
+        fut = self.open.get(question)
         if fut is None:
-            fut = self.open[session_id] = asyncio.get_running_loop().create_future()
-        self.taken.add(session_id)
+            fut = self.open[question] = asyncio.get_running_loop().create_future()
+        self.taken.add(question)
         return fut
 
-    def take_all(self) -> dict[str, asyncio.Future[T]]:
+    def take_all(self) -> dict[Q, asyncio.Future[bool]]:
         """The questions to answer now; those an asker holds are opened again at once."""
         batch, taken = self.open, self.taken
         loop = asyncio.get_running_loop()
-        self.open = {sid: loop.create_future() for sid in batch if sid in taken}
+        self.open = {q: loop.create_future() for q in batch if q in taken}
         self.taken = set()
         return batch
 
@@ -69,8 +75,9 @@ class Liveness:
         self.redis = redis
         self.keys = keys
         self.tick_s = tick_s
-        self._leases: _Questions[bool] = _Questions()
-        self._owners: _Questions[str | None] = _Questions()
+        self._leases: _Questions[str] = _Questions()
+        self._replaced: _Questions[tuple[str, str]] = _Questions()
+        self._script = redis.register_script(lua.LIVENESS)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -84,16 +91,16 @@ class Liveness:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._leases.cancel()
-        self._owners.cancel()
+        self._replaced.cancel()
 
     def lease(self, session_id: str) -> asyncio.Future[bool]:
         """Whether the session's worker still renews its lease, as read at the next tick."""
         return self._leases.ask(session_id)
 
-    def owner(self, session_id: str) -> asyncio.Future[str | None]:
-        """The connection that relays the session ("" detached; None: no record), at the next
-        tick."""
-        return self._owners.ask(session_id)
+    def replaced(self, session_id: str, conn_id: str) -> asyncio.Future[bool]:
+        """Whether a connection other than ``conn_id`` relays the session now (its resume
+        record names another one; detached or no record: False), at the next tick."""
+        return self._replaced.ask((session_id, conn_id))
 
     async def _run(self) -> None:
         while True:
@@ -101,36 +108,45 @@ class Liveness:
             await self.check()
 
     async def check(self) -> None:
-        """Answer every open question with one pipelined read (none when none is open)."""
-        leases, owners = self._leases.take_all(), self._owners.take_all()
-        if not leases and not owners:
+        """Answer every open question with one read (none when none is open; a very large tick
+        in several, ``KEYS_PER_CALL``)."""
+        leases, replaced = self._leases.take_all(), self._replaced.take_all()
+        if not leases and not replaced:
             return
+        keys = [self.keys.session_lease(sid) for sid in leases]
+        keys += [self.keys.session_resume(sid) for sid, _ in replaced]
+        conns = [conn for _, conn in replaced]
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for sid in leases:
-                    pipe.exists(self.keys.session_lease(sid))
-                for sid in owners:
-                    pipe.hget(self.keys.session_resume(sid), "conn")
-                got = await pipe.execute()
+            flags = await self._read(keys, len(leases), conns)
         except Exception as exc:  # noqa: BLE001 - each asker decides, as with its own command
             log.warning("liveness check failed: %s", exc)
             _fail(leases, exc)
-            _fail(owners, exc)
+            _fail(replaced, exc)
             return
-        for fut, alive in zip(leases.values(), got, strict=False):
+        futures = [*leases.values(), *replaced.values()]
+        for fut, flag in zip(futures, flags, strict=True):
             if not fut.done():
-                fut.set_result(bool(alive))
-        for owner, conn in zip(owners.values(), got[len(leases) :], strict=False):
-            if not owner.done():
-                owner.set_result(None if conn is None else _text(conn))
+                fut.set_result(flag == ord("1"))
+
+    async def _read(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
+        """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys."""
+        flags = b""
+        for i in range(0, len(keys), KEYS_PER_CALL):
+            part = keys[i : i + KEYS_PER_CALL]
+            n = max(0, min(len(part), leases - i))  # of them leases, then resume records
+            first = max(0, i - leases)
+            args: list[str | int] = [n, *conns[first : first + len(part) - n]]
+            flags += _flags(await self._script(keys=part, args=args))
+        return flags
 
 
-def _fail(batch: dict[str, asyncio.Future[Any]], exc: Exception) -> None:
+def _flags(reply: Any) -> bytes:
+    """The script's reply (bytes, or str on a client that decodes responses)."""
+    return reply.encode() if isinstance(reply, str) else bytes(reply)
+
+
+def _fail(batch: dict[Any, asyncio.Future[bool]], exc: Exception) -> None:
     for fut in batch.values():
         if not fut.done():
             fut.set_exception(exc)
             fut.exception()  # (retrieved: an asker that left does not log it again)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -53,7 +53,7 @@ class Resumable(RealtimeSession):
         self.first_event = asyncio.Event()
         self._held: list[Frame] | None = []  # queue events of the new session, held briefly
         self._flusher: asyncio.Future[None] | None = None
-        self._owner_ask: asyncio.Future[str | None] | None = None  # open question to gw.liveness
+        self._replaced_ask: asyncio.Future[bool] | None = None  # open question to gw.liveness
 
     async def queue_frame(self, frame: Frame) -> None:
         """The new session's queue events wait until the client's first event, at most
@@ -196,17 +196,21 @@ class Resumable(RealtimeSession):
         """``_was_replaced`` from the gateway's batched liveness read (``api/liveness.py``):
         False until the open question is answered; always leaves one open, so every tick
         checks this session. For a relay loop that must not wait on Redis."""
-        ask = self._owner_ask
+        ask = self._replaced_ask
         if ask is not None and not ask.done():
             return False
-        self._owner_ask = self.gw.liveness.owner(self.session_id)
+        self._replaced_ask = self.gw.liveness.replaced(self.session_id, self.conn_id)
         if ask is None or ask.cancelled() or ask.exception() is not None:
             return False  # (a failed read: Redis away, the next tick decides)
-        return await self._replaced_by(ask.result())
+        return ask.result() and await self._close_replaced()
 
     async def _replaced_by(self, owner: str | None) -> bool:
         if owner is None or owner == self.conn_id or owner == "":
             return False
+        return await self._close_replaced()
+
+    async def _close_replaced(self) -> bool:
+        """Tell the client that another connection took the session over, and close."""
         self.replaced = True
         self.closed_sent = True
         self.state = SessionState.CLOSED

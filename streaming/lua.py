@@ -1,5 +1,5 @@
-"""Lua scripts: the admission queue, the slot pool, a session's claim, a lease's release and an
-output event's write. Each runs as one atomic Redis step.
+"""Lua scripts: the admission queue, the slot pool, a session's claim, a lease's release, an
+output event's write and the gateway's liveness read. Each runs as one atomic Redis step.
 
 Keys are built inside the scripts from a prefix, so the scripts assume one Redis (not a cluster).
 Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n>``.
@@ -217,4 +217,23 @@ if type(logged) == 'table' and logged.err
   return logged
 end
 return published
+"""
+
+LIVENESS = """
+-- KEYS: session leases, then resume records   ARGV: how many leases, then for each resume
+-- record the connection asking about it
+-- The gateway's liveness questions of one tick in one step. Returns one character per key:
+-- a lease '1' held, '0' gone; a resume record '1' another connection holds the session (its
+-- `conn` is set, not empty (detached) and not the asker's), else '0'. One short string: as
+-- commands of their own, a tick's hundreds of replies cost the gateway more than the reads.
+local leases = tonumber(ARGV[1])
+local out = {}
+for i = 1, leases do
+  out[i] = redis.call('EXISTS', KEYS[i]) == 1 and '1' or '0'
+end
+for i = leases + 1, #KEYS do
+  local conn = redis.call('HGET', KEYS[i], 'conn')
+  out[i] = (conn and conn ~= '' and conn ~= ARGV[i - leases + 1]) and '1' or '0'
+end
+return table.concat(out)
 """

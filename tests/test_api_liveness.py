@@ -12,14 +12,21 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from api import liveness
 from api.liveness import Liveness
+from streaming import lua
 from streaming.keys import Keys
 
 
 class CountingRedis(aioredis.Redis):
-    """A client that counts the pipelines it runs (one pipeline: one round trip)."""
+    """A client that counts its round trips: the commands it sends itself and its pipelines
+    (a command sent inside a pipeline is not counted again)."""
 
     pipelines = 0
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        CountingRedis.pipelines += 1
+        return await super().execute_command(*args, **options)
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
         CountingRedis.pipelines += 1
@@ -33,13 +40,17 @@ async def test_one_read_answers_every_question(redis_server: str, keys: Keys) ->
         await client.set(keys.session_lease("a"), b"w1")
         await client.hset(keys.session_resume("a"), "conn", "c1")
         await client.hset(keys.session_resume("b"), "conn", "")
+        await client.script_load(lua.LIVENESS)  # (not a round trip of the tick)
         CountingRedis.pipelines = 0
         live.start()
-        asks = [live.lease("a"), live.lease("b"), live.owner("a"), live.owner("b")]
-        asks.append(live.owner("gone"))
+        asks = [live.lease("a"), live.lease("b")]
+        asks += [live.replaced("a", "c1"), live.replaced("a", "c2"), live.replaced("b", "c1")]
+        asks.append(live.replaced("gone", "c1"))
         assert live.lease("a") is asks[0]  # the same question twice: one answer
+        assert live.replaced("a", "c2") is asks[3]
         got = await asyncio.gather(*asks)
-        assert got == [True, False, "c1", "", None]
+        # c2 asks about a session that c1 holds; "b" is detached; "gone" has no record
+        assert got == [True, False, False, True, False, False]
         assert CountingRedis.pipelines == 1
     finally:
         await live.stop()
@@ -66,7 +77,7 @@ async def test_a_failed_read_fails_its_questions(keys: Keys) -> None:
     live = Liveness(client, keys, tick_s=0.01)
     try:
         live.start()
-        lease, owner = live.lease("s"), live.owner("s")
+        lease, owner = live.lease("s"), live.replaced("s", "c1")
         await asyncio.wait([lease, owner])
         with pytest.raises(aioredis.ConnectionError):
             lease.result()
@@ -81,7 +92,7 @@ async def test_stop_cancels_open_questions(redis_server: str, keys: Keys) -> Non
     client = aioredis.Redis.from_url(redis_server)
     live = Liveness(client, keys, tick_s=60)
     live.start()
-    ask = live.owner("s")
+    ask = live.replaced("s", "c1")
     await live.stop()
     assert ask.cancelled()
     await client.aclose()
@@ -94,6 +105,7 @@ async def test_read_every_tick_while_asked_then_dropped(redis_server: str, keys:
     live = Liveness(client, keys, tick_s=0.05)
     try:
         await client.set(keys.session_lease("s"), b"w1")
+        await client.script_load(lua.LIVENESS)
         CountingRedis.pipelines = 0
         live.start()
         assert await live.lease("s") is True
@@ -105,4 +117,35 @@ async def test_read_every_tick_while_asked_then_dropped(redis_server: str, keys:
         assert await later is False
     finally:
         await live.stop()
+        await client.aclose()
+
+
+async def test_a_large_tick_is_read_in_parts(
+    redis_server: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More keys than one script call reads: one call per part, and every answer still lands
+    on its own question (leases and resume records split across parts)."""
+    monkeypatch.setattr(liveness, "KEYS_PER_CALL", 3)
+    client = CountingRedis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=0.05)
+    sids = [f"s{i}" for i in range(5)]
+    try:
+        for i, sid in enumerate(sids):
+            if i % 2 == 0:
+                await client.set(keys.session_lease(sid), b"w1")
+            await client.hset(keys.session_resume(sid), "conn", "mine" if i < 3 else "theirs")
+        await client.script_load(lua.LIVENESS)
+        CountingRedis.pipelines = 0
+        live.start()
+        leases = await asyncio.gather(*(live.lease(sid) for sid in sids))
+        assert leases == [True, False, True, False, True]
+        assert CountingRedis.pipelines == 2  # 5 keys, 3 a call
+        leases_again = [live.lease(sid) for sid in sids]
+        replaced = await asyncio.gather(*(live.replaced(sid, "mine") for sid in sids))
+        assert replaced == [False, False, False, True, True]
+        assert await asyncio.gather(*leases_again) == leases
+    finally:
+        await live.stop()
+        await client.delete(*(keys.session_lease(s) for s in sids))
+        await client.delete(*(keys.session_resume(s) for s in sids))
         await client.aclose()
