@@ -44,7 +44,7 @@ class Sampler:
         if self._thread:
             self._thread.join()
 
-    def window(self, name: str, a: float, b: float) -> dict[str, float]:
+    def window(self, name: str, a: float, b: float, digits: int = 1) -> dict[str, float]:
         """CPU % of one core and peak RSS (MiB) of ``name`` between wall times a and b."""
         s = self.samples.get(name) or []
         if len(s) < 2:
@@ -55,7 +55,7 @@ class Sampler:
         dt = s[j][0] - s[i][0]
         cpu = (s[j][1] - s[i][1]) / dt * 100 if dt > 0 else 0.0
         rss = max(x[2] for x in s[i : j + 1]) / 2**20
-        return {"cpu_pct": round(cpu, 1), "rss_mib": round(rss, 1)}
+        return {"cpu_pct": round(cpu, digits), "rss_mib": round(rss, 1)}
 
 
 def rss_mib(pid: int) -> float:

@@ -154,6 +154,7 @@ class Stack:
     slots: int = 0
     deflate: bool = False  # the gateway negotiates permessage-deflate (OMNISERVE_WS_DEFLATE)
     gateway_idle_rss_mib: float = 0.0  # measured when the gateway came up
+    python: str = sys.executable  # the gateway's interpreter (bench.ab may try another)
 
     def base_env(self) -> dict[str, str]:
         env = service_env(
@@ -171,7 +172,7 @@ class Stack:
         cmd = ["omniserve", "gateway"]
         self.gateway, log = spawn(
             f"{self.prefix}-gateway",
-            [sys.executable, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
+            [self.python, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
             self.base_env(),
             server=True,
         )

@@ -50,3 +50,24 @@ def test_bench_smoke_reports_every_figure() -> None:
         assert u["updates_per_s"] > 0
         assert u["redis_commands_per_update"] is not None
     assert "pytest-smoke" in proc.stdout or "Relay" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_ab_compares_two_revisions_side_by_side() -> None:
+    """``python -m bench.ab``: a committed revision (from git) against the working tree, both
+    gateways loaded at once; each round prints both figures and their ratio."""
+    pytest.importorskip("psutil")
+    args = ["HEAD", ".", "--sessions", "2", "--rounds", "1", "--seconds", "4"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.ab", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round 0:")]
+    assert len(rounds) == 1, proc.stdout
+    a, b = (float(rounds[0].split(f" {side} ")[1].split()[0]) for side in "AB")
+    assert a > 0 and b > 0
+    assert "B/A median" in proc.stdout
