@@ -4,9 +4,10 @@ Every relayed session must notice, twice a second, when its worker stopped renew
 lease (``api/task_relay.py``) and, when resumable, when another connection took it over (the
 ``conn`` field of its resume record, ``api/resumable.py``). Asked one session at a time that
 was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here the
-sessions' questions wait for the gateway's next tick, and one script (``lua.LIVENESS``) answers
-all of them with one character each: as a pipeline of single commands, parsing a tick's
-hundreds of replies cost more than everything else the read did.
+sessions' questions wait for the gateway's next tick, and one script call (``lua.LIVENESS``)
+answers all of them with one character each: Redis runs one command a tick where a pipeline
+brought it two per session (the gateway's own CPU did not change measurably either way,
+docs/BENCHMARKS.md).
 
 A question is answered by a read made after it was asked (at the first tick after it), so an
 answer is never older than the question. A session asked about in one tick gets a question
@@ -116,14 +117,16 @@ class Liveness:
         keys = [self.keys.session_lease(sid) for sid in leases]
         keys += [self.keys.session_resume(sid) for sid, _ in replaced]
         conns = [conn for _, conn in replaced]
+        futures = [*leases.values(), *replaced.values()]
         try:
             flags = await self._read(keys, len(leases), conns)
+            if len(flags) != len(futures):
+                raise ValueError(f"{len(flags)} answers to {len(futures)} questions")
         except Exception as exc:  # noqa: BLE001 - each asker decides, as with its own command
             log.warning("liveness check failed: %s", exc)
             _fail(leases, exc)
             _fail(replaced, exc)
             return
-        futures = [*leases.values(), *replaced.values()]
         for fut, flag in zip(futures, flags, strict=True):
             if not fut.done():
                 fut.set_result(flag == ord("1"))

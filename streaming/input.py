@@ -78,8 +78,8 @@ class InputWriter:
         key = self.keys.input_audio(session_id)
         maxlen = self.pending_bound(len(chunk.audio) // 4)
         if not chunk.force_listen and chunk.seq != 1:
-            # the common chunk: one command (a pipeline of one costs the gateway ~15 us more
-            # per chunk, for every session every second)
+            # the common chunk: one command (a pipeline of one took ~15 us more CPU per chunk
+            # in a microbenchmark; docs/BENCHMARKS.md)
             await self.redis.xadd(key, fields, maxlen=maxlen, approximate=False)
             return
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -224,8 +224,8 @@ LIVENESS = """
 -- record the connection asking about it
 -- The gateway's liveness questions of one tick in one step. Returns one character per key:
 -- a lease '1' held, '0' gone; a resume record '1' another connection holds the session (its
--- `conn` is set, not empty (detached) and not the asker's), else '0'. One short string: as
--- commands of their own, a tick's hundreds of replies cost the gateway more than the reads.
+-- `conn` is set, not empty (detached) and not the asker's), else '0'. One command a tick
+-- for Redis, and one short reply, where a pipeline brought two commands per session.
 local leases = tonumber(ARGV[1])
 local out = {}
 for i = 1, leases do

@@ -149,3 +149,30 @@ async def test_a_large_tick_is_read_in_parts(
         await client.delete(*(keys.session_lease(s) for s in sids))
         await client.delete(*(keys.session_resume(s) for s in sids))
         await client.aclose()
+
+
+async def test_a_short_reply_fails_its_questions_and_the_ticks_go_on(
+    redis_server: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer that does not fit the questions fails them (never a wrong answer), and the
+    next tick is read as usual."""
+    client = aioredis.Redis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=0.05)
+    read = live._read
+
+    async def short(keys: list[str], leases: int, conns: list[str]) -> bytes:
+        return (await read(keys, leases, conns))[:-1]
+
+    try:
+        await client.set(keys.session_lease("s"), b"w1")
+        monkeypatch.setattr(live, "_read", short)
+        live.start()
+        asks = [live.lease("s"), live.replaced("s", "c1")]
+        await asyncio.wait(asks)
+        assert all(isinstance(a.exception(), ValueError) for a in asks)
+        monkeypatch.setattr(live, "_read", read)
+        assert await live.lease("s") is True
+    finally:
+        await live.stop()
+        await client.delete(keys.session_lease("s"))
+        await client.aclose()
