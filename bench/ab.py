@@ -48,7 +48,7 @@ def checkout(rev: str, into: Path) -> Path:
 def one_round(trees: list[Path], pythons: list[str], n: int, seconds: float) -> list[float]:
     """Gateway CPU % of a core per session, for each tree, over the same window."""
     stacks = [
-        Stack(shared_redis(), env={"PYTHONPATH": str(t)}, python=python)
+        Stack(shared_redis(), python=python, root=t)
         for t, python in zip(trees, pythons, strict=True)
     ]
     try:

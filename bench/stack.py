@@ -71,19 +71,24 @@ def install_cleanup() -> None:
 
 
 def spawn(
-    name: str, argv: list[str], env: dict[str, str], server: bool = False
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    server: bool = False,
+    cwd: Path = ROOT,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start a child in its own process group, logging to LOG_DIR; it is killed at exit.
 
     ``server``: the process under test (gateway or baseline), placed on the server core when the
-    run is pinned (bench.pinning)."""
+    run is pinned (bench.pinning). ``cwd``: the source tree it runs (``python -m`` puts the
+    working directory first on ``sys.path``, ahead of any ``PYTHONPATH``)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{name}.log"
     with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
         p = subprocess.Popen(
             argv,
             env=env,
-            cwd=ROOT,
+            cwd=cwd,
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -155,6 +160,7 @@ class Stack:
     deflate: bool = False  # the gateway negotiates permessage-deflate (OMNISERVE_WS_DEFLATE)
     gateway_idle_rss_mib: float = 0.0  # measured when the gateway came up
     python: str = sys.executable  # the gateway's interpreter (bench.ab may try another)
+    root: Path = ROOT  # the source tree its gateway and workers run (bench.ab: a revision's)
 
     def base_env(self) -> dict[str, str]:
         env = service_env(
@@ -163,6 +169,7 @@ class Stack:
             OMNISERVE_GATEWAY_HOST="127.0.0.1",
             OMNISERVE_WS_DEFLATE="true" if self.deflate else "false",
         )
+        env["PYTHONPATH"] = str(self.root)
         env.update(self.env)
         return env
 
@@ -175,6 +182,7 @@ class Stack:
             [self.python, "-m", *cmd, "--host", "127.0.0.1", "--port", str(self.port)],
             self.base_env(),
             server=True,
+            cwd=self.root,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -211,6 +219,7 @@ class Stack:
                 options,
             ],
             self.base_env(),
+            cwd=self.root,
         )
         self.workers.append(p)
         self.slots += slots

@@ -71,3 +71,30 @@ def test_bench_ab_compares_two_revisions_side_by_side() -> None:
     a, b = (float(rounds[0].split(f" {side} ")[1].split()[0]) for side in "AB")
     assert a > 0 and b > 0
     assert "B/A median" in proc.stdout
+
+
+def test_a_stack_runs_the_source_tree_it_is_given(tmp_path: Path) -> None:
+    """``Stack(root=...)`` (what ``bench.ab`` compares) runs that tree's code, not this one's:
+    ``python -m`` puts the working directory first on ``sys.path``, ahead of ``PYTHONPATH``,
+    so a child started from this checkout imported this checkout whatever ``PYTHONPATH`` said."""
+    pytest.importorskip("psutil")
+    from bench.stack import Stack, shared_redis
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    mark = tmp_path / "imported-from"
+    with (tree / "api" / "__init__.py").open("a") as fh:  # the gateway imports api
+        fh.write(
+            "\nimport os as _os, pathlib as _p\n"
+            "_p.Path(_os.environ['BENCH_TREE_MARK']).write_text(__file__)\n"
+        )
+    stack = Stack(shared_redis(), env={"BENCH_TREE_MARK": str(mark)}, root=tree)
+    try:
+        stack.start_gateway()
+    finally:
+        stack.stop()
+    assert Path(mark.read_text()).resolve() == (tree / "api" / "__init__.py").resolve()
