@@ -26,6 +26,7 @@ from streaming.input import InputWriter
 from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.output import OutputBus
+from streaming.redis_connection import timed_writes
 from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
@@ -67,6 +68,7 @@ class Gateway:
         # retry nothing unless told, so a client admitted just after the restart was refused.
         # Two retries on a fresh connection serve such a command; a Redis that is really away
         # still fails within a fraction of a second.
+        # (its writes keep their timeout without a task per command: streaming/redis_connection)
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url,
             max_connections=settings.redis_max_connections,
@@ -74,7 +76,7 @@ class Gateway:
             health_check_interval=30,
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
         )
-        self.redis = aioredis.Redis(connection_pool=pool)
+        self.redis = aioredis.Redis(connection_pool=timed_writes(pool))
         self.redis.auto_close_connection_pool = True
         self.admission = Admission(self.redis, self.keys)
         self.queue = QueueManager(

@@ -1,0 +1,104 @@
+"""``streaming.redis_connection``: a write keeps its timeout, in the caller's task.
+
+Against real Redis servers: the run's, and a private one frozen with SIGSTOP so that a large
+write really blocks on a full socket buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from omniserve.redis_server import start_embedded
+from streaming.redis_connection import TimedWrites, timed_writes
+
+
+async def _commands(client: aioredis.Redis) -> int:
+    """Run a command, a pipeline and a pub/sub round; returns how many tasks were created
+    meanwhile to write a command."""
+    loop = asyncio.get_running_loop()
+    created = 0
+
+    def factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
+    ) -> asyncio.Task[Any]:
+        nonlocal created
+        created += "send_packed_command" in getattr(coro, "__qualname__", "")
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    await client.ping()  # connected before counting
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    try:
+        await client.set("timed-writes:k", b"v" * 70_000)  # an input chunk's size
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.get("timed-writes:k").delete("timed-writes:k")
+            got, deleted = await pipe.execute()
+        pubsub = client.pubsub()
+        await pubsub.subscribe("timed-writes:c")
+        await client.publish("timed-writes:c", b"m")
+        msg = None
+        while msg is None or msg["type"] != "message":
+            msg = await pubsub.get_message(timeout=1.0)
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+    finally:
+        loop.set_task_factory(None)
+    assert got == b"v" * 70_000 and deleted == 1 and msg["data"] == b"m"
+    return created
+
+
+async def test_commands_are_written_without_a_task_of_their_own(redis_server: str) -> None:
+    timed = aioredis.Redis(
+        connection_pool=timed_writes(aioredis.ConnectionPool.from_url(redis_server))
+    )
+    plain = aioredis.Redis.from_url(redis_server)
+    try:
+        assert await _commands(timed) == 0
+        if sys.version_info < (3, 12):  # where wait_for wraps the write in a task
+            assert await _commands(plain) > 0  # (so the count above sees them)
+    finally:
+        await timed.aclose()
+        await plain.aclose()
+
+
+async def test_a_write_to_a_frozen_redis_times_out_and_the_next_command_reconnects() -> None:
+    server = start_embedded()
+    pool = timed_writes(aioredis.ConnectionPool.from_url(server.url, socket_timeout=0.5))
+    client = aioredis.Redis(connection_pool=pool)
+    try:
+        await client.ping()  # connected (and its handshake done) before the freeze
+        os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RedisTimeoutError):
+                # far more than the socket buffers hold: the write itself has to wait
+                await client.set("timed-writes:big", b"x" * (64 << 20))
+        finally:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        assert await client.ping()
+        conn = await pool.get_connection()
+        try:
+            assert isinstance(conn, TimedWrites) and conn.socket_timeout == 0.5  # restored
+        finally:
+            await pool.release(conn)
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+def test_the_urls_connection_class_is_kept() -> None:
+    for url, base in (
+        ("redis://127.0.0.1:1/0", aioredis.Connection),
+        ("rediss://127.0.0.1:1/0", aioredis.SSLConnection),
+        ("unix:///tmp/omniserve-none.sock", aioredis.UnixDomainSocketConnection),
+    ):
+        pool = timed_writes(aioredis.ConnectionPool.from_url(url))
+        assert issubclass(pool.connection_class, TimedWrites)
+        assert issubclass(pool.connection_class, base)
+        assert timed_writes(pool).connection_class is pool.connection_class  # applied once
