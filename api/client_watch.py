@@ -1,6 +1,7 @@
 """Clients that stopped keeping up: found within seconds, their work freed, their socket torn down.
 
-One small task per connection (``watch``) looks for three signs:
+One task per gateway process (``ClientWatch``) looks at every connection twice a second for
+three signs:
 
 - silence: a duplex client that holds a worker slot must send (audio every second); one that
   sends nothing for ``client_idle_timeout_s`` is ``client_idle``;
@@ -15,6 +16,9 @@ the ordinary way (a client that still reads gets ``session.closed`` with the rea
 aborts the TCP connection. Without the abort a client that never reads would keep a blocked send,
 its socket and its write buffer for ever: asyncio flushes a closing transport before letting it
 go, and a peer that answers with a zero TCP window never times out.
+
+(A task and a timer per connection woke the event loop twice a second for every connection,
+~2.5 of the ~20 callbacks a duplex session costs the gateway per second: docs/BENCHMARKS.md.)
 """
 
 from __future__ import annotations
@@ -26,20 +30,29 @@ from typing import Any, Protocol
 
 from starlette.websockets import WebSocket
 
-from api.gateway import Gateway
+from api.metrics import GatewayMetrics
+from omnicore.settings import Settings
 from streaming.events import CloseReason
 
 log = logging.getLogger("omniserve.gateway")
 
 
+class WatchHost(Protocol):
+    """What the watch needs of the gateway (``api/gateway.py``, which holds the watch)."""
+
+    settings: Settings
+    metrics: GatewayMetrics
+
+
 class Watched(Protocol):
     """What the watch needs of a connection (``api/connection.py``'s ``Connection``)."""
 
-    gw: Gateway
+    @property
+    def gw(self) -> WatchHost: ...
+
     ws: WebSocket
     log_id: str
     gone: asyncio.Event
-    alarm: asyncio.Event  # set to have the connection looked at now
     output_overflowed: bool
     evict_reason: CloseReason | None
 
@@ -50,7 +63,7 @@ class Watched(Protocol):
         """Free the worker the connection holds."""
 
 
-CHECK_S = 0.5  # how often a connection is looked at (an output overflow wakes it at once)
+CHECK_S = 0.5  # how often a connection is looked at (an output overflow: at once)
 STALL_S = 1.0  # a look this much later than planned means the event loop was held up
 EVICT_GRACE_S = 2.0  # an evicted session may end the ordinary way within this, else abort
 
@@ -133,22 +146,63 @@ async def evict(conn: Watched, reason: CloseReason) -> None:
         conn.gone.set()
 
 
-async def watch(conn: Watched) -> None:
-    """Run beside the connection until it ends; evict it when ``verdict`` says so."""
-    loop = asyncio.get_running_loop()
-    while not conn.gone.is_set():
-        # a timer, not wait_for: no task per look (thousands of connections look twice a second)
-        looked = time.monotonic()
-        timer = loop.call_later(CHECK_S, conn.alarm.set)
-        await conn.alarm.wait()
-        timer.cancel()
-        conn.alarm.clear()
-        if conn.gone.is_set():
-            break
-        reason = verdict(conn, stalled=time.monotonic() - looked > CHECK_S + STALL_S)
+class ClientWatch:
+    """Looks at every connection of this process every ``CHECK_S``, in one task; evicts those
+    that ``verdict`` condemns, each in a task of its own."""
+
+    def __init__(self) -> None:
+        self._conns: dict[Watched, asyncio.Task[None] | None] = {}  # -> its eviction, if any
+        self._task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def add(self, conn: Watched) -> None:
+        """Watch ``conn`` until ``forget``."""
+        self._conns[conn] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._sweep(), name="client-watch")
+
+    def look_now(self, conn: Watched) -> None:
+        """Look at ``conn`` at once, not at the next sweep (its output just overflowed)."""
+        asyncio.get_running_loop().call_soon(self._look, conn, False)
+
+    async def forget(self, conn: Watched) -> None:
+        """``conn`` ended (its ``gone`` is set): let an eviction under way finish, stop
+        watching it, and name a ping timeout that uvicorn found by itself."""
+        evicting = self._conns.get(conn)
+        if evicting is not None:
+            await asyncio.gather(evicting, return_exceptions=True)
+        self._conns.pop(conn, None)
+        if conn.evict_reason is None and pings_failed(conn.ws):
+            conn.evict_reason = CloseReason.PING_TIMEOUT  # uvicorn closed it already: say so
+            note(conn, CloseReason.PING_TIMEOUT)
+
+    def drop(self, conn: Watched) -> None:
+        """Stop watching ``conn`` now, cancelling an eviction under way (``forget`` was cut
+        short: the connection's own task was cancelled)."""
+        evicting = self._conns.pop(conn, None)
+        if evicting is not None:
+            evicting.cancel()
+
+    async def stop(self) -> None:
+        """Stop the sweep and any eviction under way (the gateway is stopping)."""
+        tasks = [t for t in (self._task, *self._conns.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _sweep(self) -> None:
+        while self._conns:  # (ends with the last connection; ``add`` starts it again)
+            looked = time.monotonic()
+            await asyncio.sleep(CHECK_S)
+            stalled = time.monotonic() - looked > CHECK_S + STALL_S
+            for conn in list(self._conns):
+                self._look(conn, stalled)
+
+    def _look(self, conn: Watched, stalled: bool) -> None:
+        if conn not in self._conns or self._conns[conn] is not None or conn.gone.is_set():
+            return  # forgotten, being evicted, or over
+        reason = verdict(conn, stalled)
         if reason is not None:
-            await evict(conn, reason)
-            return
-    if conn.evict_reason is None and pings_failed(conn.ws):
-        conn.evict_reason = CloseReason.PING_TIMEOUT  # uvicorn closed it already: just say so
-        note(conn, CloseReason.PING_TIMEOUT)
+            self._conns[conn] = asyncio.create_task(evict(conn, reason), name="evict")

@@ -20,7 +20,7 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
-from api import client_watch, telemetry
+from api import telemetry
 from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
 from api.recordings.recorder import OFF, SessionRecording
@@ -87,7 +87,6 @@ class Connection:
         # dead and stuck clients (api/client_watch.py)
         self.last_heard = time.monotonic()  # the client's last frame
         self.last_sent = 0.0  # our last frame that the socket took
-        self.alarm = asyncio.Event()  # wakes the watch at once
         self.output_overflowed = False
         self.evict_reason: CloseReason | None = None
 
@@ -127,7 +126,7 @@ class Connection:
     async def serve(self) -> None:
         """Run ``run`` beside the receive loop; close the socket on every exit."""
         receiver = asyncio.create_task(self._receive_loop())
-        watcher = asyncio.create_task(client_watch.watch(self))
+        self.gw.watch.add(self)
         try:
             await self.run()
         except Exception:
@@ -139,10 +138,9 @@ class Connection:
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
                 await self.close()
-                self.alarm.set()  # the watch sees ``gone`` now, not at its next look
-                await asyncio.gather(watcher, return_exceptions=True)
+                await self.gw.watch.forget(self)  # (after an eviction under way has ended)
             finally:  # also when cancelled: the writer must not keep an open recording
-                watcher.cancel()
+                self.gw.watch.drop(self)
                 self.recording.finish(**self.recording_info())
 
     async def run(self) -> None:
@@ -165,7 +163,7 @@ class Connection:
     def output_overflow(self) -> None:
         """The session's undelivered output passed its caps (called by the output bus)."""
         self.output_overflowed = True
-        self.alarm.set()
+        self.gw.watch.look_now(self)
 
     async def on_evict(self, reason: CloseReason) -> None:
         """The client stopped keeping up: free its worker at once (default: nothing held)."""

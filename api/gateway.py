@@ -15,6 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from api import task_submit
+from api.client_watch import ClientWatch
 from api.liveness import Liveness
 from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
@@ -107,6 +108,7 @@ class Gateway:
         )
         self.recorder = Recorder(settings, self.gateway_id)  # recordings of every session
         self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler
+        self.watch = ClientWatch()  # every connection's dead-client checks, in one task
         self.started_at = time.time()
         self.shutting_down = False
         self._live_slots = 0
@@ -160,6 +162,7 @@ class Gateway:
         await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:
             self._lease_task.cancel()
+        await self.watch.stop()
         await self.liveness.stop()
         await self.bus.stop()
         try:
