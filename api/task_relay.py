@@ -85,10 +85,7 @@ class TaskRelay:
         """
         if self._lost:
             raise WorkerLost()
-        try:
-            events = self._consume_started(await self.out.get(timeout=timeout))
-        except TimeoutError:
-            events = []
+        events = self._consume_started(await self.out.get(timeout=timeout))
         now = time.monotonic()
         if not self.started:
             if now > self._start_by:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import cast
@@ -186,7 +187,8 @@ class SessionOutput:
     ) -> None:
         self.bus = bus
         self.session_id = session_id
-        self.queue: asyncio.Queue[tuple[Event, int]] = asyncio.Queue()
+        self.items: deque[tuple[Event, int]] = deque()  # arrived, not yet taken by ``get``
+        self._waiter: asyncio.Future[None] | None = None  # ``get`` waiting for ``items``
         self.expected = after + 1
         self.gaps = 0
         self.pending_bytes = 0  # encoded size of the events waiting in ``queue``
@@ -202,35 +204,47 @@ class SessionOutput:
         """
         if self.overflowed:
             return
-        self.queue.put_nowait((event, size))
+        self.items.append((event, size))
         self.pending_bytes += size
-        if self.queue.qsize() > self.bus.max_events or self.pending_bytes > self.bus.max_bytes:
+        if len(self.items) > self.bus.max_events or self.pending_bytes > self.bus.max_bytes:
             log.warning(
                 "session %s: %d undelivered output events (%d bytes) over the cap; dropping them",
                 self.session_id,
-                self.queue.qsize(),
+                len(self.items),
                 self.pending_bytes,
             )
             self.overflowed = True
-            while not self.queue.empty():
-                self.queue.get_nowait()
+            self.items.clear()
             self.pending_bytes = 0
             if self.on_overflow is not None:
                 self.on_overflow()
+            return
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def get(self, timeout: float | None = None) -> list[Event]:  # noqa: ASYNC109 - see below
-        """Wait up to ``timeout`` for the next event; returns it with any gap before it filled.
+        """Wait up to ``timeout`` for the next event; returns it with any gap before it filled,
+        or [] (nothing arrived in time, or what arrived was a copy already delivered).
 
-        (The timeout covers only the wait: a caller's cancel scope around the log catch-up
-        would lose the event already taken from the queue.) Raises TimeoutError.
+        The wait is a future and a timer that resolves it: a relay loop waits like this every
+        half second, and asyncio's ``timeout`` around a queue's ``get`` cancelled the task and
+        raised ``TimeoutError`` through it each time nothing came (docs/BENCHMARKS.md). The
+        timeout covers only the wait, not the log catch-up (a caller's cancel scope around
+        that would lose the event already taken).
         """
-        if self.queue.empty():
-            # a timer, not wait_for: wait_for wraps the get in a task of its own, a task and
-            # two more loop turns for every event relayed
-            async with asyncio.timeout(timeout):
-                event, size = await self.queue.get()
-        else:
-            event, size = self.queue.get_nowait()
+        if not self.items:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _resolve, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self.items:
+                return []
+        event, size = self.items.popleft()
         self.pending_bytes = max(0, self.pending_bytes - size)
         return await self._order(event)
 
@@ -268,6 +282,12 @@ class SessionOutput:
         self.gaps += last - first + 1
         log.warning("session %s lost output events %d..%d", self.session_id, first, last)
         return Gap(first=first, last=last)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    """``SessionOutput.get``'s timer: end the wait (with nothing, unless an event came)."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _pass_push(response: object) -> object:

@@ -7,7 +7,6 @@ The worker side (``OutputPublisher``, a thread with a synchronous client) and th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -177,7 +176,7 @@ async def test_undelivered_output_is_bounded(
         while not told and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert told == ["slow"]
-        assert slow.overflowed and slow.queue.empty() and slow.pending_bytes == 0
+        assert slow.overflowed and not slow.items and slow.pending_bytes == 0
         for pub in pubs:
             pub.finish(linger_s=1)
     finally:
@@ -194,7 +193,7 @@ async def test_undelivered_bytes_are_counted_until_read(
         out = await bus.open(SID, on_overflow=lambda: told.append(True))
         await emit(publisher, text(1), text(2))
         deadline = time.monotonic() + 10
-        while out.queue.qsize() < 2 and time.monotonic() < deadline:
+        while len(out.items) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         waiting = out.pending_bytes
         assert 0 < waiting <= 400 and not told
@@ -204,7 +203,7 @@ async def test_undelivered_bytes_are_counted_until_read(
         deadline = time.monotonic() + 10
         while not told and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        assert told == [True] and out.queue.empty()
+        assert told == [True] and not out.items
     finally:
         await bus.stop()
 
@@ -310,7 +309,38 @@ async def test_an_event_the_log_refuses_is_still_delivered_and_the_failure_repor
     assert [ev.seq for ev in await out.get(timeout=10)] == [1]
     assert "publishing 1 event(s) of rt_unit failed (try 3)" in caplog.text
     again: list[Event] = []
-    with contextlib.suppress(TimeoutError):
-        while True:
-            again += await out.get(timeout=0.3)
+    quiet_until = time.monotonic() + 1.0
+    while time.monotonic() < quiet_until:
+        again += await out.get(timeout=0.3)
     assert again == []  # the retries' copies (published again) are skipped by seq
+
+
+async def test_a_wait_that_times_out_returns_nothing_and_a_cancelled_one_loses_nothing(
+    bus: OutputBus,
+) -> None:
+    """``SessionOutput.get``: a timeout is an empty answer, not an exception (the relay loop
+    waits so every half second); a wait cancelled just as an event arrives leaves the event
+    for the next ``get``; an event pushed during a wait ends it at once."""
+    out = await bus.open(SID)
+    started = time.monotonic()
+    assert await out.get(timeout=0.05) == []
+    assert time.monotonic() - started < 5
+
+    def stamped(seq: int) -> TextDelta:
+        ev = text(seq)
+        ev.seq = seq
+        return ev
+
+    waiting = asyncio.create_task(out.get(timeout=10))
+    await asyncio.sleep(0.01)
+    out.push(stamped(1))
+    waiting.cancel()  # before it ran again: the event stays
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert [ev.seq for ev in await out.get(timeout=0.05)] == [1]
+
+    waiting = asyncio.create_task(out.get(timeout=10))
+    await asyncio.sleep(0.01)
+    out.push(stamped(2))
+    assert [ev.seq for ev in await asyncio.wait_for(waiting, 2)] == [2]
+    assert out.pending_bytes == 0 and not out.items
