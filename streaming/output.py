@@ -188,10 +188,10 @@ class SessionOutput:
         self.bus = bus
         self.session_id = session_id
         self.items: deque[tuple[Event, int]] = deque()  # arrived, not yet taken by ``get``
-        self._waiter: asyncio.Future[None] | None = None  # ``get`` waiting for ``items``
+        self._waiter: asyncio.Future[None] | None = None  # ``get`` waiting (one reader only)
         self.expected = after + 1
         self.gaps = 0
-        self.pending_bytes = 0  # encoded size of the events waiting in ``queue``
+        self.pending_bytes = 0  # encoded size of the events waiting in ``items``
         self.overflowed = False
         self.on_overflow = on_overflow
 
