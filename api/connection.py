@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -69,6 +70,21 @@ def parse_json(text: str | None) -> Any:
         raise NotJSON("frame is not valid JSON") from None
 
 
+class Flag(asyncio.Event):
+    """An ``asyncio.Event`` that calls ``on_set`` when it becomes set: a session's relay loop
+    sleeps until its next event, so what it must act on besides (the client gone, a close asked
+    for) wakes it."""
+
+    def __init__(self, on_set: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_set = on_set
+
+    def set(self) -> None:
+        if not self.is_set():
+            super().set()
+            self._on_set()
+
+
 class Connection:
     """A client WebSocket: ordered sends, one close, and the receive loop with its hooks."""
 
@@ -76,7 +92,9 @@ class Connection:
         self.gw = gw
         self.ws = ws
         self.send_lock = asyncio.Lock()
-        self.gone = asyncio.Event()  # the client disconnected (or we closed the socket)
+        # wakes the task relaying this connection's session (that task sets it): see Flag
+        self.relay_waker: Callable[[], None] | None = None
+        self.gone: asyncio.Event = Flag(self.wake_relay)  # the client left (or we closed it)
         self.closed_sent = False
         # the session itself failed and is telling the client so: an event whose handling fails
         # meanwhile (the same cause, e.g. Redis away) adds no second error before session.closed
@@ -89,6 +107,11 @@ class Connection:
         self.last_sent = 0.0  # our last frame that the socket took
         self.output_overflowed = False
         self.evict_reason: CloseReason | None = None
+
+    def wake_relay(self) -> None:
+        """Make the relay loop look at the session now (``relay_waker``; none: nothing to do)."""
+        if self.relay_waker is not None:
+            self.relay_waker()
 
     # ------------------------------------------------------------------ sending
     async def send(self, frame: Frame) -> None:

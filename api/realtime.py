@@ -7,7 +7,6 @@ which holds a slot only while a turn runs.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from enum import StrEnum
@@ -17,7 +16,7 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api import telemetry
-from api.connection import Connection, new_session_id, parse_json
+from api.connection import Connection, Flag, new_session_id, parse_json
 from api.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.dialects import Dialect, dialect_of, older_close_reason
 from api.errors import Frame, ProtocolError
@@ -80,8 +79,8 @@ class RealtimeSession(Connection):
         self.slot_id: str | None = None  # the worker slot held now (chat: only during a turn)
         self.slot_since: float | None = None  # when the slot was assigned (chat: this turn's)
         self.close_reason: str | None = None  # set when the client asks to close
-        self.close_wanted = asyncio.Event()
-        self.superseded = asyncio.Event()  # the client resumes another session instead
+        self.close_wanted = Flag(self.wake_relay)
+        self.superseded = Flag(self.wake_relay)  # the client resumes another session instead
         self.shutdown_reason: CloseReason | None = None
         self.clock = telemetry.ResponseClock(public_mode)  # first text/audio per response
         self.admitted_at: float | None = None  # unix time a worker slot was first assigned

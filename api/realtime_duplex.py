@@ -48,6 +48,7 @@ from streaming.jobs import DuplexJob
 log = logging.getLogger("omniserve.gateway")
 
 CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not waited for
+CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
 
 
 class DuplexSession(ResumableSession):
@@ -121,6 +122,7 @@ class DuplexSession(ResumableSession):
         """Enter INITIALIZING (synchronously: a second init arriving meanwhile is refused)."""
         self.state = SessionState.INITIALIZING
         self.init_since = time.monotonic()
+        self.wake_relay()  # its deadline starts now
 
     async def _send_init(self, init: DuplexInit) -> None:
         self.default_slices = init.max_slice_nums or 1
@@ -181,7 +183,14 @@ class DuplexSession(ResumableSession):
             await self._left()
 
     async def relay(self, relay: TaskRelay) -> None:
-        """Forward worker events until the session closes."""
+        """Forward worker events until the session closes.
+
+        The loop sleeps until the next event, or until something else wakes it (``wake_relay``:
+        the client's close or departure, a resume elsewhere, a replaced connection, a lapsed
+        worker lease), or until its next deadline (the session's clock, the task's start, the
+        init's answer); at the latest every ``relay_look_s``, a backstop.
+        """
+        self.relay_waker = relay.out.wake
         closing_since: float | None = None
         while True:
             if self.gone.is_set():
@@ -201,9 +210,7 @@ class DuplexSession(ResumableSession):
                     return await self.finish(reason, code)
             if closing_since is not None and time.monotonic() - closing_since > CLOSE_GRACE_S:
                 return await self.finish(self.end_reason()[0])
-            timeout = 0.5 if closing_since is None else 0.25
-            if closing_since is None:
-                timeout = max(0.01, min(timeout, self.time_left()))
+            timeout = CLOSING_LOOK_S if closing_since is not None else self._sleep_s(relay)
             try:
                 events = await relay.next(timeout)
             except TaskNotStarted as exc:
@@ -235,6 +242,14 @@ class DuplexSession(ResumableSession):
                     f"the backend did not prepare the session within {limit:.0f} s",
                 )
                 return await self.finish(CloseReason.BACKEND_ERROR, status.WS_1011_INTERNAL_ERROR)
+
+    def _sleep_s(self, relay: TaskRelay) -> float:
+        """How long the relay loop may sleep when nothing wakes it: until its next deadline."""
+        now = time.monotonic()
+        sleep = min(self.gw.settings.relay_look_s, self.time_left(), relay.wait_left(now))
+        if self.state is SessionState.INITIALIZING and self.init_since is not None:
+            sleep = min(sleep, self.init_since + self.gw.settings.init_timeout_s - now)
+        return max(0.01, sleep)
 
     def _init_overdue(self) -> bool:
         return (

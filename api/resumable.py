@@ -194,15 +194,28 @@ class Resumable(RealtimeSession):
 
     async def _was_replaced_lately(self) -> bool:
         """``_was_replaced`` from the gateway's batched liveness read (``api/liveness.py``):
-        False until the open question is answered; always leaves one open, so every tick
-        checks this session. For a relay loop that must not wait on Redis."""
+        False until the open question is answered. For a relay loop that must not wait on
+        Redis: every tick checks this session (an answer that it was not replaced, or a failed
+        read, asks again from its own callback), and only a replacement wakes the loop."""
         ask = self._replaced_ask
         if ask is not None and not ask.done():
             return False
-        self._replaced_ask = self.gw.liveness.replaced(self.session_id, self.conn_id)
+        self._ask_replaced()
         if ask is None or ask.cancelled() or ask.exception() is not None:
             return False  # (a failed read: Redis away, the next tick decides)
         return ask.result() and await self._close_replaced()
+
+    def _ask_replaced(self) -> None:
+        ask = self._replaced_ask = self.gw.liveness.replaced(self.session_id, self.conn_id)
+        ask.add_done_callback(self._replaced_answered)
+
+    def _replaced_answered(self, ask: asyncio.Future[bool]) -> None:
+        if ask is not self._replaced_ask or ask.cancelled() or self.gone.is_set():
+            return
+        if ask.exception() is None and ask.result():
+            self.wake_relay()
+        else:
+            self._ask_replaced()
 
     async def _replaced_by(self, owner: str | None) -> bool:
         if owner is None or owner == self.conn_id or owner == "":

@@ -4,9 +4,11 @@ Every relay needs the same three guarantees, so they live here once:
 - the task must start within ``task_start_timeout_s``, else it is abandoned (the claim key makes
   sure it never starts later) and its slot is freed: ``TaskNotStarted``;
 - its worker must keep renewing the session lease (checked at every tick of the gateway's batched
-  liveness read, ``api/liveness.py``, without holding up the events); at the first check that
-  finds it gone (its TTL is the grace period) the rest of the replay log is read and
-  returned, and unless it ends the task, ``WorkerLost`` follows;
+  liveness read, ``api/liveness.py``, without holding up the events: a live lease is asked
+  about again from the answer's own callback, and only a lapsed one wakes the reader, through
+  ``SessionOutput.wake``); at the first check that finds it gone (its TTL is the grace
+  period) the rest of the replay log is read and returned, and unless it ends the task,
+  ``WorkerLost`` follows;
 - events come in sequence order, with lost ones filled from the replay log or reported as a
   ``Gap`` (``streaming/output.py``).
 """
@@ -100,19 +102,39 @@ class TaskRelay:
         return events
 
     def _lease_alive(self) -> bool | None:
-        """The answer to the open lease question (None: not answered yet); always leaves one
-        open, so every tick of the gateway's liveness read checks this task. A failed read
-        raises, as the single command did."""
+        """The answer to the open lease question (None: not answered yet), and a new question
+        opened (the lease exists once the task started). A failed read raises, as the single
+        command did."""
         ask = self._lease_ask
         if ask is not None and not ask.done():
             return None
-        self._lease_ask = self.gw.liveness.lease(self.task_id)
+        self._ask_lease()
         if ask is None or ask.cancelled():  # (cancelled: the gateway is stopping)
             return None
         alive = ask.result()
         if alive:
             self._lease_misses = 0
         return alive
+
+    def _ask_lease(self) -> None:
+        ask = self._lease_ask = self.gw.liveness.lease(self.task_id)
+        ask.add_done_callback(self._lease_answered)
+
+    def _lease_answered(self, ask: asyncio.Future[bool]) -> None:
+        """A live lease asks again for the next tick without waking the reader, so every tick
+        of the gateway's liveness read checks this task; any other answer wakes it (``next``
+        takes the answer). Nothing is asked once the relay is over."""
+        if ask is not self._lease_ask or ask.cancelled() or self._lost or self.out.closed:
+            return
+        if ask.exception() is None and ask.result():
+            self._lease_misses = 0
+            self._ask_lease()
+        else:
+            self.out.wake()
+
+    def wait_left(self, now: float) -> float:
+        """Seconds until ``next`` must look at the start deadline (inf once started)."""
+        return float("inf") if self.started else self._start_by - now
 
     async def stop(self, reason: str | None) -> None:
         """Ask the worker to end the task; one that has not started is abandoned (never runs)."""

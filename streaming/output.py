@@ -194,6 +194,8 @@ class SessionOutput:
         self.pending_bytes = 0  # encoded size of the events waiting in ``items``
         self.overflowed = False
         self.on_overflow = on_overflow
+        self.woken = False  # ``wake`` came while no ``get`` was waiting: the next one returns []
+        self.closed = False  # the bus no longer relays it (``OutputBus.close``)
 
     def push(self, event: Event, size: int = 0) -> None:
         """An event arrived on the live channel (called by the bus).
@@ -222,17 +224,31 @@ class SessionOutput:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def wake(self) -> None:
+        """End the reader's wait now with [] (or its next wait at once): something other than an
+        event needs its attention (the client closed, its worker's lease lapsed, ...). A relay
+        loop is woken like this instead of looking every half second."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        else:
+            self.woken = True
+
     async def get(self, timeout: float | None = None) -> list[Event]:  # noqa: ASYNC109 - see below
         """Wait up to ``timeout`` for the next event; returns it with any gap before it filled,
-        or [] (nothing arrived in time, or what arrived was a copy already delivered).
+        or [] (nothing arrived in time, ``wake`` was called, or what arrived was a copy already
+        delivered).
 
-        The wait is a future and a timer that resolves it: a relay loop waits like this every
-        half second, and asyncio's ``timeout`` around a queue's ``get`` cancelled the task and
-        raised ``TimeoutError`` through it each time nothing came (docs/BENCHMARKS.md). The
+        The wait is a future and a timer that resolves it: asyncio's ``timeout`` around a
+        queue's ``get`` cancelled the task and raised ``TimeoutError`` through it each time
+        nothing came, a cost paid at every quiet wait (docs/BENCHMARKS.md). The
         timeout covers only the wait, not the log catch-up (a caller's cancel scope around
         that would lose the event already taken).
         """
         if not self.items:
+            if self.woken:
+                self.woken = False
+                return []
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
             timer = None if timeout is None else loop.call_later(timeout, _resolve, waiter)
@@ -353,9 +369,13 @@ class OutputBus:
         """Stop relaying a session (``reader``: only if it is still that one's: a connection
         that resumed the session on this gateway may have opened its own meanwhile)."""
         channel = self.keys.output_channel(session_id)
-        if reader is not None and self.sessions.get(channel) is not reader:
-            return
-        self.sessions.pop(channel, None)
+        if reader is not None:
+            reader.closed = True
+            if self.sessions.get(channel) is not reader:
+                return
+        gone = self.sessions.pop(channel, None)
+        if gone is not None:
+            gone.closed = True
         try:
             await self.pubsub.unsubscribe(channel)
         except (redis.RedisError, OSError):

@@ -77,6 +77,8 @@ class Stack:
                 "OMNISERVE_WORKER_METRICS_PORT": "0",
                 # SIGTERM ends sessions at once unless a test measures the drain grace
                 "OMNISERVE_DRAIN_GRACE_S": "0",
+                # a duplex relay loop must be woken by what it waits for, never by its backstop
+                "OMNISERVE_RELAY_LOOK_S": "600",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": str(ROOT),
             }

@@ -1,0 +1,115 @@
+"""A relay loop sleeps until something wakes it (api/realtime_duplex.py): the wake itself
+(``SessionOutput.wake``) and the lease watch of ``TaskRelay``, which asks about its worker's
+lease at every tick of the gateway's liveness read without waking the reader, and wakes it only
+when the lease lapsed. A real Redis and a real ``Liveness``; the whole loop is exercised end to
+end by the failover, resume and conformance tests, whose gateways run with the loop's backstop
+set to ten minutes (``tests/stack.py``), so that only these wakes can end its sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from api.liveness import Liveness
+from api.task_relay import TaskRelay, WorkerLost
+from omnicore.settings import Settings
+from streaming.events import TextDelta
+from streaming.keys import Keys
+from streaming.output import OutputBus
+
+SID = "rt_wake"
+TICK_S = 0.05
+LONG_S = 30.0  # a wait that only a wake (or an event) ends within the test's time
+
+
+@pytest.fixture
+async def bus(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[OutputBus]:
+    b = OutputBus(async_redis, keys)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.stop()
+
+
+@pytest.fixture
+async def live(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[Liveness]:
+    lv = Liveness(async_redis, keys, tick_s=TICK_S)
+    lv.start()
+    try:
+        yield lv
+    finally:
+        await lv.stop()
+
+
+async def test_a_wake_ends_the_wait_at_once_and_is_kept_when_nobody_waits(
+    bus: OutputBus,
+) -> None:
+    out = await bus.open(SID)
+    waiting = asyncio.ensure_future(out.get(timeout=LONG_S))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    out.wake()
+    assert await asyncio.wait_for(waiting, 5) == []
+    out.wake()  # nobody waits: the next wait ends at once
+    assert await asyncio.wait_for(out.get(timeout=LONG_S), 5) == []
+    out.push(TextDelta(seq=1, text="a"))  # an event still arrives after the wakes
+    got = await asyncio.wait_for(out.get(timeout=LONG_S), 5)
+    assert [e.seq for e in got] == [1]
+    await bus.close(SID, out)
+    assert out.closed
+
+
+def gateway(live: Liveness) -> Any:
+    return SimpleNamespace(liveness=live, settings=Settings())
+
+
+async def test_a_live_lease_is_read_every_tick_without_waking_the_reader(
+    bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    await async_redis.set(keys.session_lease(SID), b"w1", px=60_000)
+    out = await bus.open(SID)
+    relay = TaskRelay(gateway(live), out, SID, "slot", "session")
+    relay.started = True
+    reads = 0
+    check = live.check
+
+    async def counted() -> None:
+        nonlocal reads
+        if SID in live._leases.open:
+            reads += 1
+        await check()
+
+    live.check = counted  # type: ignore[method-assign]
+    await relay.next(0.01)  # the first look opens the question; its answers keep it open
+    waiting = asyncio.ensure_future(relay.next(LONG_S))
+    await asyncio.sleep(20 * TICK_S)
+    assert not waiting.done()  # not woken by the live lease's answers
+    assert reads >= 10  # yet asked about at every tick
+    await async_redis.delete(keys.session_lease(SID))  # the worker stopped renewing
+    assert await asyncio.wait_for(waiting, 10) == []  # woken: what the log held (nothing)
+    with pytest.raises(WorkerLost):
+        await relay.next(LONG_S)
+    await bus.close(SID, out)
+
+
+async def test_nothing_is_asked_once_the_relay_is_over(
+    bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    await async_redis.set(keys.session_lease(SID), b"w1", px=60_000)
+    out = await bus.open(SID)
+    relay = TaskRelay(gateway(live), out, SID, "slot", "session")
+    relay.started = True
+    await relay.next(0.01)
+    await asyncio.sleep(4 * TICK_S)
+    assert SID in live._leases.open
+    await bus.close(SID, out)
+    await asyncio.sleep(6 * TICK_S)
+    assert SID not in live._leases.open  # the question was read once more, then dropped
+    await async_redis.delete(keys.session_lease(SID))
