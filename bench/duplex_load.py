@@ -113,8 +113,15 @@ async def _session(
         await ws.close()
 
 
-async def run_load(url: str, n: int, seconds: float, warmup: float = 2.0) -> LoadResult:
-    """Start ``n`` sessions and stream for ``warmup + seconds``; keep the last ``seconds``."""
+async def run_load(
+    url: str,
+    n: int,
+    seconds: float,
+    warmup: float = 2.0,
+    started: asyncio.Event | None = None,
+) -> LoadResult:
+    """Start ``n`` sessions and stream for ``warmup + seconds``; keep the last ``seconds``
+    (``started`` is set when the streaming begins, the warmup's start)."""
     res = LoadResult()
     ready = asyncio.Barrier(n + 1)
     go = asyncio.Event()
@@ -138,6 +145,8 @@ async def run_load(url: str, n: int, seconds: float, warmup: float = 2.0) -> Loa
     t0 = time.monotonic()
     stop_at[0] = t0 + warmup + seconds
     go.set()
+    if started is not None:
+        started.set()
     wall0 = time.time()
     res.window = (wall0 + warmup, wall0 + warmup + seconds)
     _, pending = await asyncio.wait(tasks, timeout=warmup + seconds + 30)
