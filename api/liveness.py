@@ -3,18 +3,16 @@
 Every relayed session must notice, twice a second, when its worker stopped renewing the session
 lease (``api/task_relay.py``) and, when resumable, when another connection took it over (the
 ``conn`` field of its resume record, ``api/resumable.py``). Asked one session at a time that
-was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here the
-sessions' questions wait for the gateway's next tick, and one script call (``lua.LIVENESS``)
-answers all of them with one character each: Redis runs one command a tick where a pipeline
-brought it two per session (the gateway's own CPU did not change measurably either way,
-docs/BENCHMARKS.md).
+was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here one
+script call (``lua.LIVENESS``) per tick answers all of them with one character each: Redis runs
+one command a tick where a pipeline brought it two per session.
 
-A question is answered by a read made after it was asked (at the first tick after it), so an
-answer is never older than the question. A session asked about in one tick gets a question
-opened for it at once, read at the next tick whether or not its relay has come back for it yet:
-a relay that asks again as soon as it has its answer sees a fresh read every tick, the cadence
-of the single commands (a session nobody asks about any more is read once more, then dropped).
-A failed read fails every question of that tick with the error, as the single command did.
+A relay registers a watch once (``watch_lease``, ``watch_replaced``); every tick's read then
+calls it with the answer, or with the error of a failed read, until it returns False. The
+callback runs in this module's task and only notes the answer; the relay's own loop acts on it,
+woken only when there is something to do. (Questions asked anew each tick cost a future and a
+callback per session per tick, ~4 of the ~14 callbacks a duplex session cost the gateway's event
+loop per second: docs/BENCHMARKS.md.) A watch is first read at the tick after it was made.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Hashable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -37,36 +35,8 @@ TICK_S = 0.5  # one round trip per this for all sessions; with lease_ttl_s (1.5 
 KEYS_PER_CALL = 500  # a script call reads at most this many keys: Redis serves other clients
 # between the calls of a very large gateway's tick
 
-
-Q = TypeVar("Q", bound=Hashable)
-
-
-class _Questions(Generic[Q]):
-    """The open questions of one kind, by what they ask (never a done future in here)."""
-
-    def __init__(self) -> None:
-        self.open: dict[Q, asyncio.Future[bool]] = {}
-        self.taken: set[Q] = set()  # handed to an asker since opened
-
-    def ask(self, question: Q) -> asyncio.Future[bool]:
-        fut = self.open.get(question)
-        if fut is None:
-            fut = self.open[question] = asyncio.get_running_loop().create_future()
-        self.taken.add(question)
-        return fut
-
-    def take_all(self) -> dict[Q, asyncio.Future[bool]]:
-        """The questions to answer now; those an asker holds are opened again at once."""
-        batch, taken = self.open, self.taken
-        loop = asyncio.get_running_loop()
-        self.open = {q: loop.create_future() for q in batch if q in taken}
-        self.taken = set()
-        return batch
-
-    def cancel(self) -> None:
-        for fut in self.open.values():
-            fut.cancel()
-        self.open.clear()
+Answer = bool | Exception  # what a tick read for one watch, or why the read failed
+Watch = Callable[[Answer], bool]  # called with each tick's answer; False: stop watching
 
 
 class Liveness:
@@ -76,32 +46,34 @@ class Liveness:
         self.redis = redis
         self.keys = keys
         self.tick_s = tick_s
-        self._leases: _Questions[str] = _Questions()
-        self._replaced: _Questions[tuple[str, str]] = _Questions()
+        self.leases: list[tuple[str, Watch]] = []
+        self.replaced: list[tuple[str, str, Watch]] = []
         self._script = redis.register_script(lua.LIVENESS)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start answering questions (one read per tick while any is open)."""
+        """Start reading (one read per tick while anything is watched)."""
         self._task = asyncio.create_task(self._run(), name="gateway-liveness")
 
     async def stop(self) -> None:
-        """Stop; open questions are cancelled."""
+        """Stop; the watches are dropped without a last call."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._leases.cancel()
-        self._replaced.cancel()
+        self.leases.clear()
+        self.replaced.clear()
 
-    def lease(self, session_id: str) -> asyncio.Future[bool]:
-        """Whether the session's worker still renews its lease, as read at the next tick."""
-        return self._leases.ask(session_id)
+    def watch_lease(self, session_id: str, watch: Watch) -> None:
+        """From the next tick on, tell ``watch`` whether the session's worker still renews its
+        lease."""
+        self.leases.append((session_id, watch))
 
-    def replaced(self, session_id: str, conn_id: str) -> asyncio.Future[bool]:
-        """Whether a connection other than ``conn_id`` relays the session now (its resume
-        record names another one; detached or no record: False), at the next tick."""
-        return self._replaced.ask((session_id, conn_id))
+    def watch_replaced(self, session_id: str, conn_id: str, watch: Watch) -> None:
+        """From the next tick on, tell ``watch`` whether a connection other than ``conn_id``
+        relays the session now (its resume record names another one; detached or no record:
+        False)."""
+        self.replaced.append((session_id, conn_id, watch))
 
     async def _run(self) -> None:
         while True:
@@ -109,27 +81,27 @@ class Liveness:
             await self.check()
 
     async def check(self) -> None:
-        """Answer every open question with one read (none when none is open; a very large tick
-        in several, ``KEYS_PER_CALL``)."""
-        leases, replaced = self._leases.take_all(), self._replaced.take_all()
+        """Read every watched key once (nothing when nothing is watched; a very large tick in
+        several calls, ``KEYS_PER_CALL``) and tell each watch its answer."""
+        leases, replaced = self.leases, self.replaced
         if not leases and not replaced:
             return
-        keys = [self.keys.session_lease(sid) for sid in leases]
-        keys += [self.keys.session_resume(sid) for sid, _ in replaced]
-        conns = [conn for _, conn in replaced]
-        futures = [*leases.values(), *replaced.values()]
+        self.leases, self.replaced = [], []  # (watches made during the read go on the new ones)
+        keys = [self.keys.session_lease(sid) for sid, _ in leases]
+        keys += [self.keys.session_resume(sid) for sid, _, _ in replaced]
+        conns = [conn for _, conn, _ in replaced]
+        answers: list[Answer]
         try:
             flags = await self._read(keys, len(leases), conns)
-            if len(flags) != len(futures):
-                raise ValueError(f"{len(flags)} answers to {len(futures)} questions")
-        except Exception as exc:  # noqa: BLE001 - each asker decides, as with its own command
+            if len(flags) != len(keys):
+                raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
+            answers = [flag == ord("1") for flag in flags]
+        except Exception as exc:  # noqa: BLE001 - each watch decides, as with its own command
             log.warning("liveness check failed: %s", exc)
-            _fail(leases, exc)
-            _fail(replaced, exc)
-            return
-        for fut, flag in zip(futures, flags, strict=True):
-            if not fut.done():
-                fut.set_result(flag == ord("1"))
+            answers = [exc] * len(keys)
+        n = len(leases)
+        self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]
+        self.replaced += [w for w, a in zip(replaced, answers[n:], strict=True) if _tell(w[2], a)]
 
     async def _read(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
         """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys."""
@@ -148,8 +120,10 @@ def _flags(reply: Any) -> bytes:
     return reply.encode() if isinstance(reply, str) else bytes(reply)
 
 
-def _fail(batch: dict[Any, asyncio.Future[bool]], exc: Exception) -> None:
-    for fut in batch.values():
-        if not fut.done():
-            fut.set_exception(exc)
-            fut.exception()  # (retrieved: an asker that left does not log it again)
+def _tell(watch: Watch, answer: Answer) -> bool:
+    """Call a watch; one that fails is logged and dropped (the other sessions' reads go on)."""
+    try:
+        return watch(answer)
+    except Exception:
+        log.exception("a liveness watch failed")
+        return False

@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket
 from api.duplex_recovery import ResumeRequest
 from api.errors import Frame
 from api.gateway import Gateway
+from api.liveness import Answer
 from api.realtime import RealtimeSession, SessionState
 from streaming.events import ErrorCode
 from streaming.resume import AttachResult, new_conn_id, new_token
@@ -53,7 +54,8 @@ class Resumable(RealtimeSession):
         self.first_event = asyncio.Event()
         self._held: list[Frame] | None = []  # queue events of the new session, held briefly
         self._flusher: asyncio.Future[None] | None = None
-        self._replaced_ask: asyncio.Future[bool] | None = None  # open question to gw.liveness
+        self._replaced_watch: tuple[str, str] | None = None  # (session, conn) gw.liveness watches
+        self._replaced_seen = False  # the watch read another owner
 
     async def queue_frame(self, frame: Frame) -> None:
         """The new session's queue events wait until the client's first event, at most
@@ -193,29 +195,26 @@ class Resumable(RealtimeSession):
         return await self._replaced_by(owner)
 
     async def _was_replaced_lately(self) -> bool:
-        """``_was_replaced`` from the gateway's batched liveness read (``api/liveness.py``):
-        False until the open question is answered. For a relay loop that must not wait on
-        Redis: every tick checks this session (an answer that it was not replaced, or a failed
-        read, asks again from its own callback), and only a replacement wakes the loop."""
-        ask = self._replaced_ask
-        if ask is not None and not ask.done():
+        """``_was_replaced`` from the gateway's batched liveness read (``api/liveness.py``),
+        for a relay loop that must not wait on Redis: the first call starts a watch (read every
+        tick; a replacement wakes the loop), later ones see what it found (a failed read: the
+        next tick decides)."""
+        key = (self.session_id, self.conn_id)
+        if self._replaced_watch != key:  # (a connection that resumed another session: its id)
+            self._replaced_watch, self._replaced_seen = key, False
+            self.gw.liveness.watch_replaced(*key, lambda answer: self._replaced_read(key, answer))
+        return self._replaced_seen and await self._close_replaced()
+
+    def _replaced_read(self, key: tuple[str, str], answer: Answer) -> bool:
+        """A tick's read of the owner: False (stop watching) once replaced or no longer
+        relayed."""
+        if self.gone.is_set() or key != self._replaced_watch:
             return False
-        self._ask_replaced()
-        if ask is None or ask.cancelled() or ask.exception() is not None:
-            return False  # (a failed read: Redis away, the next tick decides)
-        return ask.result() and await self._close_replaced()
-
-    def _ask_replaced(self) -> None:
-        ask = self._replaced_ask = self.gw.liveness.replaced(self.session_id, self.conn_id)
-        ask.add_done_callback(self._replaced_answered)
-
-    def _replaced_answered(self, ask: asyncio.Future[bool]) -> None:
-        if ask is not self._replaced_ask or ask.cancelled() or self.gone.is_set():
-            return
-        if ask.exception() is None and ask.result():
+        if answer is True:
+            self._replaced_seen = True
             self.wake_relay()
-        else:
-            self._ask_replaced()
+            return False
+        return True
 
     async def _replaced_by(self, owner: str | None) -> bool:
         if owner is None or owner == self.conn_id or owner == "":

@@ -3,23 +3,22 @@
 Every relay needs the same three guarantees, so they live here once:
 - the task must start within ``task_start_timeout_s``, else it is abandoned (the claim key makes
   sure it never starts later) and its slot is freed: ``TaskNotStarted``;
-- its worker must keep renewing the session lease (checked at every tick of the gateway's batched
-  liveness read, ``api/liveness.py``, without holding up the events: a live lease is asked
-  about again from the answer's own callback, and only a lapsed one wakes the reader, through
-  ``SessionOutput.wake``); at the first check that finds it gone (its TTL is the grace
-  period) the rest of the replay log is read and returned, and unless it ends the task,
-  ``WorkerLost`` follows;
+- its worker must keep renewing the session lease (watched at every tick of the gateway's
+  batched liveness read, ``api/liveness.py``, without holding up the events: only a lapsed
+  lease wakes the reader, through ``SessionOutput.wake``); at the first read that finds it gone
+  (its TTL is the grace period) the rest of the replay log is read and returned, and unless it
+  ends the task, ``WorkerLost`` follows;
 - events come in sequence order, with lost ones filled from the replay log or reported as a
   ``Gap`` (``streaming/output.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 
 from api.gateway import Gateway
+from api.liveness import Answer
 from streaming.controls import CloseControl
 from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
@@ -63,7 +62,8 @@ class TaskRelay:
         self.slot_id = slot_id
         self.started = False
         self._start_by = time.monotonic() + gw.settings.task_start_timeout_s
-        self._lease_ask: asyncio.Future[bool] | None = None  # open question to gw.liveness
+        self._watching = False  # the lease is watched (once the task started)
+        self._lease_news: Answer | None = None  # a lapsed lease or a failed read, for ``next``
         self._lease_misses = 0
         self._lost = False
 
@@ -94,43 +94,36 @@ class TaskRelay:
                 if await self.gw.abandon(self.claim_id, self.slot_id):
                     raise TaskNotStarted(f"the {self.what} did not start")
                 self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
-        elif self._lease_alive() is False:
+        elif self._lease_lapsed():
             self._lease_misses += 1
             if self._lease_misses >= LEASE_MISSES:
                 events += self._consume_started(await self.out.catch_up())
                 self._lost = not any(isinstance(ev, FINAL_EVENTS) for ev in events)
         return events
 
-    def _lease_alive(self) -> bool | None:
-        """The answer to the open lease question (None: not answered yet), and a new question
-        opened (the lease exists once the task started). A failed read raises, as the single
-        command did."""
-        ask = self._lease_ask
-        if ask is not None and not ask.done():
-            return None
-        self._ask_lease()
-        if ask is None or ask.cancelled():  # (cancelled: the gateway is stopping)
-            return None
-        alive = ask.result()
-        if alive:
-            self._lease_misses = 0
-        return alive
+    def _lease_lapsed(self) -> bool:
+        """Whether a tick read the lease gone since the last call (a failed read raises, as the
+        single command did); the first call starts the watch (the lease exists once the task
+        started)."""
+        if not self._watching:
+            self._watching = True
+            self.gw.liveness.watch_lease(self.task_id, self._lease_read)
+        news, self._lease_news = self._lease_news, None
+        if isinstance(news, Exception):
+            raise news
+        return news is False
 
-    def _ask_lease(self) -> None:
-        ask = self._lease_ask = self.gw.liveness.lease(self.task_id)
-        ask.add_done_callback(self._lease_answered)
-
-    def _lease_answered(self, ask: asyncio.Future[bool]) -> None:
-        """A live lease asks again for the next tick without waking the reader, so every tick
-        of the gateway's liveness read checks this task; any other answer wakes it (``next``
-        takes the answer). Nothing is asked once the relay is over."""
-        if ask is not self._lease_ask or ask.cancelled() or self._lost or self.out.closed:
-            return
-        if ask.exception() is None and ask.result():
+    def _lease_read(self, answer: Answer) -> bool:
+        """A tick's read of the lease: a live one changes nothing; any other answer wakes the
+        reader, whose ``next`` takes it. False (stop watching) once the relay is over."""
+        if self._lost or self.out.closed:
+            return False
+        if answer is True:
             self._lease_misses = 0
-            self._ask_lease()
         else:
+            self._lease_news = answer
             self.out.wake()
+        return True
 
     def wait_left(self, now: float) -> float:
         """Seconds until ``next`` must look at the start deadline (inf once started)."""
@@ -145,9 +138,7 @@ class TaskRelay:
     def _consume_started(self, events: list[Event]) -> list[Event]:
         if not self.started and any(isinstance(ev, Created) and ev.recovered for ev in events):
             self.started = True  # a failover's worker sends no Started (its Created tells)
-            self._lease_ask = None  # (asked from now on: the lease exists once it started)
         if any(isinstance(ev, Started) for ev in events):
             self.started = True
-            self._lease_ask = None
             return [ev for ev in events if not isinstance(ev, Started)]
         return events

@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from api import liveness
-from api.liveness import Liveness
+from api.liveness import Answer, Liveness
 from streaming import lua
 from streaming.keys import Keys
 
@@ -33,7 +33,30 @@ class CountingRedis(aioredis.Redis):
         return super().pipeline(*args, **kwargs)
 
 
-async def test_one_read_answers_every_question(redis_server: str, keys: Keys) -> None:
+class Seen:
+    """A watch that keeps what each tick told it, ``ticks`` times (then it stops watching)."""
+
+    def __init__(self, ticks: int = 1_000_000) -> None:
+        self.answers: list[Answer] = []
+        self.ticks = ticks
+        self.taken = 0  # answers ``next`` returned
+        self.more = asyncio.Event()
+
+    def __call__(self, answer: Answer) -> bool:
+        self.answers.append(answer)
+        self.more.set()
+        return len(self.answers) < self.ticks
+
+    async def next(self) -> Answer:
+        """The next answer not yet returned (waiting for its tick)."""
+        while len(self.answers) <= self.taken:
+            self.more.clear()
+            await asyncio.wait_for(self.more.wait(), 10)
+        self.taken += 1
+        return self.answers[self.taken - 1]
+
+
+async def test_one_read_answers_every_watch(redis_server: str, keys: Keys) -> None:
     client = CountingRedis.from_url(redis_server)
     live = Liveness(client, keys, tick_s=0.05)
     try:
@@ -41,14 +64,16 @@ async def test_one_read_answers_every_question(redis_server: str, keys: Keys) ->
         await client.hset(keys.session_resume("a"), "conn", "c1")
         await client.hset(keys.session_resume("b"), "conn", "")
         await client.script_load(lua.LIVENESS)  # (not a round trip of the tick)
+        watches = [Seen(1) for _ in range(6)]
+        live.watch_lease("a", watches[0])
+        live.watch_lease("b", watches[1])
+        live.watch_replaced("a", "c1", watches[2])
+        live.watch_replaced("a", "c2", watches[3])
+        live.watch_replaced("b", "c1", watches[4])
+        live.watch_replaced("gone", "c1", watches[5])
         CountingRedis.pipelines = 0
         live.start()
-        asks = [live.lease("a"), live.lease("b")]
-        asks += [live.replaced("a", "c1"), live.replaced("a", "c2"), live.replaced("b", "c1")]
-        asks.append(live.replaced("gone", "c1"))
-        assert live.lease("a") is asks[0]  # the same question twice: one answer
-        assert live.replaced("a", "c2") is asks[3]
-        got = await asyncio.gather(*asks)
+        got = [await w.next() for w in watches]
         # c2 asks about a session that c1 holds; "b" is detached; "gone" has no record
         assert got == [True, False, False, True, False, False]
         assert CountingRedis.pipelines == 1
@@ -58,73 +83,86 @@ async def test_one_read_answers_every_question(redis_server: str, keys: Keys) ->
         await client.aclose()
 
 
-async def test_an_answer_is_read_after_its_question(redis_server: str, keys: Keys) -> None:
-    client = aioredis.Redis.from_url(redis_server)
-    live = Liveness(client, keys, tick_s=0.05)
-    try:
-        await client.set(keys.session_lease("s"), b"w1")
-        live.start()
-        assert await live.lease("s") is True
-        await client.delete(keys.session_lease("s"))  # the worker stopped renewing
-        assert await live.lease("s") is False
-    finally:
-        await live.stop()
-        await client.aclose()
-
-
-async def test_a_failed_read_fails_its_questions(keys: Keys) -> None:
-    client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
-    live = Liveness(client, keys, tick_s=0.01)
-    try:
-        live.start()
-        lease, owner = live.lease("s"), live.replaced("s", "c1")
-        await asyncio.wait([lease, owner])
-        with pytest.raises(aioredis.ConnectionError):
-            lease.result()
-        with pytest.raises(aioredis.ConnectionError):
-            owner.result()
-    finally:
-        await live.stop()
-        await client.aclose()
-
-
-async def test_stop_cancels_open_questions(redis_server: str, keys: Keys) -> None:
-    client = aioredis.Redis.from_url(redis_server)
-    live = Liveness(client, keys, tick_s=60)
-    live.start()
-    ask = live.replaced("s", "c1")
-    await live.stop()
-    assert ask.cancelled()
-    await client.aclose()
-
-
-async def test_read_every_tick_while_asked_then_dropped(redis_server: str, keys: Keys) -> None:
-    """An answered session's next question is open at once (read at the next tick, before its
-    relay comes back for it); one nobody asks about any more is read once more, then dropped."""
+async def test_a_watch_is_read_every_tick_until_it_stops(redis_server: str, keys: Keys) -> None:
     client = CountingRedis.from_url(redis_server)
     live = Liveness(client, keys, tick_s=0.05)
     try:
         await client.set(keys.session_lease("s"), b"w1")
         await client.script_load(lua.LIVENESS)
+        seen = Seen(ticks=3)
+        live.watch_lease("s", seen)
         CountingRedis.pipelines = 0
         live.start()
-        assert await live.lease("s") is True
-        await asyncio.sleep(0.3)  # the relay is busy elsewhere for several ticks
-        assert CountingRedis.pipelines == 2
-        later = live.lease("s")
-        assert not later.done()  # never an answer read before the question
-        await client.delete(keys.session_lease("s"))
-        assert await later is False
+        assert await seen.next() is True
+        await client.delete(keys.session_lease("s"))  # the worker stopped renewing
+        assert await seen.next() is False
+        assert await seen.next() is False
+        reads = CountingRedis.pipelines  # (three ticks and the delete)
+        await asyncio.sleep(0.3)  # it stopped: nothing more is read
+        assert seen.answers == [True, False, False]
+        assert CountingRedis.pipelines == reads == 4
+        assert live.leases == []
     finally:
         await live.stop()
         await client.aclose()
+
+
+async def test_a_failed_read_is_told_to_its_watches_and_they_go_on(keys: Keys) -> None:
+    client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    live = Liveness(client, keys, tick_s=0.01)
+    lease, owner = Seen(2), Seen(2)
+    try:
+        live.watch_lease("s", lease)
+        live.watch_replaced("s", "c1", owner)
+        live.start()
+        for seen in (lease, owner):
+            assert isinstance(await seen.next(), aioredis.ConnectionError)
+            assert isinstance(await seen.next(), aioredis.ConnectionError)
+    finally:
+        await live.stop()
+        await client.aclose()
+
+
+async def test_a_failing_watch_is_dropped_and_the_others_are_told(
+    redis_server: str, keys: Keys
+) -> None:
+    client = aioredis.Redis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=0.05)
+
+    def broken(answer: Answer) -> bool:
+        raise RuntimeError("a bug in a relay")
+
+    try:
+        await client.set(keys.session_lease("s"), b"w1")
+        seen = Seen()
+        live.watch_lease("s", broken)
+        live.watch_lease("s", seen)
+        live.start()
+        assert await seen.next() is True
+        assert await seen.next() is True
+        assert [w for _, w in live.leases] == [seen]
+    finally:
+        await live.stop()
+        await client.delete(keys.session_lease("s"))
+        await client.aclose()
+
+
+async def test_stop_drops_the_watches(redis_server: str, keys: Keys) -> None:
+    client = aioredis.Redis.from_url(redis_server)
+    live = Liveness(client, keys, tick_s=60)
+    live.start()
+    seen = Seen()
+    live.watch_replaced("s", "c1", seen)
+    await live.stop()
+    assert live.replaced == [] and seen.answers == []
+    await client.aclose()
 
 
 async def test_a_large_tick_is_read_in_parts(
     redis_server: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """More keys than one script call reads: one call per part, and every answer still lands
-    on its own question (leases and resume records split across parts)."""
+    on its own watch (leases and resume records split across parts)."""
     monkeypatch.setattr(liveness, "KEYS_PER_CALL", 3)
     client = CountingRedis.from_url(redis_server)
     live = Liveness(client, keys, tick_s=0.05)
@@ -135,15 +173,15 @@ async def test_a_large_tick_is_read_in_parts(
                 await client.set(keys.session_lease(sid), b"w1")
             await client.hset(keys.session_resume(sid), "conn", "mine" if i < 3 else "theirs")
         await client.script_load(lua.LIVENESS)
+        leases, owners = [Seen(1) for _ in sids], [Seen(1) for _ in sids]
+        for sid, lease, owner in zip(sids, leases, owners, strict=True):
+            live.watch_lease(sid, lease)
+            live.watch_replaced(sid, "mine", owner)
         CountingRedis.pipelines = 0
         live.start()
-        leases = await asyncio.gather(*(live.lease(sid) for sid in sids))
-        assert leases == [True, False, True, False, True]
-        assert CountingRedis.pipelines == 2  # 5 keys, 3 a call
-        leases_again = [live.lease(sid) for sid in sids]
-        replaced = await asyncio.gather(*(live.replaced(sid, "mine") for sid in sids))
-        assert replaced == [False, False, False, True, True]
-        assert await asyncio.gather(*leases_again) == leases
+        assert [await w.next() for w in leases] == [True, False, True, False, True]
+        assert [await w.next() for w in owners] == [False, False, False, True, True]
+        assert CountingRedis.pipelines == 4  # 10 keys, 3 a call
     finally:
         await live.stop()
         await client.delete(*(keys.session_lease(s) for s in sids))
@@ -151,11 +189,11 @@ async def test_a_large_tick_is_read_in_parts(
         await client.aclose()
 
 
-async def test_a_short_reply_fails_its_questions_and_the_ticks_go_on(
+async def test_a_short_reply_fails_the_tick_and_the_next_is_read_as_usual(
     redis_server: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An answer that does not fit the questions fails them (never a wrong answer), and the
-    next tick is read as usual."""
+    """An answer that does not fit the watches fails them for that tick (never a wrong
+    answer), and the next tick is read as usual."""
     client = aioredis.Redis.from_url(redis_server)
     live = Liveness(client, keys, tick_s=0.05)
     read = live._read
@@ -166,12 +204,13 @@ async def test_a_short_reply_fails_its_questions_and_the_ticks_go_on(
     try:
         await client.set(keys.session_lease("s"), b"w1")
         monkeypatch.setattr(live, "_read", short)
+        seen = Seen()
+        live.watch_lease("s", seen)
         live.start()
-        asks = [live.lease("s"), live.replaced("s", "c1")]
-        await asyncio.wait(asks)
-        assert all(isinstance(a.exception(), ValueError) for a in asks)
+        assert isinstance(await seen.next(), ValueError)
         monkeypatch.setattr(live, "_read", read)
-        assert await live.lease("s") is True
+        while await seen.next() is not True:  # (a tick already under way may fail too)
+            pass
     finally:
         await live.stop()
         await client.delete(keys.session_lease("s"))

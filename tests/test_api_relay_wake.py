@@ -1,7 +1,7 @@
 """A relay loop sleeps until something wakes it (api/realtime_duplex.py): the wake itself
-(``SessionOutput.wake``) and the lease watch of ``TaskRelay``, which asks about its worker's
-lease at every tick of the gateway's liveness read without waking the reader, and wakes it only
-when the lease lapsed. A real Redis and a real ``Liveness``; the whole loop is exercised end to
+(``SessionOutput.wake``) and the lease watch of ``TaskRelay``, which reads its worker's lease at
+every tick of the gateway's liveness read without waking the reader, and wakes it only when the
+lease lapsed. A real Redis and a real ``Liveness``; the whole loop is exercised end to
 end by the failover, resume and conformance tests, whose gateways run with the loop's backstop
 set to ten minutes (``tests/stack.py``), so that only these wakes can end its sleeps.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api.liveness import Liveness
+from api.liveness import Answer, Liveness
 from api.task_relay import TaskRelay, WorkerLost
 from omnicore.settings import Settings
 from streaming.events import TextDelta
@@ -78,20 +78,19 @@ async def test_a_live_lease_is_read_every_tick_without_waking_the_reader(
     relay = TaskRelay(gateway(live), out, SID, "slot", "session")
     relay.started = True
     reads = 0
-    check = live.check
+    await relay.next(0.01)  # the first look starts the watch
+    [(sid, watch)] = live.leases
 
-    async def counted() -> None:
+    def counted(answer: Answer) -> bool:
         nonlocal reads
-        if SID in live._leases.open:
-            reads += 1
-        await check()
+        reads += 1
+        return watch(answer)
 
-    live.check = counted  # type: ignore[method-assign]
-    await relay.next(0.01)  # the first look opens the question; its answers keep it open
+    live.leases = [(sid, counted)]
     waiting = asyncio.ensure_future(relay.next(LONG_S))
     await asyncio.sleep(20 * TICK_S)
-    assert not waiting.done()  # not woken by the live lease's answers
-    assert reads >= 10  # yet asked about at every tick
+    assert not waiting.done()  # not woken by the live lease's reads
+    assert reads >= 10  # yet read at every tick
     await async_redis.delete(keys.session_lease(SID))  # the worker stopped renewing
     assert await asyncio.wait_for(waiting, 10) == []  # woken: what the log held (nothing)
     with pytest.raises(WorkerLost):
@@ -108,8 +107,8 @@ async def test_nothing_is_asked_once_the_relay_is_over(
     relay.started = True
     await relay.next(0.01)
     await asyncio.sleep(4 * TICK_S)
-    assert SID in live._leases.open
+    assert [sid for sid, _ in live.leases] == [SID]
     await bus.close(SID, out)
     await asyncio.sleep(6 * TICK_S)
-    assert SID not in live._leases.open  # the question was read once more, then dropped
+    assert live.leases == []  # read once more, then dropped
     await async_redis.delete(keys.session_lease(SID))
