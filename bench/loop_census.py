@@ -1,6 +1,6 @@
 """What the gateway's event loop runs, per session and second of duplex load.
 
-    python -m bench.loop_census [--sessions 100] [--seconds 20] [--top 25]
+    python -m bench.loop_census [--sessions 100] [--seconds 20] [--top 25] [--tree DIR]
 
 The gateway's CPU follows the number of callbacks its event loop runs (task steps, socket
 reads, timers), each of which runs Python through several layers; the payloads themselves cost
@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 
 from bench.duplex_load import run_load
-from bench.stack import Stack, install_cleanup, shared_redis
+from bench.stack import ROOT, Stack, install_cleanup, shared_redis
 
 SITECUSTOMIZE = '''
 """bench.loop_census: count the gateway's event loop callbacks (the gateway process only)."""
@@ -78,14 +78,14 @@ _install()
 '''
 
 
-def census(sessions: int, seconds: float, warmup: float = 3.0) -> dict[str, int]:
+def census(sessions: int, seconds: float, tree: Path = ROOT, warmup: float = 3.0) -> dict[str, int]:
     """The gateway's callbacks by name over ``seconds`` of ``sessions`` duplex sessions."""
     with tempfile.TemporaryDirectory(prefix="omniserve-census-") as tmp:
         site = Path(tmp) / "site"
         site.mkdir()
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         out = Path(tmp) / "counts.json"
-        st = Stack(shared_redis())
+        st = Stack(shared_redis(), root=tree)
         st.env = {
             "PYTHONPATH": f"{site}{os.pathsep}{st.root}",
             "OMNISERVE_CENSUS_OUT": str(out),
@@ -127,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=100)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--tree", type=Path, default=ROOT, help="the source tree to run (git archive)")
     args = p.parse_args(argv)
     install_cleanup()
-    counts = census(args.sessions, args.seconds)
+    counts = census(args.sessions, args.seconds, args.tree.resolve())
     per = args.sessions * args.seconds
     total = sum(counts.values())
     print(f"{args.sessions} sessions, {args.seconds:g} s: {total / per:.1f} callbacks/session-s")
