@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from omniserve.redis_server import EmbeddedRedis, start_embedded
 from streaming.keys import Keys
+from streaming.output import OutputBus
 from tests.stack import Stack
 
 
@@ -86,3 +87,14 @@ async def async_redis(redis_server: str) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def bus(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[OutputBus]:
+    """A gateway's output bus (its pub/sub reader running) on the run's Redis."""
+    b = OutputBus(async_redis, keys)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.stop()

@@ -21,21 +21,11 @@ from api.task_relay import TaskRelay, WorkerLost
 from omnicore.settings import Settings
 from streaming.events import TextDelta
 from streaming.keys import Keys
-from streaming.output import OutputBus
+from streaming.output import OutputBus, SessionOutput
 
 SID = "rt_wake"
 TICK_S = 0.05
 LONG_S = 30.0  # a wait that only a wake (or an event) ends within the test's time
-
-
-@pytest.fixture
-async def bus(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[OutputBus]:
-    b = OutputBus(async_redis, keys)
-    await b.start()
-    try:
-        yield b
-    finally:
-        await b.stop()
 
 
 @pytest.fixture
@@ -66,19 +56,24 @@ async def test_a_wake_ends_the_wait_at_once_and_is_kept_when_nobody_waits(
     assert out.closed
 
 
-def gateway(live: Liveness) -> Any:
-    return SimpleNamespace(liveness=live, settings=Settings())
+async def watched_relay(
+    bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
+) -> tuple[TaskRelay, SessionOutput]:
+    """A started task's relay whose worker renews its lease; its first look starts the watch."""
+    await async_redis.set(keys.session_lease(SID), b"w1", px=60_000)
+    out = await bus.open(SID)
+    gateway: Any = SimpleNamespace(liveness=live, settings=Settings())
+    relay = TaskRelay(gateway, out, SID, "slot", "session")
+    relay.started = True
+    await relay.next(0.01)
+    return relay, out
 
 
 async def test_a_live_lease_is_read_every_tick_without_waking_the_reader(
     bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
 ) -> None:
-    await async_redis.set(keys.session_lease(SID), b"w1", px=60_000)
-    out = await bus.open(SID)
-    relay = TaskRelay(gateway(live), out, SID, "slot", "session")
-    relay.started = True
+    relay, out = await watched_relay(bus, live, async_redis, keys)
     reads = 0
-    await relay.next(0.01)  # the first look starts the watch
     [(sid, watch)] = live.leases
 
     def counted(answer: Answer) -> bool:
@@ -101,11 +96,7 @@ async def test_a_live_lease_is_read_every_tick_without_waking_the_reader(
 async def test_nothing_is_asked_once_the_relay_is_over(
     bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
 ) -> None:
-    await async_redis.set(keys.session_lease(SID), b"w1", px=60_000)
-    out = await bus.open(SID)
-    relay = TaskRelay(gateway(live), out, SID, "slot", "session")
-    relay.started = True
-    await relay.next(0.01)
+    _, out = await watched_relay(bus, live, async_redis, keys)
     await asyncio.sleep(4 * TICK_S)
     assert [sid for sid, _ in live.leases] == [SID]
     await bus.close(SID, out)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -29,16 +29,6 @@ def publisher(sync_redis: redis.Redis, keys: Keys) -> Iterator[OutputPublisher]:
         yield pub
     finally:
         pub.finish(linger_s=1)
-
-
-@pytest.fixture
-async def bus(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[OutputBus]:
-    b = OutputBus(async_redis, keys)
-    await b.start()
-    try:
-        yield b
-    finally:
-        await b.stop()
 
 
 def text(n: int) -> TextDelta:
