@@ -73,6 +73,27 @@ def test_bench_ab_compares_two_revisions_side_by_side() -> None:
     assert "B/A median" in proc.stdout
 
 
+@pytest.mark.slow
+def test_bench_loop_census_counts_the_gateways_callbacks() -> None:
+    """``python -m bench.loop_census``: the gateway's own event loop, counted over the load's
+    window: the sessions' receive loops are there, at about one step per client frame and
+    reply (each client sends a frame a second)."""
+    args = ["--sessions", "2", "--seconds", "4", "--top", "40"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.loop_census", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = dict(
+        (line.split(maxsplit=1)[1], float(line.split()[0])) for line in proc.stdout.splitlines()[1:]
+    )
+    assert "callbacks/session-s" in proc.stdout.splitlines()[0], proc.stdout
+    assert 0.5 < rows["task Connection._receive_loop"] < 8, proc.stdout
+
+
 def test_a_stack_runs_the_source_tree_it_is_given(tmp_path: Path) -> None:
     """``Stack(root=...)`` (what ``bench.ab`` compares) runs that tree's code, not this one's:
     ``python -m`` puts the working directory first on ``sys.path``, ahead of ``PYTHONPATH``,
