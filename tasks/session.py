@@ -14,7 +14,7 @@ from omnicore.audio import pcm_to_b64
 from omnicore.logs import SESSION_ID
 from streaming.events import Closed, CloseReason, Done, Error, ErrorCode, Event, Started
 from streaming.input import InputReader
-from streaming.output import OutputPublisher
+from streaming.output_publisher import OutputPublisher
 from streaming.takeover import last_seq
 from tasks.bootstrap import install_child_sigterm
 from tasks.endings import CHAT, DUPLEX

@@ -12,18 +12,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
-def test_bench_smoke_reports_every_figure() -> None:
-    pytest.importorskip("psutil")
-    name = "pytest-smoke"
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository root; it must succeed."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--output", name],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_bench_smoke_reports_every_figure() -> None:
+    pytest.importorskip("psutil")
+    name = "pytest-smoke"
+    proc = run_module("bench", "--smoke", "--output", name)
     data = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
     for key in ("machine", "command", "relay", "capacity", "chat", "admission"):
         assert key in data
@@ -57,15 +63,7 @@ def test_bench_ab_compares_two_revisions_side_by_side() -> None:
     """``python -m bench.ab``: a committed revision (from git) against the working tree, both
     gateways loaded at once; each round prints both figures and their ratio."""
     pytest.importorskip("psutil")
-    args = ["HEAD", ".", "--sessions", "2", "--rounds", "1", "--seconds", "4"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.ab", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("bench.ab", "HEAD", ".", "--sessions", "2", "--rounds", "1", "--seconds", "4")
     rounds = [line for line in proc.stdout.splitlines() if line.startswith("round 0:")]
     assert len(rounds) == 1, proc.stdout
     a, b = (float(rounds[0].split(f" {side} ")[1].split()[0]) for side in "AB")
@@ -78,15 +76,7 @@ def test_bench_loop_census_counts_the_gateways_callbacks() -> None:
     """``python -m bench.loop_census``: the gateway's own event loop, counted over the load's
     window: the sessions' receive loops are there, at about one step per client frame and
     reply (each client sends a frame a second)."""
-    args = ["--sessions", "2", "--seconds", "4", "--top", "40"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.loop_census", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("bench.loop_census", "--sessions", "2", "--seconds", "4", "--top", "40")
     rows = dict(
         (line.split(maxsplit=1)[1], float(line.split()[0])) for line in proc.stdout.splitlines()[1:]
     )

@@ -16,7 +16,8 @@ import redis.asyncio as aioredis
 
 from streaming.events import Event, Gap, Listen, TextDelta, encode_event
 from streaming.keys import Keys
-from streaming.output import OutputBus, OutputPublisher, SessionOutput, read_log
+from streaming.output import OutputBus, SessionOutput, read_log
+from streaming.output_publisher import OutputPublisher
 from streaming.output_writer import OutputWriter
 
 SID = "rt_unit"

@@ -1,0 +1,143 @@
+"""Worker side of a session's output: its events, numbered and stamped, handed to the slot's
+writer thread, which publishes them on the session's channel and appends them to its replay log
+(``streaming/output.py`` has the gateway side and the format).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from redis.exceptions import NoScriptError
+
+from streaming import lua
+from streaming.events import Event, encode_event
+from streaming.keys import Keys
+from streaming.output_writer import OutputWriter
+
+log = logging.getLogger(__name__)
+
+
+class OutputPublisher:
+    """Worker side: emits a session's events in order (synchronous client).
+
+    ``emit`` only numbers and queues an event; a background thread (``writer``: the slot's, or
+    one of its own) writes them to Redis in order, several per round trip when they come faster
+    than Redis answers, so a model generating tokens never waits on the network. Events emitted
+    ``together`` go in one round trip. ``finish`` flushes everything.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        session_id: str,
+        log_maxlen: int,
+        ttl_s: float,
+        start_seq: int = 0,
+        writer: OutputWriter | None = None,
+    ) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.channel = keys.output_channel(session_id)
+        self.log_key = keys.output_log(session_id)
+        self.log_maxlen = log_maxlen
+        self.ttl_s = int(ttl_s)
+        self.seq = start_seq  # a failover's worker continues the session's sequence
+        self._first = start_seq + 1
+        self._own_writer = writer is None
+        self.writer = writer or OutputWriter(f"out-{session_id}")
+        self.writer.start()
+        self._held: list[tuple[int, bytes]] | None = None  # inside ``together``
+        self._log_and_publish = client.register_script(lua.LOG_AND_PUBLISH)
+
+    def emit(self, event: Event) -> int:
+        """Number, stamp and queue one event for publication; returns its sequence number."""
+        self.seq += 1
+        event.seq = self.seq
+        event.emitted_at = time.time()
+        item = (self.seq, encode_event(event))
+        if self._held is not None:
+            self._held.append(item)
+        else:
+            self.writer.put(self, [item])
+        return self.seq
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Queue the events emitted inside as one batch: one duplex step's text and audio.
+
+        Queued one by one, the writer woke for the text and wrote it alone, and the audio,
+        emitted microseconds later, waited for that round trip: it reached the client ~1 ms
+        after the text (docs/BENCHMARKS.md). Nested uses join the outer batch.
+        """
+        if self._held is not None:
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self.writer.put(self, held)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event emitted so far is in Redis."""
+        return self.writer.flush(timeout)
+
+    def finish(self, linger_s: float = 60.0) -> None:
+        """Flush (and stop a writer of its own), and keep the replay log only briefly."""
+        self.flush()
+        if self._own_writer:
+            self.writer.stop()
+        try:
+            self.client.expire(self.log_key, int(linger_s))
+        except redis.RedisError:
+            log.warning("could not set the expiry of %s", self.log_key)
+
+    def write(self, batch: list[tuple[int, bytes]]) -> None:
+        """(The writer thread) log and publish ``batch`` in one round trip, retried twice."""
+        for attempt in range(3):
+            try:
+                if not self._write_once(batch):  # Redis lost its scripts (a restart)
+                    self.client.script_load(self._log_and_publish.script)
+                    self._write_once(batch)
+                return
+            except redis.RedisError:
+                log.warning(
+                    "publishing %d event(s) of %s failed (try %d)",
+                    len(batch),
+                    self.session_id,
+                    attempt + 1,
+                    exc_info=attempt == 2,
+                )
+                time.sleep(0.1 * (attempt + 1))
+
+    def _write_once(self, batch: list[tuple[int, bytes]]) -> bool:
+        """One pipeline of LOG_AND_PUBLISH calls; False when Redis does not know the script."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for seq, data in batch:
+                # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT
+                # EXISTS round trip on every execute
+                pipe.evalsha(
+                    self._log_and_publish.sha,
+                    1,
+                    self.log_key,
+                    self.channel,
+                    f"{seq}-1",
+                    self.log_maxlen,
+                    data,
+                )
+                if seq == self._first:
+                    pipe.expire(self.log_key, self.ttl_s)
+            replies = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            return False
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return True
