@@ -45,6 +45,9 @@ def make_app() -> Celery:
         # kills one that is silent for longer (default 4 s), so a respawned child loading a big
         # model was killed forever. Wait as long as a model may take to load.
         worker_proc_alive_timeout=s.model_load_timeout_s,
+        # `--pool prefork` runs this subclass: a dead pool process is replaced within 0.25 s
+        # of its reap becoming possible, not at Celery's next 5 s look (tasks/prefork.py)
+        worker_pool="tasks.prefork:TaskPool",
     )
     return app
 

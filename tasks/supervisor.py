@@ -93,6 +93,18 @@ class PoolSupervisor:
         except (AttributeError, TypeError):
             return set()
 
+    def started(self) -> list[int]:
+        """Process ids the pool started since the last call (``tasks/prefork.py`` records them):
+        one that was started and died between two looks is handled too."""
+        record = getattr(getattr(self.pool, "_pool", None), "started", None)
+        out: list[int] = []
+        while record:
+            try:
+                out.append(record.popleft())
+            except IndexError:
+                break
+        return out
+
     def _run(self) -> None:
         while not self.stopped.wait(POLL_S):
             try:
@@ -102,8 +114,9 @@ class PoolSupervisor:
 
     def check(self) -> list[int]:
         """Handle every pool process that died since the last check; returns their pids."""
+        born = [p for p in self.started() if p not in self.known]
         current = self.pids()
-        for pid in list(self.known):
+        for pid in list(self.known) + born:
             if pid not in current or not process_alive(pid):
                 self.known.discard(pid)
                 self.pending.add(pid)

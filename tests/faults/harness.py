@@ -96,6 +96,25 @@ def pool_pids(stack: Stack, worker: Proc) -> list[int]:
     )
 
 
+def forked_children(worker: Proc) -> list[int]:
+    """Live processes the worker's Celery parent has forked (loading or not, registered or not)."""
+    pid = worker.popen.pid
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            kids = [int(k) for k in fh.read().split()]
+    except OSError:
+        return []
+    return sorted(k for k in kids if _state_of(k) not in ("Z", "X", None))
+
+
+def _state_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
 def _parent_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
