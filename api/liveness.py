@@ -2,12 +2,14 @@
 
 Every relayed session must notice, twice a second, when its worker stopped renewing the session
 lease (``api/task_relay.py``) and, when resumable, when another connection took it over (the
-``conn`` field of its resume record, ``api/resumable.py``). Asked one session at a time that
+``conn`` field of its resume record, ``api/resumable.py``); a task not started yet, when the
+worker process of its slot is gone (it will never start). Asked one session at a time that
 was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here one
 script call (``lua.LIVENESS``) per tick answers all of them with one character each: Redis runs
 one command a tick where a pipeline brought it two per session.
 
-A relay registers a watch once (``watch_lease``, ``watch_replaced``); every tick's read then
+A relay registers a watch once (``watch_lease``, ``watch_replaced``, ``watch_worker``); every
+tick's read then
 calls it with the answer, or with the error of a failed read, until it returns False. The
 callback runs in this module's task and only notes the answer; the relay's own loop acts on it,
 woken only when there is something to do. (Questions asked anew each tick cost a future and a
@@ -48,6 +50,7 @@ class Liveness:
         self.tick_s = tick_s
         self.leases: list[tuple[str, Watch]] = []
         self.replaced: list[tuple[str, str, Watch]] = []
+        self.workers: list[tuple[str, Watch]] = []
         self._script = redis.register_script(lua.LIVENESS)
         self._task: asyncio.Task[None] | None = None
 
@@ -63,11 +66,17 @@ class Liveness:
                 await self._task
         self.leases.clear()
         self.replaced.clear()
+        self.workers.clear()
 
     def watch_lease(self, session_id: str, watch: Watch) -> None:
         """From the next tick on, tell ``watch`` whether the session's worker still renews its
         lease."""
         self.leases.append((session_id, watch))
+
+    def watch_worker(self, worker_id: str, watch: Watch) -> None:
+        """From the next tick on, tell ``watch`` whether the worker process is alive (its
+        presence key, which it renews and its Celery parent deletes when it dies, exists)."""
+        self.workers.append((worker_id, watch))
 
     def watch_replaced(self, session_id: str, conn_id: str, watch: Watch) -> None:
         """From the next tick on, tell ``watch`` whether a connection other than ``conn_id``
@@ -83,28 +92,32 @@ class Liveness:
     async def check(self) -> None:
         """Read every watched key once (nothing when nothing is watched; a very large tick in
         several calls, ``KEYS_PER_CALL``) and tell each watch its answer."""
-        leases, replaced = self.leases, self.replaced
-        if not leases and not replaced:
+        leases, workers, replaced = self.leases, self.workers, self.replaced
+        if not leases and not workers and not replaced:
             return
-        self.leases, self.replaced = [], []  # (watches made during the read go on the new ones)
+        # (watches made during the read go on the new lists)
+        self.leases, self.workers, self.replaced = [], [], []
         keys = [self.keys.session_lease(sid) for sid, _ in leases]
+        keys += [self.keys.worker_alive(wid) for wid, _ in workers]
         keys += [self.keys.session_resume(sid) for sid, _, _ in replaced]
         conns = [conn for _, conn, _ in replaced]
         answers: list[Answer]
         try:
-            flags = await self._read(keys, len(leases), conns)
+            flags = await self._read(keys, len(leases) + len(workers), conns)
             if len(flags) != len(keys):
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
             answers = [flag == ord("1") for flag in flags]
         except Exception as exc:  # noqa: BLE001 - each watch decides, as with its own command
             log.warning("liveness check failed: %s", exc)
             answers = [exc] * len(keys)
-        n = len(leases)
+        n, m = len(leases), len(leases) + len(workers)
         self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]
-        self.replaced += [w for w, a in zip(replaced, answers[n:], strict=True) if _tell(w[2], a)]
+        self.workers += [w for w, a in zip(workers, answers[n:m], strict=True) if _tell(w[1], a)]
+        self.replaced += [w for w, a in zip(replaced, answers[m:], strict=True) if _tell(w[2], a)]
 
     async def _read(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
-        """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys."""
+        """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys;
+        the first ``leases`` keys are asked whether they exist (leases, worker presence)."""
         flags = b""
         for i in range(0, len(keys), KEYS_PER_CALL):
             part = keys[i : i + KEYS_PER_CALL]

@@ -2,7 +2,9 @@
 
 Every relay needs the same three guarantees, so they live here once:
 - the task must start within ``task_start_timeout_s``, else it is abandoned (the claim key makes
-  sure it never starts later) and its slot is freed: ``TaskNotStarted``;
+  sure it never starts later) and its slot is freed: ``TaskNotStarted``; the same at once when a
+  liveness tick finds the slot's worker process gone before the task started (one that died
+  after the slot was handed out: nothing else would ever start it);
 - its worker must keep renewing the session lease (watched at every tick of the gateway's
   batched liveness read, ``api/liveness.py``, without holding up the events: only a lapsed
   lease wakes the reader, through ``SessionOutput.wake``); at the first read that finds it gone
@@ -22,6 +24,7 @@ from api.liveness import Answer
 from streaming.controls import CloseControl
 from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
+from streaming.keys import slot_worker
 from streaming.output import SessionOutput
 
 LEASE_MISSES = 1  # the lease TTL is the grace period; one miss means the worker stopped renewing
@@ -66,6 +69,8 @@ class TaskRelay:
         self._lease_news: Answer | None = None  # a lapsed lease or a failed read, for ``next``
         self._lease_misses = 0
         self._lost = False
+        self._worker_watched = False  # the slot's worker is watched until the task starts
+        self._worker_gone = False
 
     async def submit(
         self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
@@ -90,16 +95,38 @@ class TaskRelay:
         events = self._consume_started(await self.out.get(timeout=timeout))
         now = time.monotonic()
         if not self.started:
-            if now > self._start_by:
+            if self._worker_gone or now > self._start_by:
                 if await self.gw.abandon(self.claim_id, self.slot_id):
-                    raise TaskNotStarted(f"the {self.what} did not start")
+                    raise TaskNotStarted(
+                        f"the worker process of its slot is gone; the {self.what} did not start"
+                        if self._worker_gone
+                        else f"the {self.what} did not start"
+                    )
                 self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
+                self._worker_gone = False
+            self._watch_worker()
         elif self._lease_lapsed():
             self._lease_misses += 1
             if self._lease_misses >= LEASE_MISSES:
                 events += self._consume_started(await self.out.catch_up())
                 self._lost = not any(isinstance(ev, FINAL_EVENTS) for ev in events)
         return events
+
+    def _watch_worker(self) -> None:
+        """Until the task starts, a tick that finds its slot's worker process gone wakes the
+        reader (its ``Created``/``Started`` ends the watch)."""
+        if not self._worker_watched:
+            self._worker_watched = True
+            self.gw.liveness.watch_worker(slot_worker(self.slot_id), self._worker_read)
+
+    def _worker_read(self, answer: Answer) -> bool:
+        if self.started or self.out.closed:
+            return False
+        if answer is False:  # a failed read: the start deadline still holds
+            self._worker_gone = True
+            self.out.wake()
+            return False
+        return True
 
     def _lease_lapsed(self) -> bool:
         """Whether a tick read the lease gone since the last call (a failed read raises, as the

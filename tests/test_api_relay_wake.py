@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from api.liveness import Answer, Liveness
-from api.task_relay import TaskRelay, WorkerLost
+from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
 from omnicore.settings import Settings
-from streaming.events import TextDelta
+from streaming.events import Started, TextDelta
 from streaming.keys import Keys
 from streaming.output import OutputBus, SessionOutput
 
@@ -103,3 +103,56 @@ async def test_nothing_is_asked_once_the_relay_is_over(
     await asyncio.sleep(6 * TICK_S)
     assert live.leases == []  # read once more, then dropped
     await async_redis.delete(keys.session_lease(SID))
+
+
+async def test_a_task_whose_worker_process_is_gone_before_it_starts_ends_at_once(
+    bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    """The slot's worker process died after the slot was handed out: the task will never start,
+    so the tick that finds its presence key gone wakes the relay, which abandons the task then,
+    not at ``task_start_timeout_s``."""
+    await async_redis.set(keys.worker_alive("w#1"), b"1", px=60_000)
+    out = await bus.open(SID)
+    abandoned: list[tuple[str, str]] = []
+
+    async def abandon(claim_id: str, slot_id: str) -> bool:
+        abandoned.append((claim_id, slot_id))
+        return True
+
+    gateway: Any = SimpleNamespace(
+        liveness=live, settings=Settings(task_start_timeout_s=LONG_S), abandon=abandon
+    )
+    relay = TaskRelay(gateway, out, SID, "w#1|0", "session")
+    assert await relay.next(0.01) == []  # the first look starts the watch
+    waiting = asyncio.ensure_future(relay.next(LONG_S))
+    await asyncio.sleep(10 * TICK_S)
+    assert not waiting.done()  # the worker is alive: its reads do not wake the relay
+    assert [wid for wid, _ in live.workers] == ["w#1"]
+    await async_redis.delete(keys.worker_alive("w#1"))  # its Celery parent saw it die
+    with pytest.raises(TaskNotStarted, match="worker process of its slot is gone"):
+        await asyncio.wait_for(waiting, 10)
+    assert abandoned == [(SID, "w#1|0")]
+    await asyncio.sleep(4 * TICK_S)
+    assert live.workers == []
+    await bus.close(SID, out)
+
+
+async def test_a_started_task_no_longer_watches_its_worker(
+    bus: OutputBus, live: Liveness, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    await async_redis.set(keys.worker_alive("w#1"), b"1", px=60_000)
+    await async_redis.set(keys.session_lease(SID), b"w#1", px=60_000)
+    out = await bus.open(SID)
+    gateway: Any = SimpleNamespace(liveness=live, settings=Settings())
+    relay = TaskRelay(gateway, out, SID, "w#1|0", "session")
+    await relay.next(0.01)
+    assert [wid for wid, _ in live.workers] == ["w#1"]
+    out.push(Started(seq=1, worker_id="w#1"))
+    assert await relay.next(5) == []  # Started is consumed
+    assert relay.started
+    await asyncio.sleep(4 * TICK_S)
+    assert live.workers == []  # read once more, then dropped
+    await async_redis.delete(keys.worker_alive("w#1"))
+    await asyncio.sleep(4 * TICK_S)
+    assert relay.started  # the lease, not the presence, watches a running task
+    await bus.close(SID, out)

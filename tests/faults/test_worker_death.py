@@ -251,3 +251,37 @@ async def test_killed_pool_processes_are_replaced_at_once_and_leave_no_slot(stac
     assert stack.free_slots() == 1
     assert worker.alive()
     await served_end_to_end(stack.url())  # the one slot in the pool serves
+
+
+async def test_a_session_whose_pool_process_dies_before_it_starts_ends_at_once(
+    stack: Stack,
+) -> None:
+    """The pool process of a handed-out slot dies before the session's task reaches it (its
+    Celery parent is frozen with SIGSTOP meanwhile, so the task waits in the node's queue; when
+    thawed, the parent withdraws the dead process and hands the task to the replacement, which
+    does not own that slot). The client gets ``worker_connect_failed`` (close 1013) within a
+    liveness tick of the withdrawal, not at ``task_start_timeout_s`` (60 s here), and the
+    replacement's slot serves the next client."""
+    worker = stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    [child] = forked_children(worker)
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    try:
+        client = await Client.connect(stack.url(), query="?mode=audio")
+        await client.until("session.queue_done", timeout=10)  # the task is in the node's queue
+        await client.send({"type": "session.init", "payload": {}})
+        kill9(child)
+    finally:
+        os.kill(worker.popen.pid, signal.SIGCONT)
+    thawed = time.monotonic()
+    err = await client.until("error", timeout=50)
+    waited = time.monotonic() - thawed
+    print(f"pool process dead before its session started: client told after {waited:.2f} s")
+    assert err["error"]["code"] == "worker_connect_failed", err
+    assert "worker process of its slot is gone" in err["error"]["message"], err
+    assert await client.closed() == 1013
+    assert waited < 30, waited  # not the start deadline
+    wait_for(lambda: f"pool process {child} died" in log_text(worker), 10, "its cleanup")
+    stack.wait_free(1, timeout=30)
+    await served_end_to_end(stack.url())
