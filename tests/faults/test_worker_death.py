@@ -196,23 +196,26 @@ async def test_no_worker_at_all_is_refused(stack: Stack) -> None:
 
 
 async def test_a_frozen_worker_that_never_starts_the_session_frees_its_slot(stack: Stack) -> None:
-    """A worker frozen (SIGSTOP) as a session is handed to it never starts the task: after
+    """A worker whose Celery parent is frozen (SIGSTOP) as a session is handed to it never
+    starts the task, while its pool process stays alive (its presence key renewed): after
     ``task_start_timeout_s`` the client gets ``worker_connect_failed`` (close 1013) from the
     relay loop's start deadline (the test stacks' loops have no other wake-up within the test),
     and once thawed the worker finds the task abandoned: the slot serves the next client."""
     worker = stack.start_worker(slots=1)
     stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="2")
     stack.wait_free(1)
-    os.killpg(worker.popen.pid, signal.SIGSTOP)
+    os.kill(worker.popen.pid, signal.SIGSTOP)
     try:
         client = await Client.connect(stack.url(), query="?mode=audio")
         await client.until("session.queue_done", timeout=10)
         await client.send({"type": "session.init", "payload": {}})
         err = await client.until("error", timeout=15)
         assert err["error"]["code"] == "worker_connect_failed", err
+        assert "did not start" in err["error"]["message"], err
+        assert "worker process" not in err["error"]["message"], err
         assert await client.closed() == 1013
     finally:
-        os.killpg(worker.popen.pid, signal.SIGCONT)
+        os.kill(worker.popen.pid, signal.SIGCONT)
     stack.wait_free(1, timeout=30)
     frames = await served_end_to_end(stack.url())
     assert any(f["type"] == "response.output.delta" and f.get("kind") == "text" for f in frames)
