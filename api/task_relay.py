@@ -120,9 +120,11 @@ class TaskRelay:
             self.gw.liveness.watch_worker(slot_worker(self.slot_id), self._worker_read)
 
     def _worker_read(self, answer: Answer) -> bool:
+        """A tick's read of the worker's presence: gone wakes the reader (and ends the watch);
+        alive or a failed read changes nothing (the start deadline still holds)."""
         if self.started or self.out.closed:
             return False
-        if answer is False:  # a failed read: the start deadline still holds
+        if answer is False:
             self._worker_gone = True
             self.out.wake()
             return False
