@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -202,14 +203,14 @@ async def chat_turn(url: str) -> dict[str, Any]:
     return done
 
 
-def wait_new_child(parent: int, old: int, timeout: float) -> int | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def time_fork(parent: int, old: int, t_kill: float, into: dict[str, float]) -> None:
+    """The replacement's pid, and seconds from the kill to its fork (Celery: its 5 s look)."""
+    while time.monotonic() - t_kill < 120:
         kids = [k for k in children(parent) if k != old]
         if kids:
-            return kids[0]
-        time.sleep(0.2)
-    return None
+            into.update(seconds=time.monotonic() - t_kill, pid=kids[0])
+            return
+        time.sleep(0.01)
 
 
 async def main() -> None:
@@ -325,6 +326,9 @@ async def main() -> None:
         emit("kill", child=old, parent=parent)
         t_kill = time.monotonic()
         os.kill(old[0], signal.SIGKILL)
+        forked: dict[str, float] = {}
+        timer = threading.Thread(target=time_fork, args=(parent, old[0], t_kill, forked))
+        timer.start()
         seen = []
         try:
             while True:
@@ -343,7 +347,14 @@ async def main() -> None:
             seen.append({"exception": type(exc).__name__, "detail": str(exc)[:200]})
         emit("client_after_kill", seconds=round(time.monotonic() - t_kill, 2), frames=seen)
         await c.close()
-        new = wait_new_child(parent, old[0], timeout=120)
+        timer.join()
+        emit("replacement_forked", seconds=round(forked.get("seconds", -1), 3))
+        check(
+            "replacement forked within 1 s of the kill",
+            0 <= forked.get("seconds", -1) <= 1.0,
+            seconds=forked.get("seconds"),
+        )
+        new = int(forked["pid"]) if "pid" in forked else None
         emit("new_child", pid=new, seconds=round(time.monotonic() - t_kill, 2))
         s.wait_slots(1, worker, timeout=180)
         emit("new_child_ready", seconds=round(time.monotonic() - t_kill, 2))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: wheels -> env -> Part A (backend in-process) -> Part B (doctor) -> Part C (stack).
+# One device call: wheels -> env -> Part A (backend in-process) -> Part B (doctor) -> Part C (stack)
+# -> Part D (when a killed CUDA child can be reaped).
 # Run from the repo root: bash deploy/gpu-check/run_gpu.sh   (writes under $OUT)
 set -u
 OUT=${OUT:-/tmp/gpucheck-out}; mkdir -p "$OUT"
@@ -35,7 +36,9 @@ timeout 120 $PY -m omniserve doctor --backend minicpmo --model /tmp/none --devic
   --backend-options '{"model_loader": "gpu_standin:load", "device": "'$DEV'"}' 2>&1 | tee "$OUT/doctor.txt" | grep -E "^(PASS|FAIL|SKIP|result|      )" ; echo "doctor rc=${PIPESTATUS[0]}"
 stamp "Part C: stack"
 rm -rf /tmp/gpucheck-logs
-timeout 240 $PY deploy/gpu-check/check_stack.py $DEV /tmp/gpucheck-logs 2>&1 | tee "$OUT/stack.jsonl" | grep -E '"tag": "(check|summary|worker_ready|kill|client_after_kill|new_child|new_child_ready|nvidia-smi)"'
+timeout 240 $PY deploy/gpu-check/check_stack.py $DEV /tmp/gpucheck-logs 2>&1 | tee "$OUT/stack.jsonl" | grep -E '"tag": "(check|summary|worker_ready|kill|client_after_kill|replacement_forked|new_child|new_child_ready|nvidia-smi)"'
 echo "stack rc=${PIPESTATUS[0]}"
+stamp "Part D: reap after kill"
+timeout 120 $PY deploy/gpu-check/check_reap.py $DEV 2>&1 | tee "$OUT/reap.jsonl"; echo "reap rc=${PIPESTATUS[0]}"
 tar czf "$OUT/logs.tgz" -C /tmp gpucheck-logs 2>/dev/null
 stamp "done"
