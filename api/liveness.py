@@ -9,12 +9,12 @@ script call (``lua.LIVENESS``) per tick answers all of them with one character e
 one command a tick where a pipeline brought it two per session.
 
 A relay registers a watch once (``watch_lease``, ``watch_replaced``, ``watch_worker``); every
-tick's read then
-calls it with the answer, or with the error of a failed read, until it returns False. The
-callback runs in this module's task and only notes the answer; the relay's own loop acts on it,
-woken only when there is something to do. (Questions asked anew each tick cost a future and a
-callback per session per tick, ~4 of the ~14 callbacks a duplex session cost the gateway's event
-loop per second: docs/BENCHMARKS.md.) A watch is first read at the tick after it was made.
+tick's read then calls it with the answer, or with the error of a failed read, until it returns
+False. The callback runs in this module's task and only notes the answer; the relay's own loop
+acts on it, woken only when there is something to do. (Questions asked anew each tick cost a
+future and a callback per session per tick, ~4 of the ~14 callbacks a duplex session cost the
+gateway's event loop per second: docs/BENCHMARKS.md.) A watch is first read at the tick after it
+was made.
 """
 
 from __future__ import annotations
