@@ -21,6 +21,7 @@ import orjson
 import redis
 
 from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
+from tasks.supervisor import process_alive
 from tests.client import Client, silence, speech
 from tests.stack import Proc, Stack
 
@@ -104,15 +105,7 @@ def forked_children(worker: Proc) -> list[int]:
             kids = [int(k) for k in fh.read().split()]
     except OSError:
         return []
-    return sorted(k for k in kids if _state_of(k) not in ("Z", "X", None))
-
-
-def _state_of(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
+    return sorted(k for k in kids if process_alive(k))
 
 
 def _parent_of(pid: int) -> int | None:
