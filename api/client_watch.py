@@ -86,6 +86,13 @@ def abort_socket(ws: WebSocket) -> bool:
     return False
 
 
+def writable(ws: WebSocket) -> bool:
+    """Whether uvicorn would take a frame now without waiting (its flow control: the peer reads
+    what it is sent); False when that cannot be told (another server or protocol class)."""
+    event = getattr(_protocol(ws), "writable", None)
+    return isinstance(event, asyncio.Event) and event.is_set()
+
+
 def pings_failed(ws: WebSocket) -> bool:
     """Whether uvicorn failed this connection because the peer stopped answering its pings.
 

@@ -21,7 +21,7 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
-from api import telemetry
+from api import client_watch, telemetry
 from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
 from api.recordings.recorder import OFF, SessionRecording
@@ -92,6 +92,7 @@ class Connection:
         self.gw = gw
         self.ws = ws
         self.send_lock = asyncio.Lock()
+        self.senders = 0  # sends and closes under way or waiting for ``send_lock``
         # wakes the task relaying this connection's session (that task sets it): see Flag
         self.relay_waker: Callable[[], None] | None = None
         self.gone: asyncio.Event = Flag(self.wake_relay)  # the client left (or we closed it)
@@ -119,17 +120,27 @@ class Connection:
         if self.gone.is_set():
             return
         data = orjson.dumps(frame).decode()
-        async with self.send_lock:
-            if self.ws.application_state != WebSocketState.CONNECTED:
-                return
-            try:
-                await self.ws.send_text(data)
-                self.last_sent = time.monotonic()
-                code = telemetry.frame_sent(self.gw.metrics, frame)
-                self.last_server_error = code or self.last_server_error
-                self.recording.sent(frame)
-            except Exception:  # noqa: BLE001 - the peer went away mid-send: it is gone
-                self.gone.set()
+        self.senders += 1
+        try:
+            async with self.send_lock:
+                if self.ws.application_state != WebSocketState.CONNECTED:
+                    return
+                try:
+                    await self.ws.send_text(data)
+                    self.last_sent = time.monotonic()
+                    code = telemetry.frame_sent(self.gw.metrics, frame)
+                    self.last_server_error = code or self.last_server_error
+                    self.recording.sent(frame)
+                except Exception:  # noqa: BLE001 - the peer went away mid-send: it is gone
+                    self.gone.set()
+        finally:
+            self.senders -= 1
+
+    def can_send_now(self) -> bool:
+        """Whether ``send`` would finish without waiting: nobody else is sending and the client
+        reads what it is sent. (The output bus delivers an event from its own task only then: a
+        client that does not keep up must hold up its own session's task, never the bus.)"""
+        return self.senders == 0 and not self.gone.is_set() and client_watch.writable(self.ws)
 
     async def send_error(self, code: ErrorCode, message: str, field: str | None = None) -> None:
         """Send an ``error`` frame of ``/v1/realtime``."""
@@ -137,12 +148,16 @@ class Connection:
 
     async def close(self, code: int = status.WS_1000_NORMAL_CLOSURE, reason: str = "") -> None:
         """Close the socket once."""
-        async with self.send_lock:
-            if self.ws.application_state == WebSocketState.CONNECTED:
-                try:
-                    await self.ws.close(code=code, reason=reason)
-                except Exception:  # noqa: BLE001 - already closing: nothing left to tell
-                    log.debug("close(%d) on a closing socket", code)
+        self.senders += 1
+        try:
+            async with self.send_lock:
+                if self.ws.application_state == WebSocketState.CONNECTED:
+                    try:
+                        await self.ws.close(code=code, reason=reason)
+                    except Exception:  # noqa: BLE001 - already closing: nothing left to tell
+                        log.debug("close(%d) on a closing socket", code)
+        finally:
+            self.senders -= 1
         self.gone.set()
 
     # ------------------------------------------------------------------ lifecycle

@@ -40,7 +40,9 @@ from streaming.events import (
     Error,
     ErrorCode,
     Event,
+    Listen,
     Recovering,
+    Speak,
 )
 from streaming.input import AudioChunk
 from streaming.jobs import DuplexJob
@@ -191,6 +193,13 @@ class DuplexSession(ResumableSession):
         init's answer); at the latest every ``relay_look_s``, a backstop.
         """
         self.relay_waker = relay.out.wake
+        relay.out.direct = self._deliver_now
+        try:
+            await self._relay_loop(relay)
+        finally:
+            relay.out.direct = None
+
+    async def _relay_loop(self, relay: TaskRelay) -> None:
         closing_since: float | None = None
         while True:
             if self.gone.is_set():
@@ -242,6 +251,22 @@ class DuplexSession(ResumableSession):
                     f"the backend did not prepare the session within {limit:.0f} s",
                 )
                 return await self.finish(CloseReason.BACKEND_ERROR, status.WS_1011_INTERNAL_ERROR)
+
+    async def _deliver_now(self, ev: Event) -> bool:
+        """The output bus's direct path (``SessionOutput.direct``): while the relay loop waits,
+        the next delta of an active session goes to the client from the bus's task. Declined
+        (the loop takes it) for any other event or state, and for a client that cannot take a
+        frame without waiting."""
+        if (
+            not isinstance(ev, Speak | Listen)
+            or self.state is not SessionState.ACTIVE
+            or self.superseded.is_set()
+            or self._replaced_seen
+            or not self.can_send_now()
+        ):
+            return False
+        await self.handle(ev)  # (a delta never ends the session)
+        return True
 
     def _sleep_s(self, relay: TaskRelay) -> float:
         """How long the relay loop may sleep when nothing wakes it: until its next deadline."""

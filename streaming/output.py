@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import redis
@@ -21,6 +21,10 @@ from streaming.events import BadEvent, Event, Gap, decode_event
 from streaming.keys import Keys
 
 log = logging.getLogger(__name__)
+
+Deliver = Callable[[Event], Awaitable[bool]]
+"""``SessionOutput.direct``: take one in-order event now (True), or decline it (False, having done
+nothing) so that it is queued for ``get``."""
 
 
 async def read_log(
@@ -69,9 +73,44 @@ class SessionOutput:
         self.on_overflow = on_overflow
         self.woken = False  # ``wake`` came while no ``get`` was waiting: the next one returns []
         self.closed = False  # the bus no longer relays it (``OutputBus.close``)
+        # set by the relay: the bus hands it the next event itself while ``get`` waits (see
+        # ``arrive``)
+        self.direct: Deliver | None = None
+        self.direct_count = 0  # events ``direct`` took
+
+    async def arrive(self, event: Event, size: int = 0) -> None:
+        """An event arrived on the live channel (called by the bus's reader).
+
+        When the reader is waiting in ``get`` (so it holds no earlier event), nothing is queued
+        and this is the next event in order, it goes to ``direct`` at once, from the bus's own
+        task: the session's task is not woken for it, one task step fewer per event
+        (docs/BENCHMARKS.md, "the bus delivers").
+        Otherwise, or when ``direct`` declines, it is queued (``push``). A ``direct`` that
+        raises is logged and not used again; its event is queued, so that the session's own
+        task meets the failure the ordinary way.
+        """
+        direct = self.direct
+        if (
+            direct is not None
+            and not self.items
+            and not self.overflowed
+            and event.seq == self.expected
+            and self._waiter is not None
+            and not self._waiter.done()
+        ):
+            self.expected = event.seq + 1
+            try:
+                if await direct(event):
+                    self.direct_count += 1
+                    return
+            except Exception:
+                log.exception("session %s: delivering event %d failed", self.session_id, event.seq)
+                self.direct = None
+            self.expected = event.seq
+        self.push(event, size)
 
     def push(self, event: Event, size: int = 0) -> None:
-        """An event arrived on the live channel (called by the bus).
+        """Queue an event for ``get`` (``arrive``'s ordinary path).
 
         Undelivered output is bounded (``OutputBus.max_events`` / ``max_bytes``): past either
         cap the session's reader is not keeping up, so everything waiting is dropped, nothing
@@ -279,7 +318,9 @@ class OutputBus:
             if out is None:
                 continue
             try:
-                out.push(decode_event(data), len(data))
+                event = decode_event(data)
             except BadEvent:
                 # left out: the next event's sequence number shows the hole (read from the log)
                 log.warning("session %s: a message is not an event", out.session_id)
+                continue
+            await out.arrive(event, len(data))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -21,6 +21,7 @@ from streaming.output_publisher import OutputPublisher
 from streaming.output_writer import OutputWriter
 
 SID = "rt_unit"
+LONG_S = 30.0  # a wait that only an event (or a cancel) ends within the test
 
 
 @pytest.fixture
@@ -335,3 +336,89 @@ async def test_a_wait_that_times_out_returns_nothing_and_a_cancelled_one_loses_n
     out.push(stamped(2))
     assert [ev.seq for ev in await asyncio.wait_for(waiting, 2)] == [2]
     assert out.pending_bytes == 0 and not out.items
+
+
+async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_next_event_goes_to_direct_while_the_reader_waits(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    """``SessionOutput.direct``: while ``get`` waits, each next event in order is handed over by
+    the bus's reader itself, and the waiting reader is not woken; what ``direct`` declines is
+    queued for ``get``, in order, and nothing is delivered twice."""
+    out = await bus.open(SID)
+    taken: list[int] = []
+    decline = {3}
+
+    async def direct(ev: Event) -> bool:
+        if ev.seq in decline:
+            return False
+        taken.append(ev.seq)
+        return True
+
+    out.direct = direct
+    waiting = asyncio.create_task(out.get(timeout=LONG_S))
+    await asyncio.sleep(0.01)
+    await emit(publisher, text(1), text(2))
+    await wait_until(lambda: taken == [1, 2])
+    assert not waiting.done() and not out.items and out.expected == 3
+    assert out.direct_count == 2
+    await emit(publisher, text(3), text(4))  # 3 declined: queued, and 4 behind it
+    assert [ev.seq for ev in await asyncio.wait_for(waiting, 10)] == [3]
+    assert [ev.seq for ev in await out.get(timeout=10)] == [4]
+    assert taken == [1, 2]  # 4 came while an earlier event was still queued
+    waiting = asyncio.create_task(out.get(timeout=LONG_S))
+    await asyncio.sleep(0.01)
+    await emit(publisher, text(5))
+    await wait_until(lambda: taken == [1, 2, 5])
+    waiting.cancel()
+    assert out.expected == 6 and out.gaps == 0
+
+
+async def test_nothing_goes_to_direct_while_the_reader_holds_an_event(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    """A reader that is not waiting may still be sending what it took: later events queue
+    behind it (``direct`` would overtake it)."""
+    out = await bus.open(SID)
+    taken: list[int] = []
+
+    async def direct(ev: Event) -> bool:
+        taken.append(ev.seq)
+        return True
+
+    out.direct = direct
+    await emit(publisher, text(1), text(2), text(3))
+    await wait_until(lambda: len(out.items) == 3)
+    assert taken == [] and [ev.seq for ev in await collect(out, 3)] == [1, 2, 3]
+
+
+async def test_a_direct_that_fails_is_dropped_and_its_event_still_delivered(
+    bus: OutputBus, publisher: OutputPublisher, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``direct`` that raises is logged and never used again; its event and the ones after it
+    reach ``get``."""
+    out = await bus.open(SID)
+    calls: list[int] = []
+
+    async def direct(ev: Event) -> bool:
+        calls.append(ev.seq)
+        raise RuntimeError("mapping failed")
+
+    out.direct = direct
+    waiting = asyncio.create_task(out.get(timeout=LONG_S))
+    await asyncio.sleep(0.01)
+    await emit(publisher, text(1))
+    assert [ev.seq for ev in await asyncio.wait_for(waiting, 10)] == [1]
+    assert out.direct is None and calls == [1]
+    assert "delivering event 1 failed" in caplog.text
+    waiting = asyncio.create_task(out.get(timeout=LONG_S))
+    await asyncio.sleep(0.01)
+    await emit(publisher, text(2))
+    assert [ev.seq for ev in await asyncio.wait_for(waiting, 10)] == [2]
+    assert calls == [1]
