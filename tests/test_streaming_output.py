@@ -338,6 +338,13 @@ async def test_a_wait_that_times_out_returns_nothing_and_a_cancelled_one_loses_n
     assert out.pending_bytes == 0 and not out.items
 
 
+def numbered(seq: int) -> TextDelta:
+    """An event as the bus hands it over, with its sequence number."""
+    ev = text(seq)
+    ev.seq = seq
+    return ev
+
+
 async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -368,14 +375,16 @@ async def test_the_next_event_goes_to_direct_while_the_reader_waits(
     await wait_until(lambda: taken == [1, 2])
     assert not waiting.done() and not out.items and out.expected == 3
     assert out.direct_count == 2
-    await emit(publisher, text(3), text(4))  # 3 declined: queued, and 4 behind it
+    # (handed in by this task, so that the waiting reader cannot run in between)
+    await out.arrive(numbered(3))  # declined: queued for ``get``, which it wakes
+    await out.arrive(numbered(4))  # queued behind it: ``direct`` would overtake it
     assert [ev.seq for ev in await asyncio.wait_for(waiting, 10)] == [3]
     assert [ev.seq for ev in await out.get(timeout=10)] == [4]
-    assert taken == [1, 2]  # 4 came while an earlier event was still queued
+    assert taken == [1, 2]
     waiting = asyncio.create_task(out.get(timeout=LONG_S))
     await asyncio.sleep(0.01)
-    await emit(publisher, text(5))
-    await wait_until(lambda: taken == [1, 2, 5])
+    await out.arrive(numbered(5))
+    assert taken == [1, 2, 5] and not waiting.done()
     waiting.cancel()
     assert out.expected == 6 and out.gaps == 0
 
