@@ -150,6 +150,7 @@ async def chat(ws: ServerConnection, sid: str) -> None:
 
 
 async def handler(ws: ServerConnection) -> None:
+    assert ws.request is not None  # (the handshake is done when the handler runs)
     mode = parse_qs(urlsplit(ws.request.path).query).get("mode", ["audio"])[0]
     sid = f"base_{id(ws):x}"
     await ws.send(orjson.dumps({"type": "session.queue_done", "session_id": sid}).decode())

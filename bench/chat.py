@@ -23,7 +23,8 @@ WARMUP = 1  # turns run before the counted ones (the first pays for warming cach
 
 async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
     ws = await websockets.connect(f"{url}/v1/realtime?mode=chat", max_size=None, ping_interval=None)
-    first, done = [], []
+    first: list[float] = []
+    done: list[float] = []
     try:
         while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.queue_done":
             pass

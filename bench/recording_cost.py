@@ -43,10 +43,25 @@ def _frames() -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
     import base64
 
     jpeg = base64.b64encode(buf.getvalue()).decode()
-    event_in = {"type": "input.append", "input": {"audio": audio_in, "video_frames": [jpeg]}}
+    event_in: dict[str, object] = {
+        "type": "input.append",
+        "input": {"audio": audio_in, "video_frames": [jpeg]},
+    }
     base = {"type": "response.output.delta", "session_id": "rt_x", "response_id": "r1"}
-    audio = {**base, "kind": "audio", "input_id": "input_1", "audio": audio_out, "metrics": {}}
-    text = {**base, "kind": "text", "input_id": "input_1", "text": "Hello there.", "metrics": {}}
+    audio: dict[str, object] = {
+        **base,
+        "kind": "audio",
+        "input_id": "input_1",
+        "audio": audio_out,
+        "metrics": {},
+    }
+    text: dict[str, object] = {
+        **base,
+        "kind": "text",
+        "input_id": "input_1",
+        "text": "Hello there.",
+        "metrics": {},
+    }
     return event_in, audio, text
 
 

@@ -196,12 +196,12 @@ class SoakStack:
         r = self.redis()
         p = self.prefix
         live: dict[str, int] = {}
-        for wid, info in r.hgetall(f"{p}:workers").items():
-            entry = orjson.loads(info)
-            if r.exists(f"{p}:wk:{wid.decode()}:alive") and entry.get("state") == "ready":
-                live[wid.decode()] = int(entry.get("slots", 1))
-        free = [s.decode() for s in r.lrange(f"{p}:slots:free", 0, -1)]
-        busy = sorted(s.decode() for s in r.smembers(f"{p}:slots:busy"))
+        for raw_id, info in r.hgetall(f"{p}:workers").items():
+            wid, entry = str(_text(raw_id)), orjson.loads(info)
+            if r.exists(f"{p}:wk:{wid}:alive") and entry.get("state") == "ready":
+                live[wid] = int(entry.get("slots", 1))
+        free = [str(_text(s)) for s in r.lrange(f"{p}:slots:free", 0, -1)]
+        busy = sorted(str(_text(s)) for s in r.smembers(f"{p}:slots:busy"))
         return {
             "live_slots": sum(live.values()),
             "free_live": sum(1 for s in free if s.rsplit("|", 1)[0] in live),

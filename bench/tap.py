@@ -14,6 +14,7 @@ delay its stamps. It writes one JSON line per message:
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def run(url: str, prefix: str, outfile: Path) -> None:
     client = redis.Redis.from_url(url)
     # (redis-py's default push handler builds str() of every message for a debug line: with
     # 128 KB audio events that delayed each stamp and took CPU from the workers' core)
-    ps = client.pubsub(ignore_subscribe_messages=True, push_handler_func=lambda m: m)
+    ps = client.pubsub(ignore_subscribe_messages=True, push_handler_func=lambda m: m)  # type: ignore[no-untyped-call]
     ps.psubscribe(f"{prefix}:s:*:out")
     ps.subscribe(f"{prefix}:queue:events")
     out_prefix = f"{prefix}:s:".encode()
@@ -73,7 +74,7 @@ def run(url: str, prefix: str, outfile: Path) -> None:
             fh.write(b"\n".join(rows) + b"\n")
 
 
-def load(outfile: Path) -> list[list]:
+def load(outfile: Path) -> list[list[Any]]:
     """The rows a finished tap wrote."""
     if not outfile.exists():
         return []
@@ -89,7 +90,7 @@ class Tap:
 
     def __init__(self, url: str, prefix: str, outfile: Path) -> None:
         self.url, self.prefix, self.outfile = url, prefix, outfile
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Tap:
         from bench.stack import ROOT, spawn
@@ -117,5 +118,5 @@ class Tap:
         if self.proc is not None:
             stop(self.proc)
 
-    def rows(self) -> list[list]:
+    def rows(self) -> list[list[Any]]:
         return load(self.outfile)

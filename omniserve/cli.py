@@ -7,7 +7,7 @@ import json
 import socket
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from omniserve import drain
 from omniserve.options import env_from_args
@@ -114,7 +114,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         *pool,
     ]
     print(f"omniserve worker {node}: backend={backend} slots={slots}", flush=True)
-    app.worker_main(argv)
+    # celery-types says worker_main never returns; it does when the worker stops (Celery runs
+    # its click command with standalone_mode=False)
+    run_worker: Callable[[list[str]], object] = app.worker_main
+    run_worker(argv)
     return 0
 
 

@@ -6,6 +6,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -17,9 +18,10 @@ RECV_TIMEOUT_S = 120.0
 QUEUE_TIMEOUT_S = 600.0
 
 
-async def _recv(ws: websockets.ClientConnection) -> dict:
+async def _recv(ws: websockets.ClientConnection) -> dict[str, Any]:
     async with asyncio.timeout(RECV_TIMEOUT_S):
-        return orjson.loads(await ws.recv())
+        frame: dict[str, Any] = orjson.loads(await ws.recv())
+    return frame
 
 
 async def _wait_queue(ws: websockets.ClientConnection) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -55,7 +56,9 @@ def workers_loading(base: str) -> str:
     return "the backend"
 
 
-def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> dict | None:
+def wait_ready(
+    base: str, timeout: float, children: list[subprocess.Popen[bytes]]
+) -> dict[str, Any] | None:
     """Wait until at least one worker slot serves; print a progress line while models load.
 
     Returns the last /health body, or None when a component exited or the time ran out.
@@ -65,6 +68,7 @@ def wait_ready(base: str, timeout: float, children: list[subprocess.Popen[bytes]
     while time.monotonic() - t0 < timeout:
         if any(c.poll() is not None for c in children):
             return None
+        health: dict[str, Any]
         try:
             health = httpx.get(base + "/health", timeout=2.0).json()
         except (httpx.HTTPError, ValueError):
