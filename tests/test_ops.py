@@ -186,7 +186,7 @@ class TaskEvents:
         self.app = Celery("omniserve-test-events", broker=redis_url)
         self.events: list[dict[str, Any]] = []
         self.heard_worker = threading.Event()
-        self._stop = threading.Event()
+        self.receiver: Any = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _on_event(self, event: dict[str, Any]) -> None:
@@ -196,13 +196,11 @@ class TaskEvents:
             self.events.append(event)
 
     def _run(self) -> None:
+        # one capture for the whole test: each capture subscribes to the fanout and unsubscribes
+        # when it returns, so a loop of short captures loses what is published in between
         with self.app.connection() as conn:
-            recv = self.app.events.Receiver(conn, handlers={"*": self._on_event})
-            while not self._stop.is_set():
-                try:
-                    recv.capture(limit=None, timeout=0.5, wakeup=False)
-                except (TimeoutError, OSError):
-                    continue
+            self.receiver = self.app.events.Receiver(conn, handlers={"*": self._on_event})
+            self.receiver.capture(limit=None, timeout=None, wakeup=False)
 
     def of(self, task_id: str) -> dict[str, dict[str, Any]]:
         """The events of one task by type (task-received, task-started, task-failed ...)."""
@@ -216,7 +214,8 @@ def task_events(stack: Stack) -> Iterator[TaskEvents]:
     try:
         yield ev
     finally:
-        ev._stop.set()
+        if ev.receiver is not None:
+            ev.receiver.should_stop = True  # seen within capture's 1 s drain interval
         ev._thread.join(timeout=5)
 
 
