@@ -38,6 +38,8 @@ def make_app() -> Celery:
         task_serializer="json",
         accept_content=["json"],
         worker_send_task_events=True,  # Flower
+        # ... published just after a task starts, not while it starts (tasks/task_events.py)
+        worker_consumer="tasks.task_events:DeferredEventsConsumer",
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=True,

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from omniserve.redis_server import EmbeddedRedis, start_embedded
 from streaming.keys import Keys
 from streaming.output import OutputBus
+from tests.celery_events import TaskEvents
 from tests.stack import Stack
 
 
@@ -98,3 +99,13 @@ async def bus(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[OutputBu
         yield b
     finally:
         await b.stop()
+
+
+@pytest.fixture
+def task_events(stack: Stack) -> Iterator[TaskEvents]:
+    """Celery's task events of the stack's workers, received as Flower receives them."""
+    ev = TaskEvents(stack.redis_url)
+    try:
+        yield ev
+    finally:
+        ev.stop()

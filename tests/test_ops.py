@@ -10,18 +10,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from omniserve.redis_server import free_port
+from tests.celery_events import TaskEvents, ended
 from tests.client import Client, silence, speech
 from tests.faults.harness import await_for, kill9, pool_pids
 from tests.stack import ROOT, Proc, Stack
@@ -177,55 +175,6 @@ async def test_gateway_drain_refuses_new_clients_and_lets_sessions_finish(stack:
 
 
 # --------------------------------------------------------------------------- Celery events
-
-
-class TaskEvents:
-    """Celery's task events from the broker, as Flower receives them."""
-
-    def __init__(self, redis_url: str) -> None:
-        self.app = Celery("omniserve-test-events", broker=redis_url)
-        self.events: list[dict[str, Any]] = []
-        self.heard_worker = threading.Event()
-        self.receiver: Any = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _on_event(self, event: dict[str, Any]) -> None:
-        if event["type"].startswith("worker-"):
-            self.heard_worker.set()
-        else:
-            self.events.append(event)
-
-    def _run(self) -> None:
-        # one capture for the whole test: each capture subscribes to the fanout and unsubscribes
-        # when it returns, so a loop of short captures loses what is published in between
-        with self.app.connection() as conn:
-            self.receiver = self.app.events.Receiver(conn, handlers={"*": self._on_event})
-            self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def of(self, task_id: str) -> dict[str, dict[str, Any]]:
-        """The events of one task by type (task-received, task-started, task-failed ...)."""
-        return {e["type"]: e for e in list(self.events) if e.get("uuid") == task_id}
-
-
-@pytest.fixture
-def task_events(stack: Stack) -> Iterator[TaskEvents]:
-    ev = TaskEvents(stack.redis_url)
-    ev._thread.start()
-    try:
-        yield ev
-    finally:
-        if ev.receiver is not None:
-            ev.receiver.should_stop = True  # seen within capture's 1 s drain interval
-        ev._thread.join(timeout=5)
-
-
-async def ended(events: TaskEvents, task_id: str) -> dict[str, dict[str, Any]]:
-    await await_for(
-        lambda: {"task-succeeded", "task-failed"} & set(events.of(task_id)),
-        30,
-        f"the end of task {task_id}",
-    )
-    return events.of(task_id)
 
 
 @pytest.mark.slow
