@@ -17,6 +17,7 @@ consumer stops, so a warm shutdown loses none of it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from celery.worker.consumer import Consumer
 
 FLUSH_DELAY_S = 0.05
 """How long a task event waits in the buffer: past a task's start, short next to Flower's view."""
+LOST_AFTER_S = 1.0
+"""A scheduled publish this much overdue is taken as lost (see ``_schedule_event_flush``)."""
 
 
 class DeferredEventsConsumer(Consumer):
@@ -33,7 +36,7 @@ class DeferredEventsConsumer(Consumer):
     hub: Any  # kombu's event loop (None for the solo pool, which buffers nothing)
     _flush_events: Callable[[], None]
 
-    _flush_scheduled = False
+    _flush_due = 0.0  # monotonic time the scheduled publish is due (0: none scheduled)
 
     # (celery-types has it return a callable; Celery's returns nothing)
     def on_send_event_buffered(self) -> None:  # type: ignore[override]
@@ -42,12 +45,16 @@ class DeferredEventsConsumer(Consumer):
             self.hub.call_soon(self._schedule_event_flush)  # thread-safe; the timer is not
 
     def _schedule_event_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.hub.call_later(FLUSH_DELAY_S, self._deferred_event_flush)
+        """One publish scheduled at a time; one overdue by a second is taken as lost (its timer
+        cleared with the loop) and scheduled again, so events never stay buffered for good."""
+        now = time.monotonic()
+        if self._flush_due and now < self._flush_due + LOST_AFTER_S:
+            return
+        self._flush_due = now + FLUSH_DELAY_S
+        self.hub.call_later(FLUSH_DELAY_S, self._deferred_event_flush)
 
     def _deferred_event_flush(self) -> None:
-        self._flush_scheduled = False
+        self._flush_due = 0.0
         self._flush_events()
 
     def stop(self) -> None:

@@ -8,7 +8,9 @@ import asyncio
 import os
 import signal
 
-from tasks.task_events import FLUSH_DELAY_S
+from kombu.asynchronous import Hub
+
+from tasks.task_events import FLUSH_DELAY_S, LOST_AFTER_S, DeferredEventsConsumer
 from tests.celery_events import TaskEvents, ended
 from tests.client import Client
 from tests.stack import Stack
@@ -61,3 +63,25 @@ async def test_a_warm_shutdown_sends_the_events_still_buffered(
     got = await ended(task_events, task_id)
     assert "task-succeeded" in got, got
     assert await asyncio.to_thread(worker.popen.wait, 60) is not None
+
+
+def test_one_publish_is_scheduled_at_a_time_and_a_lost_one_again() -> None:
+    """The consumer's scheduling rule on a real kombu event loop (no worker around it)."""
+    published: list[int] = []
+    consumer = DeferredEventsConsumer.__new__(DeferredEventsConsumer)
+    consumer.hub = Hub()
+    consumer._flush_events = lambda: published.append(1)
+    for _ in range(3):  # three events: one publish scheduled
+        consumer._schedule_event_flush()
+    assert len(consumer.hub.timer.queue) == 1
+    consumer.hub.timer.clear()  # its timer lost: nothing more would ever publish the buffer
+    consumer._schedule_event_flush()
+    assert len(consumer.hub.timer.queue) == 0  # not yet taken as lost
+    consumer._flush_due -= LOST_AFTER_S + FLUSH_DELAY_S
+    consumer._schedule_event_flush()
+    [entry] = consumer.hub.timer.queue
+    consumer.hub.timer.clear()
+    entry.entry()  # it fires: the buffer is published, and the next event schedules anew
+    assert published == [1]
+    consumer._schedule_event_flush()
+    assert len(consumer.hub.timer.queue) == 1
