@@ -39,6 +39,17 @@ class TaskEvents:
             self.receiver.should_stop = True  # seen within capture's 1 s drain interval
         self._thread.join(timeout=5)
 
+    def of_type(self, kind: str, name: str | None = None) -> list[dict[str, Any]]:
+        """The task events of one type (``name``: only those of tasks so named, as told by
+        their ``task-received``)."""
+        events = list(self.events)
+        tasks = {e["uuid"]: e["name"] for e in events if e.get("name")}
+        return [
+            e
+            for e in events
+            if e["type"] == kind and (name is None or tasks.get(e.get("uuid")) == name)
+        ]
+
     def of(self, task_id: str) -> dict[str, dict[str, Any]]:
         """The events of one task by type (task-received, task-started, task-failed ...)."""
         return {e["type"]: e for e in list(self.events) if e.get("uuid") == task_id}

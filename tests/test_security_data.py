@@ -7,20 +7,19 @@ receiver (what Flower reads) on the run's Redis.
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import threading
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from celery import Celery
 
 from omnicore.audio import pcm_to_b64, wav_bytes, write_wav
+from tests.celery_events import TaskEvents
 from tests.client import Client, jpeg_b64, speech
+from tests.faults.harness import await_for
 from tests.stack import Stack
 
 pytestmark = pytest.mark.asyncio
@@ -132,54 +131,13 @@ async def test_voice_paths_stay_in_the_voices_directory(
 # --------------------------------------------------------------------------- Celery arguments
 
 
-class CeleryEvents:
-    """A real Celery event receiver (what Flower consumes) on a thread."""
-
-    def __init__(self, broker_url: str) -> None:
-        self.app = Celery("guard-capture", broker=broker_url)
-        self.events: list[dict[str, Any]] = []
-        self.receiver: Any = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with self.app.connection() as conn:
-            self.receiver = self.app.events.Receiver(conn, handlers={"*": self.events.append})
-            self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def of(self, kind: str, name: str | None = None) -> list[dict[str, Any]]:
-        tasks = {e["uuid"]: e["name"] for e in self.events if e.get("name")}
-        return [
-            e
-            for e in self.events
-            if e["type"] == kind and (name is None or tasks.get(e.get("uuid")) == name)
-        ]
-
-    def wait(self, test: Any, what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not test():
-            assert time.monotonic() < deadline, f"no {what} event within {timeout} s"
-            time.sleep(0.05)
-
-
-@pytest.fixture
-def celery_events(redis_server: str) -> Iterator[CeleryEvents]:
-    capture = CeleryEvents(redis_server)
-    capture.thread.start()
-    try:
-        yield capture
-    finally:
-        if capture.receiver is not None:
-            capture.receiver.should_stop = True
-        capture.thread.join(10)
-
-
 async def test_task_arguments_carry_no_prompt_or_media(
-    stack: Stack, celery_events: CeleryEvents
+    stack: Stack, task_events: TaskEvents
 ) -> None:
     stack.start_worker()
     stack.start_gateway()
     # the receiver hears the worker (heartbeats every 2 s): it is subscribed
-    celery_events.wait(lambda: celery_events.of("worker-heartbeat"), "worker heartbeat")
+    assert await asyncio.to_thread(task_events.heard_worker.wait, 30)
     marker = uuid.uuid4().hex
     image = jpeg_b64((10, 200, 30))
     audio = pcm_to_b64(np.linspace(-0.5, 0.5, 16_000, dtype=np.float32))
@@ -216,12 +174,12 @@ async def test_task_arguments_carry_no_prompt_or_media(
     await duplex.close()
 
     chat, session = "omniserve.chat_turn", "omniserve.duplex_session"
-    celery_events.wait(lambda: len(celery_events.of("task-succeeded", chat)) >= 3, "chat turns")
-    celery_events.wait(lambda: celery_events.of("task-succeeded", session), "duplex session")
-    received = celery_events.of("task-received")
+    await await_for(lambda: len(task_events.of_type("task-succeeded", chat)) >= 3, 30, "chat turns")
+    await await_for(lambda: task_events.of_type("task-succeeded", session), 30, "duplex session")
+    received = task_events.of_type("task-received")
     assert {e["name"] for e in received} == {chat, session}
     secrets = [marker, image[:24], audio[:24], voice[:24], video[:24], "You said", "Reply with"]
-    for event in celery_events.events:
+    for event in task_events.events:
         shown = f"{event.get('args', '')} {event.get('kwargs', '')}"
         for secret in secrets:
             assert secret not in shown, (event["type"], secret)
