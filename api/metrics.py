@@ -22,6 +22,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from omnicore.gc_pauses import GcPauseCollector, gc_pauses
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # no *_created series: the contract names every series, and Prometheus does not need them
@@ -40,6 +42,7 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        r.register(GcPauseCollector(gc_pauses()))  # this process's collections (and frozen heap)
         self.sessions = Gauge(
             "omniserve_sessions",
             "Sessions on this gateway by public mode and state (QUEUED ... ACTIVE, lower case).",

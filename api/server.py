@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from types import FrameType
+from typing import cast
 
 import uvicorn
+
+from api.gateway import Gateway
+from omnicore.gc_pauses import freeze_heap
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -27,6 +32,26 @@ class GatewayServer(uvicorn.Server):
     _drain_task: asyncio.Task[None] | None = None
     _grace_task: asyncio.Future[None] | None = None
 
+    def _gateway(self) -> Gateway | None:
+        """The app's ``Gateway`` (under whatever middleware wraps the app), once started."""
+        app = self.config.loaded_app
+        while app is not None:
+            gw = getattr(getattr(app, "state", None), "gateway", None)
+            if gw is not None:
+                return cast(Gateway, gw)
+            app = getattr(app, "app", None)
+        return None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup (the app's lifespan, the listening sockets), then the objects that
+        live as long as the process are frozen out of the collector's reach (``gc_freeze``,
+        ``omnicore/gc_pauses.py``): a full collection would otherwise walk them all, every
+        session waiting."""
+        await super().startup(sockets)
+        gw = self._gateway()
+        if not self.should_exit and gw is not None and gw.settings.gc_freeze:
+            log.info("froze %d objects of the started gateway", freeze_heap())
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining:
             if self._grace_task is not None and not self._grace_task.done():
@@ -41,11 +66,7 @@ class GatewayServer(uvicorn.Server):
         self._drain_task = loop.create_task(self._drain_then_exit(sig, frame))
 
     async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
-        app = self.config.loaded_app
-        gw = None
-        while app is not None and gw is None:
-            gw = getattr(getattr(app, "state", None), "gateway", None)
-            app = getattr(app, "app", None)
+        gw = self._gateway()
         if gw is not None:
             grace = asyncio.ensure_future(gw.drain(gw.settings.drain_grace_s))
             self._grace_task = grace

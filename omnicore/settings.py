@@ -129,6 +129,8 @@ class Settings(BaseSettings):
     flower_basic_auth: SecretStr | None = None  # user:password (default: a random password)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (log shippers)
+    # freeze the long-lived heap once a gateway or worker process is up (omnicore/gc_pauses.py)
+    gc_freeze: bool = True
 
     @field_validator("allowed_origins")
     @classmethod

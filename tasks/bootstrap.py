@@ -8,9 +8,11 @@
 - threads/solo pool (``--slots N`` for the scripted backend): it loads in the worker process once
   the consumer is ready (``worker_ready``).
 Either way the process registers as ``loading`` before the model loads (clients queue for it)
-and offers its slots once it is ready. On a warm shutdown (``worker_shutting_down``) a drain flag
-starts the drain: no new sessions, running ones may go on for ``drain_grace_s`` and then end with
-``server_shutdown``; idle slots leave the registry at once, busy ones when their session ends.
+and offers its slots once it is ready; just before, what it loaded is frozen out of the garbage
+collector's reach (``omnicore/gc_pauses.py``), as is the prefork parent's heap once it is ready.
+On a warm shutdown (``worker_shutting_down``) a drain flag starts the drain: no new sessions,
+running ones may go on for ``drain_grace_s`` and then end with ``server_shutdown``; idle slots
+leave the registry at once, busy ones when their session ends.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, TypedDict
 import redis
 from celery import signals
 
+from omnicore.gc_pauses import freeze_heap
 from omnicore.settings import get_settings
 from streaming.keys import Keys
 from streaming.slots import withdraw_idle_of_node
@@ -95,6 +98,8 @@ def _boot(slots: int) -> None:
         )
         rt.leave_now()
         os._exit(3)
+    if rt.settings.gc_freeze:  # the model and its libraries live as long as the process
+        log.info("froze %d objects of the loaded worker", freeze_heap())
     rt.start()
 
 
@@ -144,6 +149,8 @@ def _on_ready(sender: object = None, **_: object) -> None:
         sup.known = sup.pids()
         sup.start()
         _supervisor["pool"] = sup
+    if get_settings().gc_freeze:  # the Celery parent: it picks up every task of the node
+        log.info("froze %d objects of the pool's parent", freeze_heap())
 
 
 @signals.task_received.connect

@@ -33,6 +33,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from omnicore.gc_pauses import GcPauseCollector, gc_pauses
+
 log = logging.getLogger("omniserve.worker")
 
 # no *_created series: the contract names every series, and Prometheus does not need them
@@ -213,6 +215,7 @@ class WorkerMetrics:
         self.backend = backend
         r = self.registry = CollectorRegistry(auto_describe=True)
         r.register(_SlotsAndGpu(rt))
+        r.register(GcPauseCollector(gc_pauses()))  # this process's collections (and frozen heap)
         self.step_rtf = Histogram(
             "omniserve_duplex_step_rtf",
             "Duplex step wall time / seconds of audio consumed (above 1: slower than real time).",

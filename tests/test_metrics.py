@@ -42,7 +42,7 @@ def exposed(registry: CollectorRegistry) -> dict[str, tuple[str, frozenset[str]]
 
 
 def of_process(process: str) -> dict[str, Metric]:
-    return {n: m for n, m in contract().items() if m.process == process}
+    return {n: m for n, m in contract().items() if process in m.process.split(",")}
 
 
 def test_gateway_registry_is_the_gateway_contract() -> None:

@@ -274,6 +274,36 @@ ROWS: list[tuple[str, list[Panel]]] = [
             ),
         ],
     ),
+    (
+        "Processes",
+        [
+            Panel(
+                "Garbage collection pauses, p99 by job and generation",
+                [
+                    Q(
+                        "histogram_quantile(0.99, sum by (le, job, generation) "
+                        f"(rate(omniserve_gc_pause_seconds_bucket[{RATE}])))",
+                        "{{job}} gen {{generation}}",
+                    )
+                ],
+                unit="s",
+                width=12,
+                description="Every session of a process waits while it collects; a full "
+                "collection (gen 2) walks only what was not frozen at startup.",
+            ),
+            Panel(
+                "Objects frozen at startup, per process",
+                [
+                    Q(
+                        "max by (job, instance) (omniserve_gc_frozen_objects)",
+                        "{{job}} {{instance}}",
+                    )
+                ],
+                width=12,
+                description="0: OMNISERVE_GC_FREEZE is off (or the process has not started).",
+            ),
+        ],
+    ),
 ]
 
 
