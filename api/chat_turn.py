@@ -14,7 +14,8 @@ from typing import Any
 
 from api.gateway import Gateway
 from api.slot_wait import Admitted
-from api.task_relay import TaskRelay
+from api.task_relay import TaskNotStarted, TaskRelay
+from api.task_retry import MAX_STARTS_ELSEWHERE, start_elsewhere
 from streaming.chat_requests import chat_request_value, drop_chat_request
 from streaming.events import Done, Event, TurnEnd
 from streaming.jobs import ChatJob
@@ -37,6 +38,7 @@ class ChatTurn:
         deadline_ts: float,
         on_overflow: Callable[[], None] | None = None,
         out: SessionOutput | None = None,
+        on_slot: Callable[[str], None] | None = None,
     ) -> None:
         self.gw = gw
         self.on_overflow = on_overflow  # the turn's undelivered output passed its caps
@@ -45,6 +47,41 @@ class ChatTurn:
         self.request = request
         self.deadline_ts = deadline_ts
         self.out = out  # the turn's output channel when opened already (see ChatSession)
+        self.on_slot = on_slot  # told the slot the turn moved to (its worker died first)
+        self.starts_elsewhere = 0
+
+    def _job(self, slot_id: str, attempt: int) -> ChatJob:
+        return ChatJob(
+            turn_id=self.turn_id,
+            slot_id=slot_id,
+            gateway_id=self.gw.gateway_id,
+            deadline_ts=self.deadline_ts,
+            attempt=attempt,
+        )
+
+    def _request(self) -> dict[str, tuple[bytes, int]]:
+        """The turn's request, written with its task (``streaming/chat_requests.py``)."""
+        s = self.gw.settings
+        return chat_request_value(self.gw.keys, self.turn_id, self.request, s.task_start_timeout_s)
+
+    async def _start_elsewhere(
+        self, out: SessionOutput, exc: TaskNotStarted, stopping: Callable[[], bool]
+    ) -> TaskRelay:
+        """The turn's worker died before it started the turn: it starts on another slot
+        (``api/task_retry.py``); re-raises ``exc`` when it cannot."""
+        if not exc.worker_gone or stopping() or self.starts_elsewhere >= MAX_STARTS_ELSEWHERE:
+            raise exc
+        self.starts_elsewhere += 1
+        log.warning("turn %s: %s; starting it on another slot", self.turn_id, exc.detail)
+        moved = await start_elsewhere(
+            self.gw, out, self.turn_id, self.deadline_ts, self._job, "turn", self._request()
+        )
+        if moved is None:
+            raise exc
+        self.slot_id = moved.slot_id
+        if self.on_slot is not None:
+            self.on_slot(moved.slot_id)
+        return moved
 
     async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
         """The turn's events in order, up to its ``Done`` (or, when it has none, up to
@@ -55,7 +92,8 @@ class ChatTurn:
         waited for it (issue #16).
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
-        is abandoned, so it never will) and the iteration ends. Raises TaskNotStarted, or
+        is abandoned, so it never will) and the iteration ends. A turn whose worker died before
+        starting it starts on another slot (``api/task_retry.py``). Raises TaskNotStarted, or
         WorkerLost after yielding whatever the replay log still held. Use it inside
         ``contextlib.aclosing`` so the output channel is closed however the caller leaves.
         """
@@ -63,23 +101,18 @@ class ChatTurn:
         out = self.out or await gw.bus.open(self.turn_id, on_overflow=self.on_overflow)
         relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
         try:
-            await relay.submit(
-                ChatJob(
-                    turn_id=self.turn_id,
-                    slot_id=self.slot_id,
-                    gateway_id=gw.gateway_id,
-                    deadline_ts=self.deadline_ts,
-                ),
-                # the request goes with the task, in one transaction (a failure frees the slot)
-                chat_request_value(
-                    gw.keys, self.turn_id, self.request, gw.settings.task_start_timeout_s
-                ),
-            )
+            # the request goes with the task, in one transaction (a failure frees the slot)
+            await relay.submit(self._job(self.slot_id, 0), self._request())
             while True:
                 if stopping():
                     await relay.stop(None)
                     return
-                for ev in await relay.next(POLL_S):
+                try:
+                    events = await relay.next(POLL_S)
+                except TaskNotStarted as exc:
+                    relay = await self._start_elsewhere(out, exc, stopping)
+                    continue
+                for ev in events:
                     if isinstance(ev, TurnEnd):
                         return
                     yield ev

@@ -11,15 +11,14 @@ failover").
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from api.errors import ProtocolError
 from api.gateway import Gateway
 from api.task_relay import TaskNotStarted, TaskRelay
+from api.task_retry import front_slot, next_attempt
 from streaming.events import ErrorCode, Recovering
 from streaming.jobs import DuplexJob
 from streaming.output import SessionOutput
@@ -52,10 +51,6 @@ def parse_resume(event: dict[str, Any]) -> ResumeRequest:
     return ResumeRequest(event["session_id"], event["resume_token"], last)
 
 
-async def _quiet(_frame: dict[str, Any]) -> None:
-    """A failover's ticket tells the client nothing (it already has ``session.recovering``)."""
-
-
 class Failover:
     """Restarts one session on a new worker; one instance per session, counting attempts."""
 
@@ -77,34 +72,16 @@ class Failover:
         out.expected = max(out.expected, seq + 1)
         return ev
 
-    async def _next_attempt(self) -> int:
-        """A number no earlier attempt of this session had, on any gateway or connection (a
-        reused one would be ignored by the worker as already claimed)."""
-        key = self.gw.keys.session_attempts(self.session_id)
-        async with self.gw.redis.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expireat(key, int(self.deadline) + 3600)
-            n, _ = await pipe.execute()
-        return int(n)
-
     async def start(self, out: SessionOutput) -> TaskRelay | None:
         """Find a slot and submit the next attempt; None when none came in time."""
         gw = self.gw
-        wait = min(gw.settings.failover_wait_s, max(0.0, self.deadline - time.time()))
         await gw.redis.delete(
             gw.keys.input_audio(self.session_id), gw.keys.input_control(self.session_id)
         )
-        try:
-            _ticket, slot, _ = await asyncio.wait_for(
-                gw.queue.acquire(_quiet, front=True), timeout=wait
-            )
-        except TimeoutError:
-            log.warning("session %s: no slot for its failover within %.0f s", self.session_id, wait)
+        slot = await front_slot(gw, self.session_id, self.deadline)
+        if slot is None:
             return None
-        except Exception:
-            log.exception("session %s: failover admission failed", self.session_id)
-            return None
-        self.attempt = await self._next_attempt()
+        self.attempt = await next_attempt(gw, self.session_id, self.deadline)
         job = DuplexJob(
             session_id=self.session_id,
             slot_id=slot,

@@ -36,6 +36,7 @@ from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, WorkerLost
 from streaming.controls import CloseControl
 from streaming.events import Closed, CloseReason, ErrorCode, Gap
+from streaming.keys import slot_worker
 from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
@@ -225,6 +226,10 @@ class ChatSession(ResumableChat):
         finally:
             self.turn_running = False
 
+    def _moved(self, slot_id: str) -> None:
+        """The running turn went to another slot (its first worker died before starting it)."""
+        self.slot_id, self.worker_id = slot_id, slot_worker(slot_id)
+
     async def run_turn(
         self, admitted: Admitted, input_id: str, request: dict[str, Any], names: Frame
     ) -> bool:
@@ -244,6 +249,7 @@ class ChatSession(ResumableChat):
             self.deadline,
             on_overflow=self.output_overflow,
             out=self._take_next_output(turn_id),
+            on_slot=self._moved,
         )
         mapper = ChatMapper(self.session_id, names["response_id"], input_id)
         try:

@@ -33,12 +33,14 @@ LEASE_MISSES = 1  # the lease TTL is the grace period; one miss means the worker
 class TaskNotStarted(Exception):
     """No worker started the task in time (or it could not be sent); its slot was freed.
 
-    ``detail`` says which, for the client's message.
+    ``detail`` says which, for the client's message; ``worker_gone``: the slot's worker process
+    died before it started the task (it may start on another slot), not a start deadline.
     """
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, worker_gone: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.worker_gone = worker_gone
 
 
 class WorkerLost(Exception):
@@ -100,7 +102,8 @@ class TaskRelay:
                     raise TaskNotStarted(
                         f"the worker process of its slot is gone; the {self.what} did not start"
                         if self._worker_gone
-                        else f"the {self.what} did not start"
+                        else f"the {self.what} did not start",
+                        worker_gone=self._worker_gone,
                     )
                 self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
                 self._worker_gone = False

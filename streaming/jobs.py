@@ -27,6 +27,9 @@ class DuplexJob:
     public_mode: str  # video or audio
     deadline_ts: float  # unix time: connect time + the mode's duration limit
     attempt: int = 0  # > 0: a failover restarts the session (init and history from Redis)
+    # with attempt > 0: no earlier attempt started (its worker died first), so this one starts
+    # the session as the first would have (init from the control stream, ``Started``)
+    fresh: bool = False
 
     @property
     def claim_id(self) -> str:
@@ -54,11 +57,18 @@ class ChatJob:
     slot_id: str
     gateway_id: str
     deadline_ts: float
+    attempt: int = 0  # > 0: the turn's earlier attempts never started (their worker died first)
+
+    @property
+    def claim_id(self) -> str:
+        """What the worker claims: each attempt of a turn runs at most once."""
+        return claim_id(self.turn_id, self.attempt)
 
     @property
     def task_id(self) -> str:
-        """The Celery task id: the turn id (``<session id>_t<n>`` for /v1/realtime chat)."""
-        return self.turn_id
+        """The Celery task id: the turn id (``<session id>_t<n>`` for /v1/realtime chat); a
+        later attempt's is ``<turn id>.r<n>``."""
+        return self.claim_id
 
     def kwargs(self) -> dict[str, Any]:
         """The task's keyword arguments."""

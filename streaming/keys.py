@@ -83,8 +83,9 @@ class Keys:
         return f"{self.prefix}:s:{session_id}:history"
 
     def session_attempts(self, session_id: str) -> str:
-        """INCR counter: a duplex session's restart attempts (failover and late resume), shared by
-        every gateway that restarts it, so each attempt's claim ``<sid>.r<n>`` is new."""
+        """INCR counter: a duplex session's restart attempts (failover, late resume, a start on
+        another slot), or a chat turn's (``<turn id>``: its worker died before it started),
+        shared by every gateway that restarts it, so each attempt's claim ``<sid>.r<n>`` is new."""
         return f"{self.prefix}:s:{session_id}:attempts"
 
     def chat_frames(self, session_id: str) -> str:

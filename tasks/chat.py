@@ -18,6 +18,7 @@ from streaming.events import (
     TextDelta,
     TurnEnd,
 )
+from streaming.jobs import claim_id
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import CHAT_TASK, app
 from tasks.chat_request import build_chat_request
@@ -119,9 +120,16 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
 
 
 @app.task(name=CHAT_TASK, ignore_result=True, throws=(SessionFailed,))
-def chat_turn(turn_id: str, slot_id: str, gateway_id: str, deadline_ts: float) -> None:
-    """Run one chat turn and free the slot (its request waits in Redis, read once by its claim)."""
-    with running_session(turn_id, slot_id, gateway_id, deadline_ts, kind=CHAT) as ctx:
+def chat_turn(
+    turn_id: str, slot_id: str, gateway_id: str, deadline_ts: float, attempt: int = 0
+) -> None:
+    """Run one chat turn and free the slot (its request waits in Redis, read once by its claim).
+
+    ``attempt`` > 0: the gateway sent the turn again, to another slot, because the worker of the
+    first was gone before it started; each attempt claims its own id.
+    """
+    claim = claim_id(turn_id, attempt)
+    with running_session(turn_id, slot_id, gateway_id, deadline_ts, claim, kind=CHAT) as ctx:
         if ctx is None:
             return
         request = ctx.request

@@ -364,12 +364,14 @@ def duplex_session(
     public_mode: str,
     deadline_ts: float,
     attempt: int = 0,
+    fresh: bool = False,
 ) -> None:
     """Run one full-duplex session until it closes; the slot is freed on every exit path.
 
-    ``attempt`` > 0: a failover (or a resume after the slot was given back) restarts it here.
+    ``attempt`` > 0: a failover (or a resume after the slot was given back) restarts it here;
+    with ``fresh``, no earlier attempt started (its worker died first): it starts as the first.
     """
-    recover = attempt > 0
+    recover = attempt > 0 and not fresh
     claim = claim_id(session_id, attempt)
     with running_session(session_id, slot_id, gateway_id, deadline_ts, claim, recover) as ctx:
         if ctx is None:

@@ -35,7 +35,12 @@ def test_kwargs_and_names() -> None:
         "public_mode": "audio",
         "deadline_ts": 1.0,
         "attempt": 0,
+        "fresh": False,
     }
     assert job.claim_id == "rt_1"  # a failover's attempt claims its own id
     again = dataclasses.replace(job, attempt=2)
     assert again.claim_id == "rt_1.r2" and again.kwargs()["attempt"] == 2
+    turn = ChatJob(turn_id="rt_1_t1", slot_id="w#1|0", gateway_id="g", deadline_ts=1.0)
+    assert turn.task_id == turn.claim_id == "rt_1_t1" and turn.kwargs()["attempt"] == 0
+    moved = dataclasses.replace(turn, attempt=1)  # its first worker died before starting it
+    assert moved.task_id == moved.claim_id == "rt_1_t1.r1"

@@ -1,0 +1,100 @@
+"""A slot's worker process killed (SIGKILL) after its slot was handed out and before it started
+the task: the session, or the chat turn, starts on another slot (api/task_retry.py).
+
+To hold the task in the node's queue until the kill, the worker's Celery parent is frozen
+(SIGSTOP) first; once thawed, it hands the task to the replacement pool process, which does not
+own the dead process's slot and ignores it. The gateway finds the slot's worker gone, abandons
+that attempt and takes the replacement's slot at the head of the queue. With failovers off
+(``OMNISERVE_FAILOVER_WAIT_S=0``) the client is told ``worker_connect_failed`` instead
+(tests/faults/test_worker_death.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from tests.client import Client, silence, speech
+from tests.faults.harness import forked_children, kill9, log_text, wait_for
+from tests.stack import Stack
+
+
+def errors(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in frames if f["type"] == "error"]
+
+
+async def test_a_session_whose_worker_dies_before_it_starts_starts_on_another_slot(
+    stack: Stack,
+) -> None:
+    """The client, which sent ``session.init`` meanwhile, gets ``session.created`` from the
+    replacement and is served, with no error; the claim is the session's second attempt."""
+    worker = stack.start_worker(slots=1)
+    gateway = stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    [child] = forked_children(worker)
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    try:
+        client = await Client.connect(stack.url(), query="?mode=audio")
+        await client.until("session.queue_done", timeout=10)  # the task is in the node's queue
+        await client.send({"type": "session.init", "payload": {}})
+        kill9(child)
+    finally:
+        os.kill(worker.popen.pid, signal.SIGCONT)
+    created = await client.until("session.created", "error", timeout=50)
+    assert created["type"] == "session.created", created
+    sid = created["session_id"]
+    r = stack.redis()
+    assert r.get(f"{stack.prefix}:s:{sid}:claim") == b"abandoned"  # the first attempt
+    assert r.get(f"{stack.prefix}:s:{sid}.r1:claim") not in (None, b"abandoned")
+    frames = []
+    for audio_in in (speech(), silence(), silence()):
+        frames += await client.step(audio_in)
+    kinds = {f.get("kind") for f in frames if f["type"] == "response.output.delta"}
+    assert {"text", "audio"} <= kinds, frames
+    await client.send({"type": "session.close"})
+    closed = await client.until("session.closed")
+    assert closed["reason"] == "user_stop"
+    assert await client.closed() == 1000
+    assert not errors(client.received), errors(client.received)
+    gw_proc = stack.gateways[0][0]
+    assert gateway and "starting it on another slot" in log_text(gw_proc)
+    stack.wait_free(1, timeout=30)
+
+
+async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewhere(
+    stack: Stack,
+) -> None:
+    """The turn's task waits in the frozen node's queue when its pool process is killed; the
+    client gets its answer, from the replacement, and no error."""
+    worker = stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    [child] = forked_children(worker)
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    await client.until("session.queue_done")
+    await client.send({"type": "session.init", "payload": {}})
+    created = await client.until("session.created")
+    turn = f"{created['session_id']}_t1"
+    r = stack.redis()
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    try:
+        await client.send(
+            {
+                "type": "input.append",
+                "input": {"messages": [{"role": "user", "content": "Reply with exactly: moved"}]},
+            }
+        )
+        # the turn's request is written with its task, in one transaction
+        wait_for(lambda: r.exists(f"{stack.prefix}:s:{turn}:request"), 10, "the turn's task")
+        kill9(child)
+    finally:
+        os.kill(worker.popen.pid, signal.SIGCONT)
+    done = await client.until("response.done", "error", timeout=50)
+    assert done["type"] == "response.done", done
+    assert done["text"] == "moved"
+    assert r.get(f"{stack.prefix}:s:{turn}:claim") == b"abandoned"
+    assert r.get(f"{stack.prefix}:s:{turn}.r1:claim") not in (None, b"abandoned")
+    assert not errors(client.received), errors(client.received)
+    await client.close()
+    stack.wait_free(1, timeout=30)
