@@ -9,7 +9,7 @@
   the consumer is ready (``worker_ready``).
 Either way the process registers as ``loading`` before the model loads (clients queue for it)
 and offers its slots once it is ready; just before, what it loaded is frozen out of the garbage
-collector's reach (``omnicore/gc_pauses.py``), as is the prefork parent's heap once it is ready.
+collector's reach (``omnicore/gc_pauses.py``), as is the prefork parent's before it forks.
 On a warm shutdown (``worker_shutting_down``) a drain flag starts the drain: no new sessions,
 running ones may go on for ``drain_grace_s`` and then end with ``server_shutdown``; idle slots
 leave the registry at once, busy ones when their session ends.
@@ -103,6 +103,16 @@ def _boot(slots: int) -> None:
     rt.start()
 
 
+@signals.worker_init.connect
+def _on_worker_init(**_: object) -> None:
+    """A prefork parent's heap is frozen before it forks its pool: it picks up every task of
+    the node, and its children share those pages (``gc.freeze``'s own use). Not later, at
+    ``worker_ready``: a child that died while the parent collected would be taken by Celery's
+    first look at its pool (``did_start_ok``) for a pool that cannot start, ending the worker."""
+    if _state["pool"] == "prefork" and get_settings().gc_freeze:
+        log.info("froze %d objects of the pool's parent", freeze_heap())
+
+
 @signals.worker_process_init.connect
 def _on_process_init(**_: object) -> None:
     _boot(1)
@@ -149,8 +159,6 @@ def _on_ready(sender: object = None, **_: object) -> None:
         sup.known = sup.pids()
         sup.start()
         _supervisor["pool"] = sup
-    if get_settings().gc_freeze:  # the Celery parent: it picks up every task of the node
-        log.info("froze %d objects of the pool's parent", freeze_heap())
 
 
 @signals.task_received.connect
