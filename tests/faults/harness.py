@@ -215,6 +215,27 @@ class DuplexProbe:
             await self.client.close()
 
 
+async def admitted_to_a_dying_worker(stack: Stack) -> tuple[Client, Proc, int]:
+    """A duplex client admitted to the one slot of a worker whose pool process then dies before
+    it starts the session: the worker's Celery parent is frozen (SIGSTOP) while the client is
+    admitted and sends ``session.init`` (the task waits in the node's queue), the pool process is
+    killed (SIGKILL) and the parent thawed (it hands the task to the replacement, which does not
+    own that slot). Returns the client, the worker and the killed process's pid."""
+    worker = stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    [child] = forked_children(worker)
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    try:
+        client = await Client.connect(stack.url(), query="?mode=audio")
+        await client.until("session.queue_done", timeout=10)  # the task is in the node's queue
+        await client.send({"type": "session.init", "payload": {}})
+        kill9(child)
+    finally:
+        os.kill(worker.popen.pid, signal.SIGCONT)
+    return client, worker, child
+
+
 async def served_end_to_end(url: str, timeout: float = 30.0) -> list[dict[str, Any]]:
     """A new audio session: init, speech, silence, until the scripted answer's first text."""
     client = await Client.connect(url, query="?mode=audio")

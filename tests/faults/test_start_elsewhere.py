@@ -2,11 +2,11 @@
 the task: the session, or the chat turn, starts on another slot (api/task_retry.py).
 
 To hold the task in the node's queue until the kill, the worker's Celery parent is frozen
-(SIGSTOP) first; once thawed, it hands the task to the replacement pool process, which does not
-own the dead process's slot and ignores it. The gateway finds the slot's worker gone, abandons
-that attempt and takes the replacement's slot at the head of the queue. With failovers off
-(``OMNISERVE_FAILOVER_WAIT_S=0``) the client is told ``worker_connect_failed`` instead
-(tests/faults/test_worker_death.py).
+(SIGSTOP) first (``admitted_to_a_dying_worker``); once thawed, it hands the task to the
+replacement pool process, which does not own the dead process's slot and ignores it. The
+gateway finds the slot's worker gone, abandons that attempt and takes the replacement's slot at
+the head of the queue. With failovers off (``OMNISERVE_FAILOVER_WAIT_S=0``) the client is told
+``worker_connect_failed`` instead (tests/faults/test_worker_death.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ import signal
 from typing import Any
 
 from tests.client import Client, silence, speech
-from tests.faults.harness import forked_children, kill9, log_text, wait_for
+from tests.faults.harness import (
+    admitted_to_a_dying_worker,
+    forked_children,
+    kill9,
+    log_text,
+    wait_for,
+)
 from tests.stack import Stack
 
 
@@ -29,18 +35,7 @@ async def test_a_session_whose_worker_dies_before_it_starts_starts_on_another_sl
 ) -> None:
     """The client, which sent ``session.init`` meanwhile, gets ``session.created`` from the
     replacement and is served, with no error; the claim is the session's second attempt."""
-    worker = stack.start_worker(slots=1)
-    gateway = stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
-    stack.wait_free(1)
-    [child] = forked_children(worker)
-    os.kill(worker.popen.pid, signal.SIGSTOP)
-    try:
-        client = await Client.connect(stack.url(), query="?mode=audio")
-        await client.until("session.queue_done", timeout=10)  # the task is in the node's queue
-        await client.send({"type": "session.init", "payload": {}})
-        kill9(child)
-    finally:
-        os.kill(worker.popen.pid, signal.SIGCONT)
+    client, _worker, _child = await admitted_to_a_dying_worker(stack)
     created = await client.until("session.created", "error", timeout=50)
     assert created["type"] == "session.created", created
     sid = created["session_id"]
@@ -57,8 +52,7 @@ async def test_a_session_whose_worker_dies_before_it_starts_starts_on_another_sl
     assert closed["reason"] == "user_stop"
     assert await client.closed() == 1000
     assert not errors(client.received), errors(client.received)
-    gw_proc = stack.gateways[0][0]
-    assert gateway and "starting it on another slot" in log_text(gw_proc)
+    assert "starting it on another slot" in log_text(stack.gateways[0][0])
     stack.wait_free(1, timeout=30)
 
 

@@ -15,6 +15,7 @@ import pytest
 from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
+    admitted_to_a_dying_worker,
     await_for,
     forked_children,
     kill9,
@@ -265,18 +266,7 @@ async def test_a_session_whose_pool_process_dies_before_it_starts_ends_at_once(
     does not own that slot). The client gets ``worker_connect_failed`` (close 1013) within a
     liveness tick of the withdrawal, not at ``task_start_timeout_s`` (60 s here), and the
     replacement's slot serves the next client."""
-    worker = stack.start_worker(slots=1)
-    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
-    stack.wait_free(1)
-    [child] = forked_children(worker)
-    os.kill(worker.popen.pid, signal.SIGSTOP)
-    try:
-        client = await Client.connect(stack.url(), query="?mode=audio")
-        await client.until("session.queue_done", timeout=10)  # the task is in the node's queue
-        await client.send({"type": "session.init", "payload": {}})
-        kill9(child)
-    finally:
-        os.kill(worker.popen.pid, signal.SIGCONT)
+    client, worker, child = await admitted_to_a_dying_worker(stack)
     thawed = time.monotonic()
     err = await client.until("error", timeout=50)
     waited = time.monotonic() - thawed
