@@ -3,9 +3,9 @@ collection's pause counted for ``/metrics``.
 
 Why: CPython's full (generation 2) collection walks every object the collector tracks while the
 whole process waits, so each one stalls every session a process serves at once. Measured
-(``python -m bench.gc_pause``, docs/BENCHMARKS.md): ~36 ms for a gateway's heap after startup
-(~85,000 objects: FastAPI, pydantic, redis-py), ~180 ms for a pocket worker's after its models
-loaded (~400,000), a Celery parent's ~8 ms. Almost all of those objects (modules, classes, the
+(``python -m bench.gc_pause``, docs/BENCHMARKS.md): ~30 ms for a gateway's heap after startup
+(~91,000 objects: FastAPI, pydantic, redis-py), ~100 ms for a pocket worker's after its models
+loaded (~236,000), a Celery parent's ~6 ms. Almost all of those objects (modules, classes, the
 app, the model) live as long as the process; ``freeze_heap`` moves them to the permanent
 generation once startup is over (``gc.freeze``), so a later full collection walks only what was
 allocated since. Nothing that is garbage at that moment is frozen: a full collection runs first.
