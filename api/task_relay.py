@@ -5,7 +5,9 @@ Every relay needs the same three guarantees, so they live here once:
   sure it never starts later) and its slot is freed: ``TaskNotStarted``; the same at once when a
   liveness tick finds the slot's worker process gone before the task started (one that died
   after the slot was handed out: nothing else would ever start it);
-- its worker must keep renewing the session lease (watched at every tick of the gateway's
+- once it started (or, when abandoning it finds it claimed, once claimed: a worker that died
+  between its claim and its ``Started`` would otherwise leave the client waiting), its worker
+  must keep renewing the session lease (watched at every tick of the gateway's
   batched liveness read, ``api/liveness.py``, without holding up the events: only a lapsed
   lease wakes the reader, through ``SessionOutput.wake``); at the first read that finds it gone
   (its TTL is the grace period) the rest of the replay log is read and returned, and unless it
@@ -72,6 +74,7 @@ class TaskRelay:
         self._lease_misses = 0
         self._lost = False
         self._worker_watched = False  # the slot's worker is watched until the task starts
+        self._claimed = False  # not started, but a worker claimed it: its lease is watched
         self._worker_gone = False
 
     async def submit(
@@ -96,19 +99,21 @@ class TaskRelay:
             raise WorkerLost()
         events = self._consume_started(await self.out.get(timeout=timeout))
         now = time.monotonic()
-        if not self.started:
-            if self._worker_gone or now > self._start_by:
-                if await self.gw.abandon(self.claim_id, self.slot_id):
-                    raise TaskNotStarted(
-                        f"the worker process of its slot is gone; the {self.what} did not start"
-                        if self._worker_gone
-                        else f"the {self.what} did not start",
-                        worker_gone=self._worker_gone,
-                    )
-                self._start_by = now + self.gw.settings.task_start_timeout_s  # claimed meanwhile
-                self._worker_gone = False
-            self._watch_worker()
-        elif self._lease_lapsed():
+        if not self.started and not self._claimed:
+            if not (self._worker_gone or now > self._start_by):
+                self._watch_worker()
+                return events
+            if await self.gw.abandon(self.claim_id, self.slot_id):
+                raise TaskNotStarted(
+                    f"the worker process of its slot is gone; the {self.what} did not start"
+                    if self._worker_gone
+                    else f"the {self.what} did not start",
+                    worker_gone=self._worker_gone,
+                )
+            # a worker claimed it first: it runs (its Started is on the way) or it died before
+            # its Started went out; the lease, written with the claim, tells which
+            self._claimed = True
+        if self._lease_lapsed():
             self._lease_misses += 1
             if self._lease_misses >= LEASE_MISSES:
                 events += self._consume_started(await self.out.catch_up())
@@ -158,8 +163,9 @@ class TaskRelay:
         return True
 
     def wait_left(self, now: float) -> float:
-        """Seconds until ``next`` must look at the start deadline (inf once started)."""
-        return float("inf") if self.started else self._start_by - now
+        """Seconds until ``next`` must look at the start deadline (inf once started or
+        claimed)."""
+        return float("inf") if self.started or self._claimed else self._start_by - now
 
     async def stop(self, reason: str | None) -> None:
         """Ask the worker to end the task; one that has not started is abandoned (never runs)."""
