@@ -15,7 +15,7 @@ from typing import Any
 from api.gateway import Gateway
 from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, TaskRelay
-from api.task_retry import MAX_STARTS_ELSEWHERE, start_elsewhere
+from api.task_retry import start_elsewhere
 from streaming.chat_requests import chat_request_value, drop_chat_request
 from streaming.events import Done, Event, TurnEnd
 from streaming.jobs import ChatJob
@@ -48,40 +48,19 @@ class ChatTurn:
         self.deadline_ts = deadline_ts
         self.out = out  # the turn's output channel when opened already (see ChatSession)
         self.on_slot = on_slot  # told the slot the turn moved to (its worker died first)
-        self.starts_elsewhere = 0
 
-    def _job(self, slot_id: str, attempt: int) -> ChatJob:
+    def _job(self) -> ChatJob:
         return ChatJob(
             turn_id=self.turn_id,
-            slot_id=slot_id,
+            slot_id=self.slot_id,
             gateway_id=self.gw.gateway_id,
             deadline_ts=self.deadline_ts,
-            attempt=attempt,
         )
 
     def _request(self) -> dict[str, tuple[bytes, int]]:
         """The turn's request, written with its task (``streaming/chat_requests.py``)."""
         s = self.gw.settings
         return chat_request_value(self.gw.keys, self.turn_id, self.request, s.task_start_timeout_s)
-
-    async def _start_elsewhere(
-        self, out: SessionOutput, exc: TaskNotStarted, stopping: Callable[[], bool]
-    ) -> TaskRelay:
-        """The turn's worker died before it started the turn: it starts on another slot
-        (``api/task_retry.py``); re-raises ``exc`` when it cannot."""
-        if not exc.worker_gone or stopping() or self.starts_elsewhere >= MAX_STARTS_ELSEWHERE:
-            raise exc
-        self.starts_elsewhere += 1
-        log.warning("turn %s: %s; starting it on another slot", self.turn_id, exc.detail)
-        moved = await start_elsewhere(
-            self.gw, out, self.turn_id, self.deadline_ts, self._job, "turn", self._request()
-        )
-        if moved is None:
-            raise exc
-        self.slot_id = moved.slot_id
-        if self.on_slot is not None:
-            self.on_slot(moved.slot_id)
-        return moved
 
     async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
         """The turn's events in order, up to its ``Done`` (or, when it has none, up to
@@ -102,15 +81,21 @@ class ChatTurn:
         relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
         try:
             # the request goes with the task, in one transaction (a failure frees the slot)
-            await relay.submit(self._job(self.slot_id, 0), self._request())
+            await relay.submit(self._job(), self._request())
             while True:
                 if stopping():
                     await relay.stop(None)
                     return
                 try:
                     events = await relay.next(POLL_S)
-                except TaskNotStarted as exc:
-                    relay = await self._start_elsewhere(out, exc, stopping)
+                except TaskNotStarted as exc:  # its worker died first: another slot, or not
+                    moved = await start_elsewhere(gw, relay, exc, stopping(), self._request())
+                    if moved is None:
+                        raise
+                    relay = moved
+                    self.slot_id = moved.slot_id
+                    if self.on_slot is not None:
+                        self.on_slot(moved.slot_id)
                     continue
                 for ev in events:
                     if isinstance(ev, TurnEnd):

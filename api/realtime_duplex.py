@@ -31,7 +31,7 @@ from api.errors import Frame, ProtocolError
 from api.gateway import Gateway
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
-from api.task_retry import MAX_STARTS_ELSEWHERE, start_elsewhere
+from api.task_retry import start_elsewhere
 from api.validation import DuplexInit, duplex_append, duplex_init
 from streaming.controls import CloseControl
 from streaming.events import (
@@ -64,7 +64,6 @@ class DuplexSession(ResumableSession):
         self.default_slices = 1
         self.init_since: float | None = None
         self.pending_init: DuplexInit | None = None  # sent while queued; applied at admission
-        self.starts_elsewhere = 0  # times its worker died before starting it (task_retry)
 
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
@@ -187,32 +186,6 @@ class DuplexSession(ResumableSession):
             await self.gw.bus.close(self.session_id, out)
             await self._left()
 
-    async def _start_elsewhere(self, relay: TaskRelay, exc: TaskNotStarted) -> TaskRelay | None:
-        """The session's worker died before it started the session: it starts on another slot
-        as its first attempt would have (``api/task_retry.py``); None: it cannot."""
-        if not exc.worker_gone or self.stopping() or self.starts_elsewhere >= MAX_STARTS_ELSEWHERE:
-            return None
-        self.starts_elsewhere += 1
-        log.warning("session %s: %s; starting it on another slot", self.session_id, exc.detail)
-
-        def job(slot: str, attempt: int) -> DuplexJob:
-            return DuplexJob(
-                session_id=self.session_id,
-                slot_id=slot,
-                gateway_id=self.gw.gateway_id,
-                public_mode=self.public_mode,
-                deadline_ts=self.deadline,
-                attempt=attempt,
-                fresh=True,
-            )
-
-        moved = await start_elsewhere(
-            self.gw, relay.out, self.session_id, self.deadline, job, "session"
-        )
-        if moved is not None:
-            self.slot_id, self.worker_id = moved.slot_id, slot_worker(moved.slot_id)
-        return moved
-
     async def relay(self, relay: TaskRelay) -> None:
         """Forward worker events until the session closes.
 
@@ -252,9 +225,10 @@ class DuplexSession(ResumableSession):
             try:
                 events = await relay.next(timeout)
             except TaskNotStarted as exc:
-                moved = await self._start_elsewhere(relay, exc)
-                if moved is not None:
+                moved = await start_elsewhere(self.gw, relay, exc, self.stopping())
+                if moved is not None:  # its worker died before starting it (api/task_retry.py)
                     relay = moved
+                    self.slot_id, self.worker_id = moved.slot_id, slot_worker(moved.slot_id)
                     continue
                 await self.send_error(
                     ErrorCode.WORKER_CONNECT_FAILED, f"Worker connection failed: {exc.detail}"

@@ -66,6 +66,8 @@ class TaskRelay:
         self.what = what  # "session" or "turn", for messages
         self.out = out
         self.task_id = task_id
+        self.job: Job | None = None  # what was submitted (a next attempt is made from it)
+        self.moves = 0  # earlier attempts whose worker died before starting them (task_retry)
         self.slot_id = slot_id
         self.started = False
         self._start_by = time.monotonic() + gw.settings.task_start_timeout_s
@@ -82,6 +84,7 @@ class TaskRelay:
     ) -> None:
         """Send the task to the slot's worker (``with_values``: see ``Gateway.submit``);
         TaskNotStarted (slot freed) when that fails."""
+        self.job = job
         try:
             await self.gw.submit(job, with_values)
         except Exception as exc:

@@ -5,8 +5,9 @@ process dies before it takes the task (a crash, an OOM kill, a node lost). The g
 liveness read finds it gone, the task is abandoned (``TaskRelay``: it can never start later)
 and the slot withdrawn. Nothing of the session or turn ran, so nothing is lost by running it
 elsewhere: it goes to the head of the queue and starts on the next slot that comes (within
-``failover_wait_s``, as a failover waits), as its first attempt would have, and the client sees
-a longer wait instead of ``worker_connect_failed`` and a trip back to the end of the queue.
+``failover_wait_s``, as a failover waits), as the attempt that did not start would have (a
+first attempt anew, a failover's recovering), and the client sees a longer wait instead of
+``worker_connect_failed`` and a trip back to the end of the queue.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from api.gateway import Gateway
 from api.task_relay import TaskNotStarted, TaskRelay
-from streaming.jobs import Job
-from streaming.output import SessionOutput
+from streaming.jobs import DuplexJob, Job
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -59,30 +60,49 @@ async def front_slot(gw: Gateway, task_id: str, deadline: float) -> str | None:
     return slot
 
 
+def next_job(job: Job, slot: str, attempt: int) -> Job:
+    """The attempt after ``job`` on ``slot``, of the same kind: a session's first attempt (or a
+    fresh one) is followed by a fresh one, which starts it anew; a failover's by another
+    failover's, which recovers it (its init and conversation from Redis, its sequence going on)."""
+    if isinstance(job, DuplexJob):
+        fresh = job.attempt == 0 or job.fresh
+        return replace(job, slot_id=slot, attempt=attempt, fresh=fresh)
+    return replace(job, slot_id=slot, attempt=attempt)
+
+
 async def start_elsewhere(
     gw: Gateway,
-    out: SessionOutput,
-    task_id: str,
-    deadline: float,
-    job: Callable[[str, int], Job],
-    what: str,
+    relay: TaskRelay,
+    exc: TaskNotStarted,
+    stopping: bool,
     with_values: Mapping[str, tuple[bytes, int]] | None = None,
 ) -> TaskRelay | None:
-    """The task ``task_id``, whose worker died before starting it, submitted again on a slot
-    from the head of the queue as attempt ``job(slot, attempt)`` (``with_values``: written with
-    it, see ``Gateway.submit``); None when no slot came in time or the submit failed (the slot
-    is given back)."""
-    if gw.settings.failover_wait_s <= 0:  # failovers are off: so is this
+    """The next attempt of ``relay``'s task, whose worker died before starting it (``exc``),
+    submitted on a slot from the head of the queue (``with_values``: written with it, see
+    ``Gateway.submit``). None when ``exc`` stands: a start deadline rather than a dead worker,
+    failovers off, the client ``stopping``, ``MAX_STARTS_ELSEWHERE`` moves already, no slot in
+    time, or the submit failed (the slot is given back)."""
+    job = relay.job
+    if (
+        job is None
+        or not exc.worker_gone
+        or stopping
+        or relay.moves >= MAX_STARTS_ELSEWHERE
+        or gw.settings.failover_wait_s <= 0  # failovers are off: so is this
+    ):
         return None
-    slot = await front_slot(gw, task_id, deadline)
+    task_id = relay.task_id
+    log.warning("%s: %s; starting it on another slot", task_id, exc.detail)
+    slot = await front_slot(gw, task_id, job.deadline_ts)
     if slot is None:
         return None
-    attempt = job(slot, await next_attempt(gw, task_id, deadline))
-    relay = TaskRelay(gw, out, task_id, slot, what, claim_id=attempt.claim_id)
+    attempt = next_job(job, slot, await next_attempt(gw, task_id, job.deadline_ts))
+    moved = TaskRelay(gw, relay.out, task_id, slot, relay.what, claim_id=attempt.claim_id)
+    moved.moves = relay.moves + 1
     try:
-        await relay.submit(attempt, with_values)
-    except TaskNotStarted as exc:
-        log.warning("%s: submit to slot %s failed: %s", task_id, slot, exc.detail)
+        await moved.submit(attempt, with_values)
+    except TaskNotStarted as failed:
+        log.warning("%s: submit to slot %s failed: %s", task_id, slot, failed.detail)
         return None
-    log.info("%s: its worker died before it started; sent to slot %s", task_id, slot)
-    return relay
+    log.info("%s: sent to slot %s as attempt %d", task_id, slot, attempt.attempt)
+    return moved

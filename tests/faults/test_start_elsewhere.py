@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from tests.client import Client, silence, speech
@@ -20,6 +21,7 @@ from tests.faults.harness import (
     admitted_to_a_dying_worker,
     forked_children,
     kill9,
+    kill9_group,
     log_text,
     wait_for,
 )
@@ -92,3 +94,47 @@ async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewh
     assert not errors(client.received), errors(client.received)
     await client.close()
     stack.wait_free(1, timeout=30)
+
+
+async def test_a_failover_whose_new_worker_dies_before_it_starts_recovers_elsewhere(
+    stack: Stack,
+) -> None:
+    """A failover's attempt that meets the same fate is followed by another failover attempt
+    (the conversation recovered, the sequence going on), not by a fresh start: the worker
+    running the session is killed (its whole node), the failover's task waits in the frozen
+    queue of the other node, whose pool process is then killed too; the client gets
+    ``session.recovered`` from that node's replacement, in sequence, and no error."""
+    workers = [stack.start_worker(slots=1), stack.start_worker(slots=1)]
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(2)
+    client = await Client.connect(stack.url(), query="?mode=audio")
+    created = await client.init()
+    sid = created["session_id"]
+    r = stack.redis()
+    owner = r.get(f"{stack.prefix}:s:{sid}:claim")
+    assert owner
+    pid = int(owner.decode().rsplit("#", 1)[1])
+    [running] = [w for w in workers if pid in forked_children(w)]
+    [other] = [w for w in workers if w is not running]
+    [child] = forked_children(other)
+    await client.step(speech())
+    os.kill(other.popen.pid, signal.SIGSTOP)
+    try:
+        kill9_group(running)
+        recovering = await client.until("session.recovering", timeout=10)
+        # the failover's attempt 1 is submitted to the frozen node right after its number
+        wait_for(lambda: r.get(f"{stack.prefix}:s:{sid}:attempts") == b"1", 10, "attempt 1")
+        time.sleep(0.5)
+        kill9(child)
+    finally:
+        os.kill(other.popen.pid, signal.SIGCONT)
+    recovered = await client.until("session.recovered", "error", timeout=50)
+    assert recovered["type"] == "session.recovered", recovered
+    assert recovered["seq"] == recovering["seq"] + 1
+    assert r.get(f"{stack.prefix}:s:{sid}.r1:claim") == b"abandoned"
+    assert r.get(f"{stack.prefix}:s:{sid}.r2:claim") not in (None, b"abandoned")
+    frames = await client.step(speech())
+    seqs = [f["seq"] for f in frames if f["type"] == "response.output.delta"]
+    assert seqs and min(seqs) > recovered["seq"], frames
+    assert not errors(client.received), errors(client.received)
+    await client.close()
