@@ -11,7 +11,8 @@ Every relay needs the same three guarantees, so they live here once:
   batched liveness read, ``api/liveness.py``, without holding up the events: only a lapsed
   lease wakes the reader, through ``SessionOutput.wake``); at the first read that finds it gone
   (its TTL is the grace period) the rest of the replay log is read and returned, and unless it
-  ends the task, ``WorkerLost`` follows;
+  ends the task, ``WorkerLost`` follows; a claimed task whose log holds nothing, not even its
+  ``Started``, never ran: ``TaskNotStarted`` (``worker_gone``), as for an unclaimed one;
 - events come in sequence order, with lost ones filled from the replay log or reported as a
   ``Gap`` (``streaming/output.py``).
 """
@@ -36,7 +37,9 @@ class TaskNotStarted(Exception):
     """No worker started the task in time (or it could not be sent); its slot was freed.
 
     ``detail`` says which, for the client's message; ``worker_gone``: the slot's worker process
-    died before it started the task (it may start on another slot), not a start deadline.
+    died before it started the task (it may start on another slot), not a start deadline. (A
+    task a worker claimed before dying keeps its slot taken: that worker's slots leave the pool
+    with its presence.)
     """
 
     def __init__(self, detail: str, worker_gone: bool = False) -> None:
@@ -120,6 +123,13 @@ class TaskRelay:
             self._lease_misses += 1
             if self._lease_misses >= LEASE_MISSES:
                 events += self._consume_started(await self.out.catch_up())
+                if not self.started and not events:
+                    # claimed, and gone before its Started reached the log: nothing of the
+                    # task ran, so it may start elsewhere as one that was never taken
+                    raise TaskNotStarted(
+                        f"the worker process that took the {self.what} died before starting it",
+                        worker_gone=True,
+                    )
                 self._lost = not any(isinstance(ev, FINAL_EVENTS) for ev in events)
         return events
 

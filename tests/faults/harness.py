@@ -215,20 +215,32 @@ class DuplexProbe:
             await self.client.close()
 
 
-async def admitted_to_a_dying_worker(stack: Stack) -> tuple[Client, Proc, int]:
+async def admitted_to_a_dying_worker(
+    stack: Stack, claimed: bool = False, **gateway_env: str
+) -> tuple[Client, Proc, int]:
     """A duplex client admitted to the one slot of a worker whose pool process then dies before
     it starts the session: the worker's Celery parent is frozen (SIGSTOP) while the client is
     admitted and sends ``session.init`` (the task waits in the node's queue), the pool process is
     killed (SIGKILL) and the parent thawed (it hands the task to the replacement, which does not
-    own that slot). Returns the client, the worker and the killed process's pid."""
+    own that slot). Returns the client, the worker and the killed process's pid.
+
+    ``claimed``: the process dies after it claimed the session and before its ``Started`` went
+    out. That window is microseconds wide, so the claim and the lease, two of the keys the
+    worker's claim step writes at once, are written here as it writes them (the one stand-in)."""
     worker = stack.start_worker(slots=1)
-    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60", **gateway_env)
     stack.wait_free(1)
     [child] = forked_children(worker)
     os.kill(worker.popen.pid, signal.SIGSTOP)
     try:
         client = await Client.connect(stack.url(), query="?mode=audio")
-        await client.until("session.queue_done", timeout=10)  # the task is in the node's queue
+        # the task is in the node's queue
+        sid = (await client.until("session.queue_done", timeout=10))["session_id"]
+        if claimed:
+            with stack.redis().pipeline(transaction=True) as pipe:  # as session_claim.py does
+                pipe.set(f"{stack.prefix}:s:{sid}:claim", f"omni@test#{child}", ex=60)
+                pipe.set(f"{stack.prefix}:s:{sid}:lease", f"omni@test#{child}", px=1500)
+                pipe.execute()
         await client.send({"type": "session.init", "payload": {}})
         kill9(child)
     finally:

@@ -58,6 +58,32 @@ async def test_a_session_whose_worker_dies_before_it_starts_starts_on_another_sl
     stack.wait_free(1, timeout=30)
 
 
+async def test_a_session_whose_worker_dies_after_claiming_it_starts_on_another_slot(
+    stack: Stack,
+) -> None:
+    """The same, with the pool process dying after its claim and before its ``Started``
+    (``claimed=True``): the gateway cannot abandon the task, finds its lease lapsed and nothing
+    in the log, and starts it on the replacement's slot; the client is served, with no error."""
+    client, _worker, child = await admitted_to_a_dying_worker(stack, claimed=True)
+    created = await client.until("session.created", "error", timeout=50)
+    assert created["type"] == "session.created", created
+    sid = created["session_id"]
+    r = stack.redis()
+    assert r.get(f"{stack.prefix}:s:{sid}:claim") == f"omni@test#{child}".encode()
+    assert r.get(f"{stack.prefix}:s:{sid}.r1:claim") not in (None, b"abandoned")
+    frames = []
+    for audio_in in (speech(), silence(), silence()):
+        frames += await client.step(audio_in)
+    kinds = {f.get("kind") for f in frames if f["type"] == "response.output.delta"}
+    assert {"text", "audio"} <= kinds, frames
+    await client.send({"type": "session.close"})
+    assert (await client.until("session.closed"))["reason"] == "user_stop"
+    assert await client.closed() == 1000
+    assert not errors(client.received), errors(client.received)
+    assert "died before starting it; starting it on another slot" in log_text(stack.gateways[0][0])
+    stack.wait_free(1, timeout=30)
+
+
 async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewhere(
     stack: Stack,
 ) -> None:

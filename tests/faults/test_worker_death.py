@@ -283,38 +283,20 @@ async def test_a_session_whose_pool_process_dies_before_it_starts_ends_at_once(
 async def test_a_pool_process_dead_between_its_claim_and_its_start_is_noticed(
     stack: Stack,
 ) -> None:
-    """The pool process dies after it claimed the session and before its ``Started`` went out.
-    To put the death in that window (microseconds wide), the claim and the lease, two of the
-    keys the worker's claim step writes at once, are written here as it writes them (the one
-    stand-in),
-    while the task waits in the frozen node's queue; then the process is killed (SIGKILL). The
-    gateway finds the slot's worker gone, cannot abandon the claimed task, watches its lease
-    instead and tells the client ``backend_error`` within seconds, not at the start deadline
-    (60 s here); the replacement's slot serves the next client."""
-    worker = stack.start_worker(slots=1)
-    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
-    stack.wait_free(1)
-    [child] = forked_children(worker)
-    r = stack.redis()
-    os.kill(worker.popen.pid, signal.SIGSTOP)
-    try:
-        client = await Client.connect(stack.url(), query="?mode=audio")
-        sid = (await client.until("session.queue_done", timeout=10))["session_id"]
-        with r.pipeline(transaction=True) as pipe:  # as streaming/session_claim.py claims
-            pipe.set(f"{stack.prefix}:s:{sid}:claim", f"omni@test#{child}", ex=60)
-            pipe.set(f"{stack.prefix}:s:{sid}:lease", f"omni@test#{child}", px=1500)
-            pipe.execute()
-        await client.send({"type": "session.init", "payload": {}})
-        kill9(child)
-    finally:
-        os.kill(worker.popen.pid, signal.SIGCONT)
+    """The pool process dies after it claimed the session and before its ``Started`` went out
+    (``admitted_to_a_dying_worker(claimed=True)``, the claim written as the worker writes it).
+    The gateway cannot abandon the claimed task, watches its lease instead, and when it lapses
+    with nothing in the log, tells the client ``worker_connect_failed`` within seconds, not at
+    the start deadline (60 s here), as for a task never claimed (with failovers on it starts
+    elsewhere, tests/faults/test_start_elsewhere.py); the replacement's slot serves the next
+    client."""
+    client, _worker, _child = await admitted_to_a_dying_worker(stack, claimed=True)
     thawed = time.monotonic()
     err = await client.until("error", timeout=20)
     waited = time.monotonic() - thawed
     print(f"pool process dead between claim and start: client told after {waited:.2f} s")
-    assert err["error"]["code"] == "backend_error", err
-    closed = await client.until("session.closed")
-    assert closed["reason"] == "backend_error"
-    assert await client.closed() == 1011
+    assert err["error"]["code"] == "worker_connect_failed", err
+    assert "died before starting it" in err["error"]["message"], err
+    assert await client.closed() == 1013
     stack.wait_free(1, timeout=30)
     await served_end_to_end(stack.url())
