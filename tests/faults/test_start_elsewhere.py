@@ -16,6 +16,8 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from tests.client import Client, silence, speech
 from tests.faults.harness import (
     admitted_to_a_dying_worker,
@@ -84,11 +86,14 @@ async def test_a_session_whose_worker_dies_after_claiming_it_starts_on_another_s
     stack.wait_free(1, timeout=30)
 
 
+@pytest.mark.parametrize("claimed", [False, True], ids=["unclaimed", "claimed"])
 async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewhere(
-    stack: Stack,
+    stack: Stack, claimed: bool
 ) -> None:
     """The turn's task waits in the frozen node's queue when its pool process is killed; the
-    client gets its answer, from the replacement, and no error."""
+    client gets its answer, from the replacement, and no error. ``claimed``: the process dies
+    after its claim took the turn's request (the claim step's writes made here as the worker
+    makes them, the one stand-in): the request is written again with the next attempt."""
     worker = stack.start_worker(slots=1)
     stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
     stack.wait_free(1)
@@ -109,13 +114,20 @@ async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewh
         )
         # the turn's request is written with its task, in one transaction
         wait_for(lambda: r.exists(f"{stack.prefix}:s:{turn}:request"), 10, "the turn's task")
+        if claimed:
+            with r.pipeline(transaction=True) as pipe:  # as streaming/session_claim.py claims
+                pipe.set(f"{stack.prefix}:s:{turn}:claim", f"omni@test#{child}", ex=60)
+                pipe.set(f"{stack.prefix}:s:{turn}:lease", f"omni@test#{child}", px=1500)
+                pipe.getdel(f"{stack.prefix}:s:{turn}:request")
+                pipe.execute()
         kill9(child)
     finally:
         os.kill(worker.popen.pid, signal.SIGCONT)
     done = await client.until("response.done", "error", timeout=50)
     assert done["type"] == "response.done", done
     assert done["text"] == "moved"
-    assert r.get(f"{stack.prefix}:s:{turn}:claim") == b"abandoned"
+    first_claim = f"omni@test#{child}".encode() if claimed else b"abandoned"
+    assert r.get(f"{stack.prefix}:s:{turn}:claim") == first_claim
     assert r.get(f"{stack.prefix}:s:{turn}.r1:claim") not in (None, b"abandoned")
     assert not errors(client.received), errors(client.received)
     await client.close()
