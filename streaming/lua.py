@@ -204,21 +204,6 @@ end
 return 0
 """
 
-LOG_AND_PUBLISH = """
--- KEYS: output_log   ARGV: output_channel, entry_id, log_maxlen, event
--- One output event sent to Redis once, then published and logged: as two commands a 128 KB
--- audio event crossed the socket twice. An entry id already logged (a batch retried after a
--- lost reply) is not logged again, but published again (the gateway skips a seq it has); any
--- other failure to log is the reply, so the writer retries and warns as for a lost connection.
-local published = redis.call('PUBLISH', ARGV[1], ARGV[4])
-local logged = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], ARGV[2], 'e', ARGV[4])
-if type(logged) == 'table' and logged.err
-    and not string.find(logged.err, 'equal or smaller', 1, true) then
-  return logged
-end
-return published
-"""
-
 LIVENESS = """
 -- KEYS: session leases, then resume records   ARGV: how many leases, then for each resume
 -- record the connection asking about it

@@ -11,14 +11,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import ResponseError
 
-from streaming import lua
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
 from streaming.output_writer import OutputWriter
 
 log = logging.getLogger(__name__)
+
+# XADD's answer to an entry id at or below the stream's last one (this event is logged already)
+LOGGED_ALREADY = "equal or smaller"
 
 
 class OutputPublisher:
@@ -52,7 +54,6 @@ class OutputPublisher:
         self.writer = writer or OutputWriter(f"out-{session_id}")
         self.writer.start()
         self._held: list[tuple[int, bytes]] | None = None  # inside ``together``
-        self._log_and_publish = client.register_script(lua.LOG_AND_PUBLISH)
 
     def emit(self, event: Event) -> int:
         """Number, stamp and queue one event for publication; returns its sequence number."""
@@ -100,12 +101,10 @@ class OutputPublisher:
             log.warning("could not set the expiry of %s", self.log_key)
 
     def write(self, batch: list[tuple[int, bytes]]) -> None:
-        """(The writer thread) log and publish ``batch`` in one round trip, retried twice."""
+        """(The writer thread) publish and log ``batch`` in one round trip, retried twice."""
         for attempt in range(3):
             try:
-                if not self._write_once(batch):  # Redis lost its scripts (a restart)
-                    self.client.script_load(self._log_and_publish.script)
-                    self._write_once(batch)
+                self._write_once(batch)
                 return
             except redis.RedisError:
                 log.warning(
@@ -117,27 +116,31 @@ class OutputPublisher:
                 )
                 time.sleep(0.1 * (attempt + 1))
 
-    def _write_once(self, batch: list[tuple[int, bytes]]) -> bool:
-        """One pipeline of LOG_AND_PUBLISH calls; False when Redis does not know the script."""
+    def _write_once(self, batch: list[tuple[int, bytes]]) -> None:
+        """One pipeline: each event's ``PUBLISH``, then its ``XADD`` to the replay log.
+
+        Two plain commands, though a 128 KB audio event crosses the socket twice: one script
+        doing both (as until #16's last follow-up) cost Redis twice the CPU and each audio
+        delta ~0.25 ms, its arguments copied into Lua strings and back (docs/BENCHMARKS.md).
+        An entry id already logged (a batch retried after a lost reply) is not logged again,
+        but published again (the gateway skips a seq it has); any other error is raised, so
+        the writer retries and warns as for a lost connection.
+        """
         with self.client.pipeline(transaction=False) as pipe:
             for seq, data in batch:
-                # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT
-                # EXISTS round trip on every execute
-                pipe.evalsha(
-                    self._log_and_publish.sha,
-                    1,
+                pipe.publish(self.channel, data)
+                pipe.xadd(
                     self.log_key,
-                    self.channel,
-                    f"{seq}-1",
-                    self.log_maxlen,
-                    data,
+                    {"e": data},
+                    id=f"{seq}-1",
+                    maxlen=self.log_maxlen,
+                    approximate=True,
                 )
                 if seq == self._first:
                     pipe.expire(self.log_key, self.ttl_s)
             replies = pipe.execute(raise_on_error=False)
-        if any(isinstance(r, NoScriptError) for r in replies):
-            return False
         for reply in replies:
+            if isinstance(reply, ResponseError) and LOGGED_ALREADY in str(reply):
+                continue
             if isinstance(reply, Exception):
                 raise reply
-        return True
