@@ -75,13 +75,14 @@ class EmbeddedRedis:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_embedded(port: int | None = None) -> EmbeddedRedis:
-    """Start redis-server on 127.0.0.1 (``noeviction``, nothing saved) and wait until it answers."""
+def start_embedded(port: int | None = None, binary: str | None = None) -> EmbeddedRedis:
+    """Start redis-server (``binary``, else ``redis_binary()``) on 127.0.0.1 (``noeviction``,
+    nothing saved) and wait until it answers."""
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="omniserve-redis-")
     proc = subprocess.Popen(
         [
-            redis_binary(),
+            binary or redis_binary(),
             "--port",
             str(port),
             "--bind",

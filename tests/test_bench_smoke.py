@@ -84,6 +84,17 @@ def test_bench_loop_census_counts_the_gateways_callbacks() -> None:
     assert 0.5 < rows["task Connection._receive_loop"] < 8, proc.stdout
 
 
+def test_bench_publish_path_times_both_ways_of_writing_an_event() -> None:
+    """``python -m bench.publish_path``: every event of both ways arrives (the script's and the
+    pipeline's), each row with its delays in order and Redis's CPU per event."""
+    proc = run_module("bench.publish_path", "--events", "30", "--rounds", "1")
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["script", "pipeline"], proc.stdout
+    for _way, p50, p90, p99, redis_us in rows:
+        assert 0 < float(p50) <= float(p90) <= float(p99), proc.stdout
+        assert float(redis_us) >= 0, proc.stdout
+
+
 def test_a_stack_runs_the_source_tree_it_is_given(tmp_path: Path) -> None:
     """``Stack(root=...)`` (what ``bench.ab`` compares) runs that tree's code, not this one's:
     ``python -m`` puts the working directory first on ``sys.path``, ahead of ``PYTHONPATH``,
