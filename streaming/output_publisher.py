@@ -120,8 +120,9 @@ class OutputPublisher:
         """One pipeline: each event's ``PUBLISH``, then its ``XADD`` to the replay log.
 
         Two plain commands, though a 128 KB audio event crosses the socket twice: one script
-        doing both (as until #16's last follow-up) cost Redis twice the CPU and each audio
-        delta ~0.25 ms, its arguments copied into Lua strings and back (docs/BENCHMARKS.md).
+        doing both (as until #16's last follow-up) cost Redis 7 twice the CPU and each audio
+        delta 0.1-0.28 ms (less on Redis 6.2), its arguments copied into Lua strings and back
+        (``python -m bench.publish_path``, docs/BENCHMARKS.md).
         An entry id already logged (a batch retried after a lost reply) is not logged again,
         but published again (the gateway skips a seq it has); any other error is raised, so
         the writer retries and warns as for a lost connection.
