@@ -11,7 +11,9 @@ failover").
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,13 +74,16 @@ class Failover:
         out.expected = max(out.expected, seq + 1)
         return ev
 
-    async def start(self, out: SessionOutput) -> TaskRelay | None:
-        """Find a slot and submit the next attempt; None when none came in time."""
+    async def start(
+        self, out: SessionOutput, until: Sequence[asyncio.Event] = ()
+    ) -> TaskRelay | None:
+        """Find a slot and submit the next attempt; None when none came in time (or one of
+        ``until`` was set while it waited: see ``front_slot``)."""
         gw = self.gw
         await gw.redis.delete(
             gw.keys.input_audio(self.session_id), gw.keys.input_control(self.session_id)
         )
-        slot = await front_slot(gw, self.session_id, self.deadline)
+        slot = await front_slot(gw, self.session_id, self.deadline, until)
         if slot is None:
             return None
         self.attempt = await next_attempt(gw, self.session_id, self.deadline)

@@ -101,10 +101,14 @@ class ResumableSession(Resumable):
         )
 
     async def _restart(self, out: SessionOutput) -> TaskRelay | None:
-        """Run the failover; None (the client was told ``backend_error``) when it failed."""
+        """Run the failover; None when it failed (the client was told ``backend_error``) or
+        the client asked to close while it waited for a slot (the session ends as asked; a
+        client that left is not waited for: the session stays resumable meanwhile)."""
         self.state = SessionState.RECOVERING
-        relay = await self.failover.start(out)
-        if relay is None:
+        relay = await self.failover.start(out, until=(self.close_wanted,))
+        if relay is None and self.close_wanted.is_set():
+            await self.finish(*self.end_reason())
+        elif relay is None:
             await self.send_error(
                 ErrorCode.BACKEND_ERROR, "the worker running this session was lost"
             )

@@ -225,10 +225,14 @@ class DuplexSession(ResumableSession):
             try:
                 events = await relay.next(timeout)
             except TaskNotStarted as exc:
-                moved = await start_elsewhere(self.gw, relay, exc, self.stopping())
+                moved = await start_elsewhere(
+                    self.gw, relay, exc, self.stopping(), until=(self.gone, self.close_wanted)
+                )
                 if moved is not None:  # its worker died before starting it (api/task_retry.py)
                     relay = moved
                     self.slot_id, self.worker_id = moved.slot_id, slot_worker(moved.slot_id)
+                    continue
+                if self.stopping():  # the client closed or left meanwhile: ended as it asked
                     continue
                 await self.send_error(
                     ErrorCode.WORKER_CONNECT_FAILED, f"Worker connection failed: {exc.detail}"

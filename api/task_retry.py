@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -43,20 +43,36 @@ async def next_attempt(gw: Gateway, task_id: str, deadline: float) -> int:
     return int(n)
 
 
-async def front_slot(gw: Gateway, task_id: str, deadline: float) -> str | None:
+async def front_slot(
+    gw: Gateway, task_id: str, deadline: float, until: Sequence[asyncio.Event] = ()
+) -> str | None:
     """A slot taken at the head of the queue within ``failover_wait_s`` (and before
-    ``deadline``); None when none came (or admission failed)."""
+    ``deadline``); None when none came (or admission failed), or when one of ``until`` was set
+    first (the client closed: the wait ends at once, and a slot that came meanwhile goes back)."""
     wait = min(gw.settings.failover_wait_s, max(0.0, deadline - time.time()))
+    acquire = asyncio.ensure_future(
+        asyncio.wait_for(gw.queue.acquire(_quiet, front=True), timeout=wait)
+    )
+    stops = [asyncio.ensure_future(ev.wait()) for ev in until]
     try:
-        _ticket, slot, _ = await asyncio.wait_for(
-            gw.queue.acquire(_quiet, front=True), timeout=wait
-        )
-    except TimeoutError:
+        await asyncio.wait({acquire, *stops}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for stop in stops:
+            stop.cancel()
+        if not acquire.done():
+            acquire.cancel()  # leaves the queue (Queue.acquire gives back a slot it got)
+        await asyncio.gather(acquire, *stops, return_exceptions=True)
+    if acquire.cancelled():
+        log.info("%s: the wait for a slot ended: the client closed", task_id)
+        return None
+    exc = acquire.exception()
+    if isinstance(exc, TimeoutError):
         log.warning("%s: no slot came within %.0f s", task_id, wait)
         return None
-    except Exception:
-        log.exception("%s: admission at the head of the queue failed", task_id)
+    if exc is not None:
+        log.error("%s: admission at the head of the queue failed", task_id, exc_info=exc)
         return None
+    _ticket, slot, _ = acquire.result()
     return slot
 
 
@@ -76,12 +92,14 @@ async def start_elsewhere(
     exc: TaskNotStarted,
     stopping: bool,
     with_values: Mapping[str, tuple[bytes, int]] | None = None,
+    until: Sequence[asyncio.Event] = (),
 ) -> TaskRelay | None:
     """The next attempt of ``relay``'s task, whose worker died before starting it (``exc``),
     submitted on a slot from the head of the queue (``with_values``: written with it, see
     ``Gateway.submit``). None when ``exc`` stands: a start deadline rather than a dead worker,
-    failovers off, the client ``stopping``, ``MAX_STARTS_ELSEWHERE`` moves already, no slot in
-    time, or the submit failed (the slot is given back)."""
+    failovers off, the client ``stopping`` (or one of ``until`` set while it waits for the
+    slot), ``MAX_STARTS_ELSEWHERE`` moves already, no slot in time, or the submit failed (the
+    slot is given back)."""
     job = relay.job
     if (
         job is None
@@ -93,7 +111,7 @@ async def start_elsewhere(
         return None
     task_id = relay.task_id
     log.warning("%s: %s; starting it on another slot", task_id, exc.detail)
-    slot = await front_slot(gw, task_id, job.deadline_ts)
+    slot = await front_slot(gw, task_id, job.deadline_ts, until)
     if slot is None:
         return None
     attempt = next_job(job, slot, await next_attempt(gw, task_id, job.deadline_ts))

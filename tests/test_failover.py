@@ -5,13 +5,15 @@ Real processes; the worker running the session is killed with SIGKILL.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from tests.client import Client, silence, speech
-from tests.faults.harness import kill9, kill9_group
+from tests.faults.harness import kill9, kill9_group, served_end_to_end
 from tests.stack import Stack
 
 
@@ -86,3 +88,32 @@ async def test_no_slot_within_failover_wait_ends_with_backend_error(stack: Stack
     assert await client.closed() == 1011
     # the failover's ticket left the queue
     assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
+
+
+async def test_a_close_while_the_failover_waits_for_a_slot_ends_the_session_at_once(
+    stack: Stack,
+) -> None:
+    """The client's ``session.close`` while its session waits at the head of the queue for a
+    new worker (none comes: the only one is gone, the wait is 60 s) ends the wait: the session
+    closes as asked (``user_stop``, 1000) within seconds, with no ``backend_error``, and its
+    ticket has left the queue; a worker started afterwards serves the next client at once."""
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "60"
+    worker = stack.start_worker()
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=audio")
+    await client.init()
+    await client.step(speech())
+    kill9_group(worker)
+    await client.until("session.recovering", timeout=10)
+    await asyncio.sleep(0.5)  # waiting in the queue
+    assert stack.redis().zcard(f"{stack.prefix}:queue") == 1
+    asked = time.monotonic()
+    await client.send({"type": "session.close"})
+    closed = await client.until("session.closed", timeout=10)
+    assert time.monotonic() - asked < 5  # not the 60 s wait
+    assert closed["reason"] == "user_stop"
+    assert await client.closed() == 1000
+    assert not [f for f in client.received if f["type"] == "error"], client.received
+    assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
+    stack.start_worker()
+    await served_end_to_end(stack.url())

@@ -21,10 +21,12 @@ import pytest
 from tests.client import Client, silence, speech
 from tests.faults.harness import (
     admitted_to_a_dying_worker,
+    await_for,
     forked_children,
     kill9,
     kill9_group,
     log_text,
+    served_end_to_end,
     wait_for,
 )
 from tests.stack import Stack
@@ -156,3 +158,34 @@ async def test_a_failover_whose_new_worker_dies_before_it_starts_recovers_elsewh
     assert seqs and min(seqs) > recovered["seq"], frames
     assert not errors(client.received), errors(client.received)
     await client.close()
+
+
+async def test_a_close_while_the_session_waits_for_another_slot_ends_it_at_once(
+    stack: Stack,
+) -> None:
+    """The whole node (Celery parent and pool process) is killed while the session's task waits
+    in its queue, so no other slot comes: the session waits at the head of the queue (up to
+    60 s here). The client's ``session.close`` ends that wait: ``session.closed`` with
+    ``user_stop`` within seconds, no ``worker_connect_failed``, the ticket gone from the queue;
+    a worker started afterwards serves the next client at once."""
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "60"
+    worker = stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    client = await Client.connect(stack.url(), query="?mode=audio")
+    await client.until("session.queue_done", timeout=10)
+    await client.send({"type": "session.init", "payload": {}})
+    kill9_group(worker)
+    r = stack.redis()
+    await await_for(lambda: r.zcard(f"{stack.prefix}:queue") == 1, 30, "the wait for a slot")
+    asked = time.monotonic()
+    await client.send({"type": "session.close"})
+    closed = await client.until("session.closed", timeout=10)
+    assert time.monotonic() - asked < 5  # not the 60 s wait
+    assert closed["reason"] == "user_stop", closed
+    assert await client.closed() == 1000
+    assert not errors(client.received), errors(client.received)
+    assert r.zcard(f"{stack.prefix}:queue") == 0
+    stack.start_worker()
+    await served_end_to_end(stack.url())
