@@ -72,15 +72,22 @@ async def test_worker_killed_mid_session_recovers_with_the_conversation(
     assert await client.closed() == 1000
 
 
-async def test_no_slot_within_failover_wait_ends_with_backend_error(stack: Stack) -> None:
-    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "1"
+async def recovering_with_no_worker_left(stack: Stack, wait_s: int) -> Client:
+    """A session whose only worker node is killed for good (SIGKILL to its process group),
+    waiting up to ``wait_s`` at the head of the queue; returns its client (``recovering`` read)."""
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = str(wait_s)
     worker = stack.start_worker()
     stack.start_gateway()
     client = await Client.connect(stack.url(), query="?mode=audio")
     await client.init()
     await client.step(speech())
-    kill9_group(worker)  # the only worker, gone for good
+    kill9_group(worker)
     await client.until("session.recovering", timeout=10)
+    return client
+
+
+async def test_no_slot_within_failover_wait_ends_with_backend_error(stack: Stack) -> None:
+    client = await recovering_with_no_worker_left(stack, wait_s=1)
     err = await client.until("error", timeout=15)
     assert err["error"]["code"] == "backend_error"
     closed = await client.until("session.closed", timeout=5)
@@ -97,14 +104,7 @@ async def test_a_close_while_the_failover_waits_for_a_slot_ends_the_session_at_o
     new worker (none comes: the only one is gone, the wait is 60 s) ends the wait: the session
     closes as asked (``user_stop``, 1000) within seconds, with no ``backend_error``, and its
     ticket has left the queue; a worker started afterwards serves the next client at once."""
-    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "60"
-    worker = stack.start_worker()
-    stack.start_gateway()
-    client = await Client.connect(stack.url(), query="?mode=audio")
-    await client.init()
-    await client.step(speech())
-    kill9_group(worker)
-    await client.until("session.recovering", timeout=10)
+    client = await recovering_with_no_worker_left(stack, wait_s=60)
     await asyncio.sleep(0.5)  # waiting in the queue
     assert stack.redis().zcard(f"{stack.prefix}:queue") == 1
     asked = time.monotonic()
