@@ -121,6 +121,11 @@ class ResumableChat(Resumable):
         gone = self.gone.is_set() and self.frames is None
         return self.close_wanted.is_set() or self.time_left() <= 0 or gone
 
+    def turn_stops(self) -> tuple[asyncio.Event, ...]:
+        """``must_stop_turn``'s events, which end a turn's wait for another slot (the clock
+        bounds that wait by itself)."""
+        return (self.close_wanted,) if self.frames is not None else (self.close_wanted, self.gone)
+
     async def note_gone(self) -> None:
         """The client vanished: start the grace period once (a resumable session)."""
         if self.gone.is_set() and not self.detached and not self.closed_sent:

@@ -8,8 +8,9 @@ itself goes to the task through Redis (``streaming/chat_requests.py``), never as
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from api.gateway import Gateway
@@ -62,7 +63,9 @@ class ChatTurn:
         s = self.gw.settings
         return chat_request_value(self.gw.keys, self.turn_id, self.request, s.task_start_timeout_s)
 
-    async def events(self, stopping: Callable[[], bool]) -> AsyncGenerator[Event, None]:
+    async def events(
+        self, stopping: Callable[[], bool], until: Sequence[asyncio.Event] = ()
+    ) -> AsyncGenerator[Event, None]:
         """The turn's events in order, up to its ``Done`` (or, when it has none, up to
         ``TurnEnd``, not included).
 
@@ -72,7 +75,8 @@ class ChatTurn:
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
         is abandoned, so it never will) and the iteration ends. A turn whose worker died before
-        starting it starts on another slot (``api/task_retry.py``). Raises TaskNotStarted, or
+        starting it starts on another slot (``api/task_retry.py``); one of ``until`` set while
+        it waits for that slot ends the wait, and the iteration. Raises TaskNotStarted, or
         WorkerLost after yielding whatever the replay log still held. Use it inside
         ``contextlib.aclosing`` so the output channel is closed however the caller leaves.
         """
@@ -89,7 +93,11 @@ class ChatTurn:
                 try:
                     events = await relay.next(POLL_S)
                 except TaskNotStarted as exc:  # its worker died first: another slot, or not
-                    moved = await start_elsewhere(gw, relay, exc, stopping(), self._request())
+                    moved = await start_elsewhere(
+                        gw, relay, exc, stopping(), self._request(), until
+                    )
+                    if moved is None and stopping():  # the client closed meanwhile
+                        return
                     if moved is None:
                         raise
                     relay = moved

@@ -144,7 +144,7 @@ class LegacyChat(Connection):
         mapper = LegacyChatMapper(self.turn_id)
         self.turn_running = True
         try:
-            async with aclosing(turn.events(self.stopping)) as events:
+            async with aclosing(turn.events(self.stopping, (self.gone,))) as events:
                 async for ev in events:
                     for frame in mapper.frames(ev):
                         await self.send(frame)

@@ -253,7 +253,7 @@ class ChatSession(ResumableChat):
         )
         mapper = ChatMapper(self.session_id, names["response_id"], input_id)
         try:
-            async with aclosing(turn.events(self.must_stop_turn)) as events:
+            async with aclosing(turn.events(self.must_stop_turn, self.turn_stops())) as events:
                 async for ev in events:
                     if isinstance(ev, Closed):
                         # the worker ended the turn early (drain, deadline, cancel)

@@ -160,23 +160,10 @@ async def test_a_failover_whose_new_worker_dies_before_it_starts_recovers_elsewh
     await client.close()
 
 
-async def test_a_close_while_the_session_waits_for_another_slot_ends_it_at_once(
-    stack: Stack,
-) -> None:
-    """The whole node (Celery parent and pool process) is killed while the session's task waits
-    in its queue, so no other slot comes: the session waits at the head of the queue (up to
-    60 s here). The client's ``session.close`` ends that wait: ``session.closed`` with
-    ``user_stop`` within seconds, no ``worker_connect_failed``, the ticket gone from the queue;
-    a worker started afterwards serves the next client at once."""
-    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "60"
-    worker = stack.start_worker(slots=1)
-    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
-    stack.wait_free(1)
-    os.kill(worker.popen.pid, signal.SIGSTOP)
-    client = await Client.connect(stack.url(), query="?mode=audio")
-    await client.until("session.queue_done", timeout=10)
-    await client.send({"type": "session.init", "payload": {}})
-    kill9_group(worker)
+async def closed_while_waiting_for_a_slot(stack: Stack, client: Client) -> None:
+    """Once the task waits at the head of the queue, the client's ``session.close`` ends the
+    wait and the session within seconds (``user_stop``, 1000, no error), its ticket leaves the
+    queue, and a worker started afterwards serves the next client."""
     r = stack.redis()
     await await_for(lambda: r.zcard(f"{stack.prefix}:queue") == 1, 30, "the wait for a slot")
     asked = time.monotonic()
@@ -189,3 +176,47 @@ async def test_a_close_while_the_session_waits_for_another_slot_ends_it_at_once(
     assert r.zcard(f"{stack.prefix}:queue") == 0
     stack.start_worker()
     await served_end_to_end(stack.url())
+
+
+async def test_a_close_while_the_session_waits_for_another_slot_ends_it_at_once(
+    stack: Stack,
+) -> None:
+    """The whole node (Celery parent and pool process) is killed while the session's task waits
+    in its queue, so no other slot comes: the session waits at the head of the queue (up to
+    60 s here) until the client's ``session.close`` (``closed_while_waiting_for_a_slot``); no
+    ``worker_connect_failed``."""
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "60"
+    worker = stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    client = await Client.connect(stack.url(), query="?mode=audio")
+    await client.until("session.queue_done", timeout=10)
+    await client.send({"type": "session.init", "payload": {}})
+    kill9_group(worker)
+    await closed_while_waiting_for_a_slot(stack, client)
+
+
+async def test_a_close_while_a_chat_turn_waits_for_another_slot_ends_it_at_once(
+    stack: Stack,
+) -> None:
+    """The same for a chat turn: its node is killed whole while the turn's task waits in its
+    queue, the turn waits at the head of the queue, and the client's ``session.close`` ends the
+    wait and the session (``user_stop``, 1000) within seconds, with no error."""
+    stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "60"
+    worker = stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_TASK_START_TIMEOUT_S="60")
+    stack.wait_free(1)
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    await client.until("session.queue_done")
+    await client.send({"type": "session.init", "payload": {}})
+    created = await client.until("session.created")
+    r = stack.redis()
+    os.kill(worker.popen.pid, signal.SIGSTOP)
+    await client.send(
+        {"type": "input.append", "input": {"messages": [{"role": "user", "content": "hi"}]}}
+    )
+    turn = f"{created['session_id']}_t1"
+    wait_for(lambda: r.exists(f"{stack.prefix}:s:{turn}:request"), 10, "the turn's task")
+    kill9_group(worker)
+    await closed_while_waiting_for_a_slot(stack, client)
