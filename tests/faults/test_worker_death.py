@@ -257,46 +257,32 @@ async def test_killed_pool_processes_are_replaced_at_once_and_leave_no_slot(stac
     await served_end_to_end(stack.url())  # the one slot in the pool serves
 
 
+@pytest.mark.parametrize("claimed", [False, True], ids=["unclaimed", "claimed"])
 async def test_a_session_whose_pool_process_dies_before_it_starts_ends_at_once(
-    stack: Stack,
+    stack: Stack, claimed: bool
 ) -> None:
     """The pool process of a handed-out slot dies before the session's task reaches it (its
     Celery parent is frozen with SIGSTOP meanwhile, so the task waits in the node's queue; when
     thawed, the parent withdraws the dead process and hands the task to the replacement, which
     does not own that slot). The client gets ``worker_connect_failed`` (close 1013) within a
     liveness tick of the withdrawal, not at ``task_start_timeout_s`` (60 s here), and the
-    replacement's slot serves the next client."""
-    client, worker, child = await admitted_to_a_dying_worker(stack)
+    replacement's slot serves the next client.
+
+    ``claimed``: the process dies after it claimed the session and before its ``Started`` went
+    out (the claim written as the worker writes it). The gateway cannot abandon the claimed
+    task, watches its lease instead, and when it lapses with nothing in the log tells the
+    client the same, within seconds (with failovers on, both start elsewhere:
+    tests/faults/test_start_elsewhere.py)."""
+    client, worker, child = await admitted_to_a_dying_worker(stack, claimed=claimed)
     thawed = time.monotonic()
     err = await client.until("error", timeout=50)
     waited = time.monotonic() - thawed
-    print(f"pool process dead before its session started: client told after {waited:.2f} s")
+    print(f"pool process dead before its session started (claimed: {claimed}): {waited:.2f} s")
     assert err["error"]["code"] == "worker_connect_failed", err
-    assert "worker process of its slot is gone" in err["error"]["message"], err
+    detail = "died before starting it" if claimed else "worker process of its slot is gone"
+    assert detail in err["error"]["message"], err
     assert await client.closed() == 1013
     assert waited < 30, waited  # not the start deadline
     wait_for(lambda: f"pool process {child} died" in log_text(worker), 10, "its cleanup")
-    stack.wait_free(1, timeout=30)
-    await served_end_to_end(stack.url())
-
-
-async def test_a_pool_process_dead_between_its_claim_and_its_start_is_noticed(
-    stack: Stack,
-) -> None:
-    """The pool process dies after it claimed the session and before its ``Started`` went out
-    (``admitted_to_a_dying_worker(claimed=True)``, the claim written as the worker writes it).
-    The gateway cannot abandon the claimed task, watches its lease instead, and when it lapses
-    with nothing in the log, tells the client ``worker_connect_failed`` within seconds, not at
-    the start deadline (60 s here), as for a task never claimed (with failovers on it starts
-    elsewhere, tests/faults/test_start_elsewhere.py); the replacement's slot serves the next
-    client."""
-    client, _worker, _child = await admitted_to_a_dying_worker(stack, claimed=True)
-    thawed = time.monotonic()
-    err = await client.until("error", timeout=20)
-    waited = time.monotonic() - thawed
-    print(f"pool process dead between claim and start: client told after {waited:.2f} s")
-    assert err["error"]["code"] == "worker_connect_failed", err
-    assert "died before starting it" in err["error"]["message"], err
-    assert await client.closed() == 1013
     stack.wait_free(1, timeout=30)
     await served_end_to_end(stack.url())
