@@ -1,0 +1,177 @@
+"""The gateway's input commands, pipelined on one Redis connection of their own.
+
+Every client audio chunk is an ``XADD`` of ~64 KB. Sent as a command of the shared client, each
+paid redis-py's per-command machinery (a connection taken from the pool under a lock and a
+timer, the retry wrapper, observability, the pool's release) and a wake-up of the session's task
+for the reply: ~76 µs of the gateway's CPU per chunk, against ~30 µs written on a connection of
+their own with one task reading the replies (docs/BENCHMARKS.md). ``InputLink`` is that
+connection (``omniserve-input-<gateway>`` in ``CLIENT LIST``): a caller writes its commands at
+once and gets a future; the link's reader resolves the futures in the order the commands went
+out (Redis answers a connection in order).
+
+Everything one session sends (its chunks and its controls) goes over the same link, so Redis
+takes it in the order it was sent. The connection is redis-py's own (``pool.make_connection()``:
+the URL's TLS, authentication and timeouts), opened on first use and again after it failed. A
+failure fails every write still waiting for its reply; an error reply fails only its own write.
+With a ``socket_timeout`` on the URL, a write not answered within it drops the connection, as a
+command of the shared client would time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import EncodableT
+
+log = logging.getLogger(__name__)
+
+Command = Sequence[EncodableT]
+
+
+@dataclass(slots=True)
+class _Write:
+    """One caller's commands: resolved when the last reply is in, failed by the first error."""
+
+    done: asyncio.Future[None]
+    left: int
+    sent_at: float
+    error: BaseException | None = field(default=None)
+
+
+class InputLink:
+    """One pipelined connection for the gateway's input (see the module docstring)."""
+
+    def __init__(self, pool: aioredis.ConnectionPool, name: str = "omniserve-input") -> None:
+        self.pool = pool
+        self.name = name  # its CLIENT SETNAME: an operator's CLIENT LIST tells it apart
+        self._conn: AbstractConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._pending: collections.deque[_Write] = collections.deque()
+        self._connecting = asyncio.Lock()
+        self._closed = False
+
+    async def send(self, *commands: Command) -> asyncio.Future[None]:
+        """Write ``commands`` now; the future resolves when Redis has answered all of them.
+
+        Raises at once when the connection cannot be opened or the write fails.
+        """
+        conn = self._conn
+        if conn is None or not conn.is_connected or self._reader is None or self._reader.done():
+            conn = await self._connect()
+        loop = asyncio.get_running_loop()
+        write = _Write(loop.create_future(), len(commands), time.monotonic())
+        if len(commands) == 1:
+            packed = conn.pack_command(*commands[0])
+        else:
+            packed = conn.pack_commands(commands)
+        # registered before the write, in the same step: replies come back in this order
+        self._pending.append(write)
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+        except BaseException as exc:
+            # redis-py dropped the connection: the reader fails every write still waiting,
+            # this one included; the caller hears of it here
+            self._fail_all(exc)
+            raise
+        return write.done
+
+    async def aclose(self) -> None:
+        """Close the connection; writes still waiting fail."""
+        self._closed = True
+        for task in (self._reader, self._watch):
+            if task is not None:
+                task.cancel()
+        if self._conn is not None:
+            await self._conn.disconnect()
+        self._fail_all(RedisConnectionError("the input link was closed"))
+
+    # ------------------------------------------------------------------ internals
+    async def _connect(self) -> AbstractConnection:
+        async with self._connecting:
+            if self._closed:
+                raise RedisConnectionError("the input link was closed")
+            conn = self._conn
+            if conn is not None and conn.is_connected and self._reader and not self._reader.done():
+                return conn  # another caller opened it meanwhile
+            if conn is not None:
+                await conn.disconnect()
+            self._fail_all(RedisConnectionError("the input connection was lost"))
+            conn = cast(AbstractConnection, self.pool.make_connection())  # type: ignore[no-untyped-call]
+            await conn.connect()  # type: ignore[no-untyped-call]
+            await conn.send_command("CLIENT", "SETNAME", self.name, check_health=False)
+            await conn.read_response()
+            self._conn = conn
+            self._reader = asyncio.create_task(self._read(conn), name="input-link-reader")
+            limit_s = conn.socket_timeout
+            if limit_s and (self._watch is None or self._watch.done()):
+                self._watch = asyncio.create_task(
+                    self._watch_stale(limit_s), name="input-link-watch"
+                )
+            return conn
+
+    async def _read(self, conn: AbstractConnection) -> None:
+        """Resolve the waiting writes, in order, as their replies arrive."""
+        while True:
+            try:
+                # no timer per read: an idle link waits as long as it is idle (_watch_stale)
+                await conn.read_response(timeout=math.inf)
+                error: BaseException | None = None
+            except ResponseError as exc:  # an error reply: that command's, the link goes on
+                error = exc
+            except asyncio.CancelledError:  # the link was closed
+                self._fail_all(RedisConnectionError("the input link was closed"))
+                raise
+            except Exception as exc:  # noqa: BLE001 - whatever it was, the connection is done
+                self._fail_all(exc)
+                log.warning("input link to Redis lost: %s", exc)
+                await conn.disconnect(nowait=True)
+                return
+            if not self._pending:  # a reply nobody waits for: the stream is out of step
+                log.error("input link: a reply without a command; reconnecting")
+                await conn.disconnect(nowait=True)
+                return
+            write = self._pending[0]
+            write.left -= 1
+            write.error = write.error or error
+            if write.left == 0:
+                self._pending.popleft()
+                _resolve(write)
+
+    async def _watch_stale(self, limit_s: float) -> None:
+        """Drop the connection when the oldest write waits longer than ``socket_timeout``."""
+        while not self._closed:
+            await asyncio.sleep(min(1.0, limit_s / 2))
+            if self._pending and time.monotonic() - self._pending[0].sent_at > limit_s:
+                conn = self._conn
+                log.warning("input link: no reply from Redis within %.1f s; reconnecting", limit_s)
+                self._fail_all(RedisTimeoutError("Timeout reading from the input link"))
+                if conn is not None:
+                    await conn.disconnect(nowait=True)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        while self._pending:
+            write = self._pending.popleft()
+            write.error = write.error or exc
+            _resolve(write)
+
+
+def _resolve(write: _Write) -> None:
+    if write.done.done():
+        return
+    if write.error is None:
+        write.done.set_result(None)
+    else:
+        write.done.set_exception(write.error)

@@ -1,0 +1,124 @@
+"""streaming/input_link.py against a real Redis: writes in flight at once, answered in order;
+an error reply, a killed connection, a Redis that stops answering, and the link closed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from streaming.input_link import InputLink
+
+KEY = "link:test"
+
+
+async def answered(*writes: asyncio.Future[None]) -> None:
+    """Wait for the writes' answers (a link that loses one fails the test, not hangs it)."""
+    await asyncio.wait_for(asyncio.gather(*writes), 10)
+
+
+@pytest.fixture
+async def link(async_redis: aioredis.Redis) -> AsyncIterator[InputLink]:
+    lk = InputLink(async_redis.connection_pool)
+    try:
+        yield lk
+    finally:
+        await lk.aclose()
+
+
+async def test_writes_in_flight_at_once_are_answered_in_the_order_they_went_out(
+    link: InputLink, sync_redis: redis.Redis
+) -> None:
+    sync_redis.delete(KEY)
+    written = [await link.send(["XADD", KEY, "*", "n", n]) for n in range(200)]
+    assert not all(w.done() for w in written)  # none of them was waited for
+    await answered(*written)
+    entries = sync_redis.xrange(KEY)
+    assert [int(fields[b"n"]) for _, fields in entries] == list(range(200))
+    # several commands as one write: one future, resolved when the last reply is in
+    both = await link.send(["XADD", KEY, "*", "n", 200], ["EXPIRE", KEY, 60])
+    await answered(both)
+    assert sync_redis.xlen(KEY) == 201 and 0 < sync_redis.ttl(KEY) <= 60
+
+
+async def test_an_error_reply_fails_only_its_own_write(
+    link: InputLink, sync_redis: redis.Redis
+) -> None:
+    sync_redis.set(KEY, "a string, not a stream")
+    before = await link.send(["XADD", f"{KEY}:ok", "*", "n", 1])
+    wrong = await link.send(["XADD", KEY, "*", "n", 1])  # WRONGTYPE
+    after = await link.send(["XADD", f"{KEY}:ok", "*", "n", 2], ["XADD", KEY, "*", "n", 2])
+    await answered(before)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await answered(wrong)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):  # its first command went through
+        await answered(after)
+    assert sync_redis.xlen(f"{KEY}:ok") == 2
+    await answered(await link.send(["XADD", f"{KEY}:ok", "*", "n", 3]))  # the link goes on
+    sync_redis.delete(KEY, f"{KEY}:ok")
+
+
+async def test_a_killed_connection_fails_the_writes_waiting_and_the_next_write_reconnects(
+    link: InputLink, sync_redis: redis.Redis
+) -> None:
+    await (await link.send(["CLIENT", "SETNAME", "input-link"]))
+    sync_redis.client_pause(10_000, all=False)  # writes wait; the link's stay unanswered
+    try:
+        waiting = [await link.send(["XADD", KEY, "*", "n", n]) for n in range(3)]
+        await asyncio.sleep(0.2)
+        assert not any(w.done() for w in waiting)
+        killed = sync_redis.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
+        assert killed >= 1
+        for w in waiting:
+            with pytest.raises(RedisConnectionError):
+                await asyncio.wait_for(w, 5)
+    finally:
+        sync_redis.client_unpause()
+    sync_redis.delete(KEY)
+    await (await link.send(["XADD", KEY, "*", "n", 9]))  # a fresh connection
+    assert sync_redis.xlen(KEY) == 1
+    sync_redis.delete(KEY)
+
+
+async def test_a_redis_that_stops_answering_fails_the_write_after_the_socket_timeout(
+    redis_server: str, sync_redis: redis.Redis
+) -> None:
+    client = aioredis.Redis.from_url(redis_server, socket_timeout=0.5)
+    link = InputLink(client.connection_pool)
+    try:
+        await (await link.send(["PING"]))
+        sync_redis.client_pause(3_000, all=False)
+        try:
+            stuck = await link.send(["XADD", KEY, "*", "n", 1])
+            with pytest.raises(RedisTimeoutError):
+                await asyncio.wait_for(stuck, 2.5)  # within about twice the timeout
+        finally:
+            sync_redis.client_unpause()
+        await (await link.send(["PING"]))  # and it reconnects
+    finally:
+        await link.aclose()
+        await client.aclose()
+        sync_redis.delete(KEY)
+
+
+async def test_a_closed_link_fails_what_waits_and_takes_no_more(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis
+) -> None:
+    link = InputLink(async_redis.connection_pool)
+    sync_redis.client_pause(5_000, all=False)
+    try:
+        waiting = await link.send(["XADD", KEY, "*", "n", 1])
+        await link.aclose()
+        with pytest.raises(RedisConnectionError):
+            await waiting
+        with pytest.raises(RedisConnectionError, match="closed"):
+            await link.send(["PING"])
+    finally:
+        sync_redis.client_unpause()
+        sync_redis.delete(KEY)
