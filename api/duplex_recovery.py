@@ -80,9 +80,7 @@ class Failover:
         """Find a slot and submit the next attempt; None when none came in time (or one of
         ``until`` was set while it waited: see ``front_slot``)."""
         gw = self.gw
-        await gw.redis.delete(
-            gw.keys.input_audio(self.session_id), gw.keys.input_control(self.session_id)
-        )
+        await gw.inputs.discard(self.session_id)
         slot = await front_slot(gw, self.session_id, self.deadline, until)
         if slot is None:
             return None

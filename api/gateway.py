@@ -97,7 +97,11 @@ class Gateway:
             max_bytes=settings.output_max_pending_bytes,
         )
         self.inputs = InputWriter(
-            self.redis, self.keys, settings.input_max_pending, settings.session_ttl_s
+            self.redis,
+            self.keys,
+            settings.input_max_pending,
+            settings.session_ttl_s,
+            name=f"omniserve-input-{self.gateway_id}",  # its own connection (CLIENT LIST)
         )
         # Submits tasks by name: the gateway never imports worker code.
         self.celery = Celery("omniserve-gateway", broker=settings.redis_url)
@@ -165,6 +169,7 @@ class Gateway:
         await self.watch.stop()
         await self.liveness.stop()
         await self.bus.stop()
+        await self.inputs.aclose()
         try:
             await self.redis.delete(self.keys.gateway_alive(self.gateway_id))
         except Exception:  # noqa: BLE001 - Redis gone: the key expires by itself

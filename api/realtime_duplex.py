@@ -16,6 +16,7 @@ gateway does not read client frames while a client waits, so there a queued user
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -64,6 +65,7 @@ class DuplexSession(ResumableSession):
         self.default_slices = 1
         self.init_since: float | None = None
         self.pending_init: DuplexInit | None = None  # sent while queued; applied at admission
+        self.input_failure: asyncio.Task[None] | None = None  # telling of a chunk not queued
 
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
@@ -110,7 +112,7 @@ class DuplexSession(ResumableSession):
         chunk = duplex_append(event, self.default_slices)
         self.input_seq += 1
         self.clock.input_sent(f"input_{self.input_seq}")
-        await self.gw.inputs.append(
+        written = await self.gw.inputs.append(
             self.session_id,
             AudioChunk(
                 seq=self.input_seq,
@@ -121,6 +123,19 @@ class DuplexSession(ResumableSession):
                 max_slice_nums=chunk.max_slice_nums,
             ),
         )
+        written.add_done_callback(self._input_written)
+
+    def _input_written(self, written: asyncio.Future[None]) -> None:
+        """Redis answered a chunk's write. The receive loop does not wait for that answer (the
+        next frame is read meanwhile), so a chunk Redis did not take is reported here, as the
+        loop reports an event whose handling failed: logged, and ``inference_error``."""
+        exc = None if written.cancelled() else written.exception()
+        if exc is None or self.gone.is_set():
+            return
+        log.error("session %s: an input chunk was not queued: %s", self.session_id, exc)
+        if self.failing or (self.input_failure is not None and not self.input_failure.done()):
+            return
+        self.input_failure = asyncio.create_task(self.on_event_failure({"type": "input.append"}))
 
     def _begin_init(self) -> None:
         """Enter INITIALIZING (synchronously: a second init arriving meanwhile is refused)."""

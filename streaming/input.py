@@ -10,13 +10,14 @@ events (init, close, force_listen) go to a separate stream that is never trimmed
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import cast
 
 import redis
 import redis.asyncio as aioredis
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 
 from streaming.controls import (
     BadControl,
@@ -25,6 +26,7 @@ from streaming.controls import (
     decode_control,
     encode_control,
 )
+from streaming.input_link import Command, InputLink
 from streaming.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -47,12 +49,18 @@ class AudioChunk:
 
 
 class InputWriter:
-    """Gateway side (asyncio client)."""
+    """Gateway side: a session's chunks and controls, in order, over the gateway's input link
+    (``streaming/input_link.py``)."""
 
     def __init__(
-        self, redis_client: aioredis.Redis, keys: Keys, max_pending: int, ttl_s: float
+        self,
+        redis_client: aioredis.Redis,
+        keys: Keys,
+        max_pending: int,
+        ttl_s: float,
+        name: str = "omniserve-input",
     ) -> None:
-        self.redis = redis_client
+        self.link = InputLink(redis_client.connection_pool, name)
         self.keys = keys
         self.max_pending = max_pending
         self.ttl_s = int(ttl_s)
@@ -63,45 +71,52 @@ class InputWriter:
         per_second = -(-SAMPLES_PER_SECOND // max(1, samples))  # ceil
         return max(self.max_pending, min(MAX_PENDING_CHUNKS, self.max_pending * per_second))
 
-    async def append(self, session_id: str, chunk: AudioChunk) -> None:
-        """Queue one chunk for the worker (dropping the oldest beyond ``pending_bound``)."""
-        fields: dict[FieldT, EncodableT] = {
-            "seq": chunk.seq,
-            "input_id": chunk.input_id,
-            "audio": chunk.audio,
-            "force_listen": int(chunk.force_listen),
-            "max_slice_nums": chunk.max_slice_nums,
-            "frames": len(chunk.frames),
-        }
-        for i, frame in enumerate(chunk.frames):
-            fields[f"f{i}"] = frame
+    async def append(self, session_id: str, chunk: AudioChunk) -> asyncio.Future[None]:
+        """Queue one chunk for the worker (dropping the oldest beyond ``pending_bound``).
+
+        The chunk is written when this returns; the future says whether Redis took it. The
+        caller need not wait for it (the next chunk can go meanwhile), but must look at it.
+        """
         key = self.keys.input_audio(session_id)
         maxlen = self.pending_bound(len(chunk.audio) // 4)
-        if not chunk.force_listen and chunk.seq != 1:
-            # the common chunk: one command (a pipeline of one took ~15 us more CPU per chunk
-            # in a microbenchmark; docs/BENCHMARKS.md)
-            await self.redis.xadd(key, fields, maxlen=maxlen, approximate=False)
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            if chunk.force_listen:
-                pipe.xadd(
-                    self.keys.input_control(session_id),
-                    {"e": encode_control(ForceListenControl(input_id=chunk.input_id))},
-                    maxlen=CONTROL_MAXLEN,
-                    approximate=True,
-                )
-            pipe.xadd(key, fields, maxlen=maxlen, approximate=False)
-            if chunk.seq == 1:
-                pipe.expire(key, self.ttl_s)
-            await pipe.execute()
+        xadd: list[EncodableT] = ["XADD", key, "MAXLEN", maxlen, "*"]
+        xadd += ["seq", chunk.seq, "input_id", chunk.input_id, "audio", chunk.audio]
+        xadd += ["force_listen", int(chunk.force_listen), "max_slice_nums", chunk.max_slice_nums]
+        xadd += ["frames", len(chunk.frames)]
+        for i, frame in enumerate(chunk.frames):
+            xadd += [f"f{i}", frame]
+        commands: list[Command] = []
+        if chunk.force_listen:
+            control = encode_control(ForceListenControl(input_id=chunk.input_id))
+            commands.append(self._control_xadd(session_id, control))
+        commands.append(xadd)
+        if chunk.seq == 1:
+            commands.append(["EXPIRE", key, self.ttl_s])
+        return await self.link.send(*commands)
 
     async def control(self, session_id: str, control: Control) -> None:
-        """Send a control event (never dropped)."""
+        """Send a control event (never dropped); returns once Redis has it."""
         key = self.keys.input_control(session_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"e": encode_control(control)}, maxlen=CONTROL_MAXLEN, approximate=True)
-            pipe.expire(key, self.ttl_s)
-            await pipe.execute()
+        await (
+            await self.link.send(
+                self._control_xadd(session_id, encode_control(control)),
+                ["EXPIRE", key, self.ttl_s],
+            )
+        )
+
+    async def discard(self, session_id: str) -> None:
+        """Delete both input streams (a failover starts the next worker on what comes next);
+        on the link, so that no chunk written before lands after the delete."""
+        keys = (self.keys.input_audio(session_id), self.keys.input_control(session_id))
+        await (await self.link.send(["DEL", *keys]))
+
+    def _control_xadd(self, session_id: str, encoded: bytes) -> Command:
+        key = self.keys.input_control(session_id)
+        return ["XADD", key, "MAXLEN", "~", CONTROL_MAXLEN, "*", "e", encoded]
+
+    async def aclose(self) -> None:
+        """Close the input link (the gateway stops)."""
+        await self.link.aclose()
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Callable
 
+import httpx
 import numpy as np
 import pytest
 
@@ -526,6 +527,35 @@ async def test_inference_error_is_recoverable(stack: Stack) -> None:
     assert err["error"]["code"] == "inference_error"
     assert err["error"]["type"] == "server_error"
     ev = (await c.step(silence()))[-1]
+    assert ev["kind"] == "listen" and ev["input_id"] == "input_3"
+    await c.close()
+
+
+async def test_a_chunk_lost_on_its_way_into_redis_is_an_inference_error_and_the_session_goes_on(
+    stack: Stack,
+) -> None:
+    """The gateway writes each chunk without waiting for Redis's answer
+    (streaming/input_link.py); a chunk whose write fails is reported all the same. Here its
+    connection is killed while Redis holds the chunk unanswered (CLIENT PAUSE WRITE)."""
+    stack.start_worker()
+    port = stack.start_gateway()
+    gateway_id = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["gateway_id"]
+    c, _ = await duplex(stack.url())
+    assert (await c.step(silence()))[-1]["kind"] == "listen"
+    r = stack.redis()
+    r.client_pause(10_000, all=False)
+    try:
+        await c.send({"type": "input.append", "input": {"audio": silence()}})
+        c.inputs += 1
+        await asyncio.sleep(0.3)
+        links = [x for x in r.client_list() if x["name"] == f"omniserve-input-{gateway_id}"]
+        assert len(links) == 1, links
+        r.client_kill_filter(_id=links[0]["id"])
+    finally:
+        r.client_unpause()
+    err = await c.until("error")
+    assert err["error"]["code"] == "inference_error" and err["error"]["type"] == "server_error"
+    ev = (await c.step(silence()))[-1]  # a fresh connection takes the next chunk
     assert ev["kind"] == "listen" and ev["input_id"] == "input_3"
     await c.close()
 

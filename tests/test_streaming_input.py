@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
 import redis
 import redis.asyncio as aioredis
 
@@ -12,22 +16,45 @@ from streaming.keys import Keys
 SID = "rt_in"
 
 
+Writers = Callable[[int], InputWriter]
+
+
+@pytest.fixture
+async def writers(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[Writers]:
+    """Makes gateway-side writers (``max_pending`` given); their input links close after."""
+    made: list[InputWriter] = []
+
+    def make(max_pending: int) -> InputWriter:
+        made.append(InputWriter(async_redis, keys, max_pending=max_pending, ttl_s=60))
+        return made[-1]
+
+    yield make
+    for writer in made:
+        await writer.aclose()
+
+
+async def append(writer: InputWriter, c: AudioChunk) -> None:
+    """Write a chunk and wait until Redis took it."""
+    await (await writer.append(SID, c))
+
+
 def chunk(seq: int, samples: int = 16000, **kw: object) -> AudioChunk:
     audio = b"\0" * 4 * samples  # float32 PCM, 16 kHz
     return AudioChunk(seq=seq, input_id=f"input_{seq}", audio=audio, **kw)  # type: ignore[arg-type]
 
 
 async def test_the_oldest_pending_chunks_are_dropped_and_counted(
-    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
 ) -> None:
-    writer = InputWriter(async_redis, keys, max_pending=2, ttl_s=60)
+    writer = writers(2)
     reader = InputReader(sync_redis, keys, SID)
-    await writer.append(SID, chunk(1, frames=[b"jpeg0", b"jpeg1"], max_slice_nums=3))
+    await append(writer, chunk(1, frames=[b"jpeg0", b"jpeg1"], max_slice_nums=3))
     first = reader.read(block_ms=100)
     assert [c.seq for c in first.chunks] == [1] and first.dropped == 0
     assert first.chunks[0].frames == [b"jpeg0", b"jpeg1"] and first.chunks[0].max_slice_nums == 3
-    for seq in range(2, 7):  # faster than the worker reads
-        await writer.append(SID, chunk(seq))
+    # faster than the worker reads, and none waited for before the next goes out
+    written = [await writer.append(SID, chunk(seq)) for seq in range(2, 7)]
+    await asyncio.gather(*written)
     batch = reader.read(block_ms=100)
     assert [c.seq for c in batch.chunks] == [5, 6]  # the newest are kept
     assert batch.dropped == 3
@@ -35,27 +62,27 @@ async def test_the_oldest_pending_chunks_are_dropped_and_counted(
 
 
 async def test_the_bound_is_seconds_of_audio_whatever_the_chunk_length(
-    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
 ) -> None:
     """Two seconds pending: twenty 100 ms chunks, two 1 s chunks, two 1.5 s chunks."""
-    writer = InputWriter(async_redis, keys, max_pending=2, ttl_s=60)
+    writer = writers(2)
     assert [writer.pending_bound(n) for n in (1600, 4000, 6000, 16000, 24000)] == [20, 8, 6, 2, 2]
     assert writer.pending_bound(1) == 256  # tiny chunks: a bounded stream all the same
     reader = InputReader(sync_redis, keys, SID)
     for seq in range(1, 31):
-        await writer.append(SID, chunk(seq, samples=1600))
+        await append(writer, chunk(seq, samples=1600))
     batch = reader.read(block_ms=100)
     assert [c.seq for c in batch.chunks] == list(range(11, 31)) and batch.dropped == 10
 
 
 async def test_controls_are_never_dropped_and_come_first(
-    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
 ) -> None:
-    writer = InputWriter(async_redis, keys, max_pending=1, ttl_s=60)
+    writer = writers(1)
     reader = InputReader(sync_redis, keys, SID)
     await writer.control(SID, InitControl(system_prompt="hi"))
     for seq in range(1, 4):
-        await writer.append(SID, chunk(seq, force_listen=seq == 2))
+        await append(writer, chunk(seq, force_listen=seq == 2))
     await writer.control(SID, CloseControl(reason="user_stop"))
     batch = reader.read(block_ms=100)
     assert batch.controls == [
@@ -67,9 +94,9 @@ async def test_controls_are_never_dropped_and_come_first(
 
 
 async def test_poll_controls_and_malformed_controls(
-    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
 ) -> None:
-    writer = InputWriter(async_redis, keys, max_pending=2, ttl_s=60)
+    writer = writers(2)
     reader = InputReader(sync_redis, keys, SID)
     assert reader.poll_controls() == []
     sync_redis.xadd(keys.input_control(SID), {"e": b'{"type": "reboot"}'})  # not a control
@@ -82,4 +109,16 @@ def test_discard_deletes_both_streams(sync_redis: redis.Redis, keys: Keys) -> No
     sync_redis.xadd(keys.input_audio(SID), {"seq": 1})
     sync_redis.xadd(keys.input_control(SID), {"e": b"{}"})
     InputReader(sync_redis, keys, SID).discard()
+    assert not sync_redis.exists(keys.input_audio(SID), keys.input_control(SID))
+
+
+async def test_the_gateway_discards_both_streams_after_what_it_wrote_before(
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """A failover's delete goes after the chunks already written, answered or not."""
+    writer = writers(2)
+    await writer.control(SID, CloseControl())
+    written = await writer.append(SID, chunk(1))  # not waited for before the delete goes out
+    await writer.discard(SID)
+    assert written.done()
     assert not sync_redis.exists(keys.input_audio(SID), keys.input_control(SID))
