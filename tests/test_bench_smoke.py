@@ -95,6 +95,14 @@ def test_bench_publish_path_times_both_ways_of_writing_an_event() -> None:
         assert float(redis_us) >= 0, proc.stdout
 
 
+def test_bench_input_path_costs_both_ways_of_writing_a_chunk() -> None:
+    """``python -m bench.input_path``: both ways write every chunk and print their CPU cost."""
+    proc = run_module("bench.input_path", "--chunks", "50", "--rounds", "1")
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["client", "link"], proc.stdout
+    assert all(float(us) > 0 for _way, us in rows), proc.stdout
+
+
 def test_a_stack_runs_the_source_tree_it_is_given(tmp_path: Path) -> None:
     """``Stack(root=...)`` (what ``bench.ab`` compares) runs that tree's code, not this one's:
     ``python -m`` puts the working directory first on ``sys.path``, ahead of ``PYTHONPATH``,
