@@ -3,11 +3,17 @@
 Every client audio chunk is an ``XADD`` of ~64 KB. Sent as a command of the shared client, each
 paid redis-py's per-command machinery (a connection taken from the pool under a lock and a
 timer, the retry wrapper, observability, the pool's release) and a wake-up of the session's task
-for the reply: ~76 µs of the gateway's CPU per chunk, against ~30 µs written on a connection of
-their own with one task reading the replies (docs/BENCHMARKS.md). ``InputLink`` is that
-connection (``omniserve-input-<gateway>`` in ``CLIENT LIST``): a caller writes its commands at
-once and gets a future; the link's reader resolves the futures in the order the commands went
-out (Redis answers a connection in order).
+for the reply: ~80 µs of the gateway's CPU per chunk, about twice what the same chunk costs
+queued to a connection of its own (``python -m bench.input_path``; docs/BENCHMARKS.md).
+``InputLink`` is that connection (``omniserve-input-<gateway>`` in ``CLIENT LIST``): a caller
+queues its commands and gets a future; the link's reader resolves the futures in the order the
+commands went out (Redis answers a connection in order).
+
+The link's own writer task sends what callers queue (all that is queued, in one write), so a
+caller never waits on the socket: a session cancelled at any point (each one's receive loop is,
+when it ends) cannot cut a write in half or make redis-py drop the connection under the other
+sessions' writes. Callers wait only for room when ``max_outbox_bytes`` are queued unwritten
+(Redis not reading): the input's backpressure, as the socket's was.
 
 Everything one session sends (its chunks and its controls) goes over the same link, so Redis
 takes it in the order it was sent. The connection is redis-py's own (``pool.make_connection()``:
@@ -38,6 +44,7 @@ from redis.typing import EncodableT
 log = logging.getLogger(__name__)
 
 Command = Sequence[EncodableT]
+MAX_OUTBOX_BYTES = 4 * 2**20  # ~64 one-second chunks queued unwritten: callers wait beyond it
 
 
 @dataclass(slots=True)
@@ -53,23 +60,37 @@ class _Write:
 class InputLink:
     """One pipelined connection for the gateway's input (see the module docstring)."""
 
-    def __init__(self, pool: aioredis.ConnectionPool, name: str = "omniserve-input") -> None:
+    def __init__(
+        self,
+        pool: aioredis.ConnectionPool,
+        name: str = "omniserve-input",
+        max_outbox_bytes: int = MAX_OUTBOX_BYTES,
+    ) -> None:
         self.pool = pool
         self.name = name  # its CLIENT SETNAME: an operator's CLIENT LIST tells it apart
+        self.max_outbox_bytes = max_outbox_bytes
         self._conn: AbstractConnection | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
-        self._pending: collections.deque[_Write] = collections.deque()
+        self._pending: collections.deque[_Write] = collections.deque()  # queued or written
+        self._outbox: list[bytes] = []  # packed commands the writer has yet to send
+        self._outbox_bytes = 0
+        self._wake = asyncio.Event()  # the writer has something to send
+        self._room = asyncio.Event()  # the outbox has room again
         self._connecting = asyncio.Lock()
         self._closed = False
 
     async def send(self, *commands: Command) -> asyncio.Future[None]:
-        """Write ``commands`` now; the future resolves when Redis has answered all of them.
-
-        Raises at once when the connection cannot be opened or the write fails.
+        """Queue ``commands`` for the writer; the future resolves when Redis has answered all
+        of them (or fails). Waits only to open the connection or for room in the outbox;
+        raises when the connection cannot be opened.
         """
+        while self._outbox_bytes >= self.max_outbox_bytes:
+            self._room.clear()
+            await self._room.wait()  # (cancelled here, the caller has queued nothing)
         conn = self._conn
-        if conn is None or not conn.is_connected or self._reader is None or self._reader.done():
+        if conn is None or not conn.is_connected or not self._running():
             conn = await self._connect()
         loop = asyncio.get_running_loop()
         write = _Write(loop.create_future(), len(commands), time.monotonic())
@@ -77,21 +98,17 @@ class InputLink:
             packed = conn.pack_command(*commands[0])
         else:
             packed = conn.pack_commands(commands)
-        # registered before the write, in the same step: replies come back in this order
+        # registered as it is queued, in the same step: replies come back in this order
         self._pending.append(write)
-        try:
-            await conn.send_packed_command(packed, check_health=False)
-        except BaseException as exc:
-            # redis-py dropped the connection: the reader fails every write still waiting,
-            # this one included; the caller hears of it here
-            self._fail_all(exc)
-            raise
+        self._outbox += packed
+        self._outbox_bytes += sum(len(piece) for piece in packed)
+        self._wake.set()
         return write.done
 
     async def aclose(self) -> None:
         """Close the connection; writes still waiting fail."""
         self._closed = True
-        for task in (self._reader, self._watch):
+        for task in (self._reader, self._writer, self._watch):
             if task is not None:
                 task.cancel()
         if self._conn is not None:
@@ -104,8 +121,11 @@ class InputLink:
             if self._closed:
                 raise RedisConnectionError("the input link was closed")
             conn = self._conn
-            if conn is not None and conn.is_connected and self._reader and not self._reader.done():
+            if conn is not None and conn.is_connected and self._running():
                 return conn  # another caller opened it meanwhile
+            for task in (self._reader, self._writer):
+                if task is not None:
+                    task.cancel()
             if conn is not None:
                 await conn.disconnect()
             self._fail_all(RedisConnectionError("the input connection was lost"))
@@ -115,12 +135,35 @@ class InputLink:
             await conn.read_response()
             self._conn = conn
             self._reader = asyncio.create_task(self._read(conn), name="input-link-reader")
+            self._writer = asyncio.create_task(self._write(conn), name="input-link-writer")
             limit_s = conn.socket_timeout
             if limit_s and (self._watch is None or self._watch.done()):
                 self._watch = asyncio.create_task(
                     self._watch_stale(limit_s), name="input-link-watch"
                 )
             return conn
+
+    def _running(self) -> bool:
+        return all(t is not None and not t.done() for t in (self._reader, self._writer))
+
+    async def _write(self, conn: AbstractConnection) -> None:
+        """Send everything queued, in one write each time, in the order it was queued."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+            self._room.set()
+            if not batch:
+                continue
+            try:
+                await conn.send_packed_command(batch, check_health=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - redis-py dropped the connection
+                if self._conn is conn:  # (not a connection already replaced)
+                    self._fail_all(exc)
+                log.warning("input link: writing to Redis failed: %s", exc)
+                return
 
     async def _read(self, conn: AbstractConnection) -> None:
         """Resolve the waiting writes, in order, as their replies arrive."""
@@ -131,11 +174,11 @@ class InputLink:
                 error: BaseException | None = None
             except ResponseError as exc:  # an error reply: that command's, the link goes on
                 error = exc
-            except asyncio.CancelledError:  # the link was closed
-                self._fail_all(RedisConnectionError("the input link was closed"))
+            except asyncio.CancelledError:  # closed or replaced: whoever did it fails the rest
                 raise
             except Exception as exc:  # noqa: BLE001 - whatever it was, the connection is done
-                self._fail_all(exc)
+                if self._conn is conn:  # (not a connection already replaced)
+                    self._fail_all(exc)
                 log.warning("input link to Redis lost: %s", exc)
                 await conn.disconnect(nowait=True)
                 return
@@ -162,6 +205,8 @@ class InputLink:
                     await conn.disconnect(nowait=True)
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._outbox, self._outbox_bytes = [], 0  # (those commands' writes fail below)
+        self._room.set()
         while self._pending:
             write = self._pending.popleft()
             write.error = write.error or exc

@@ -4,6 +4,8 @@ an error reply, a killed connection, a Redis that stops answering, and the link 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from omniserve.redis_server import start_embedded
 from streaming.input_link import InputLink
 
 KEY = "link:test"
@@ -122,3 +125,43 @@ async def test_a_closed_link_fails_what_waits_and_takes_no_more(
     finally:
         sync_redis.client_unpause()
         sync_redis.delete(KEY)
+
+
+async def test_a_caller_cancelled_while_redis_reads_nothing_leaves_the_link_to_the_others() -> None:
+    """Redis frozen (SIGSTOP): 64 KB writes queue until the socket and the outbox are full and
+    callers wait for room; one waiting caller is cancelled (a session ending). Redis thawed,
+    every write queued before is answered on the same connection: nothing was cut in half,
+    nothing dropped."""
+    server = start_embedded()
+    client = aioredis.Redis.from_url(server.url)
+    link = InputLink(client.connection_pool, "frozen-test", max_outbox_bytes=256 * 1024)
+    sync = redis.Redis.from_url(server.url)
+    blob = b"x" * 65536
+    written: list[asyncio.Future[None]] = []
+
+    async def sender() -> None:
+        while True:
+            written.append(await link.send(["XADD", KEY, "*", "n", len(written), "b", blob]))
+
+    try:
+        await answered(await link.send(["PING"]))
+        (before,) = [c["id"] for c in sync.client_list() if c["name"] == "frozen-test"]
+        os.kill(server.process.pid, signal.SIGSTOP)
+        task = asyncio.create_task(sender())
+        seen = -1
+        while len(written) != seen:  # until the sender waits for room
+            seen = len(written)
+            await asyncio.sleep(0.5)
+        assert not task.done() and seen > 4 and not any(w.done() for w in written)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        os.kill(server.process.pid, signal.SIGCONT)
+        await asyncio.wait_for(asyncio.gather(*written), 30)
+        assert sync.xlen(KEY) == len(written)
+        assert [c["id"] for c in sync.client_list() if c["name"] == "frozen-test"] == [before]
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        await link.aclose()
+        await client.aclose()
+        sync.close()
+        server.stop()
