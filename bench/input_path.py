@@ -30,7 +30,6 @@ from redis.backoff import ExponentialBackoff
 from redis.typing import EncodableT
 
 from bench import pinning
-from omniserve.redis_server import start_embedded
 from streaming.input_link import InputLink
 from streaming.redis_connection import timed_writes
 
@@ -78,12 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--redis-server", default=None, help="a redis-server executable to run")
     args = p.parse_args(argv)
-    plan = pinning.plan(True)
-    if plan:
-        plan.pin_self()  # Redis starts on the other core(s)...
-    server = start_embedded(binary=args.redis_server)
-    if plan:
-        os.sched_setaffinity(0, plan.server)  # ...and this process on the gateway's
+    server, plan = pinning.redis_beside(args.redis_server)
     print(plan.describe() if plan else "not pinned (fewer than two cores)")
     print("way     cpu us/chunk")
     try:

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from omniserve.redis_server import EmbeddedRedis, start_embedded
+
 
 @dataclass(frozen=True)
 class Pinning:
@@ -59,3 +61,16 @@ def activate(p: Pinning | None) -> None:
 def server_preexec() -> Callable[[], None] | None:
     """The pinning ``preexec_fn`` for a server process, or None when the run is not pinned."""
     return _ACTIVE[0].server_preexec() if _ACTIVE else None
+
+
+def redis_beside(binary: str | None = None) -> tuple[EmbeddedRedis, Pinning | None]:
+    """Start a private redis-server on the other core(s) and move this process onto the server
+    core: the layout of a microbenchmark that stands in for the gateway (``bench.publish_path``,
+    ``bench.input_path``). Returns the server and the plan (None: fewer than two cores)."""
+    p = plan(True)
+    if p:
+        p.pin_self()  # Redis starts on the other core(s)...
+    server = start_embedded(binary=binary)
+    if p:
+        os.sched_setaffinity(0, p.server)  # ...and this process on the gateway's
+    return server, p

@@ -25,7 +25,7 @@ import time
 import redis.asyncio as aioredis
 
 from bench import pinning
-from omniserve.redis_server import redis_binary, start_embedded
+from omniserve.redis_server import redis_binary
 
 CHANNEL = "bench:publish-path"
 LOG = "bench:publish-path:log"
@@ -106,13 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--redis-server", default=None, help="a redis-server executable to run")
     args = p.parse_args(argv)
-    plan = pinning.plan(True)
+    server, plan = pinning.redis_beside(args.redis_server)  # the subscriber on the gateway's core
     rest = set(plan.rest) if plan else None
-    if plan:
-        plan.pin_self()  # Redis starts on the other core(s)...
-    server = start_embedded(binary=args.redis_server)
-    if plan:
-        os.sched_setaffinity(0, plan.server)  # ...and this subscriber on the gateway's
     url, redis_pid = server.url, server.process.pid
     version = subprocess.run(
         [args.redis_server or redis_binary(), "--version"], capture_output=True, text=True
