@@ -108,7 +108,7 @@ def test_a_stack_runs_the_source_tree_it_is_given(tmp_path: Path) -> None:
     ``python -m`` puts the working directory first on ``sys.path``, ahead of ``PYTHONPATH``,
     so a child started from this checkout imported this checkout whatever ``PYTHONPATH`` said."""
     pytest.importorskip("psutil")
-    from bench.stack import Stack, shared_redis
+    from bench.stack import Stack, kill_all, shared_redis
 
     tree = tmp_path / "tree"
     tree.mkdir()
@@ -127,4 +127,5 @@ def test_a_stack_runs_the_source_tree_it_is_given(tmp_path: Path) -> None:
         stack.start_gateway()
     finally:
         stack.stop()
+        kill_all()  # (the run's redis-server too: left running, it outlived the test suite)
     assert Path(mark.read_text()).resolve() == (tree / "api" / "__init__.py").resolve()
