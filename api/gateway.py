@@ -9,10 +9,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Protocol
 
-import redis.asyncio as aioredis
 from celery import Celery
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from api import task_submit
 from api.client_watch import ClientWatch
@@ -27,7 +24,7 @@ from streaming.input import InputWriter
 from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.output import OutputBus
-from streaming.redis_connection import timed_writes
+from streaming.redis_connection import gateway_client
 from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
@@ -63,22 +60,7 @@ class Gateway:
         self.settings = settings
         self.gateway_id = uuid.uuid4().hex[:10]
         self.keys = Keys(settings.key_prefix)
-        # A blocking pool: a burst of commands waits for a connection instead of failing.
-        # Retries: after Redis restarts, each pooled connection still holds the dead server's
-        # socket and fails at its next use ("Connection closed by server"); redis-py's pools
-        # retry nothing unless told, so a client admitted just after the restart was refused.
-        # Two retries on a fresh connection serve such a command; a Redis that is really away
-        # still fails within a fraction of a second.
-        # (its writes keep their timeout without a task per command: streaming/redis_connection)
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url,
-            max_connections=settings.redis_max_connections,
-            timeout=20,
-            health_check_interval=30,
-            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
-        )
-        self.redis = aioredis.Redis(connection_pool=timed_writes(pool))
-        self.redis.auto_close_connection_pool = True
+        self.redis = gateway_client(settings.redis_url, settings.redis_max_connections)
         self.admission = Admission(self.redis, self.keys)
         self.queue = QueueManager(
             self.admission,

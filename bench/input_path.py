@@ -24,14 +24,11 @@ import os
 import sys
 import time
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.typing import EncodableT
 
 from bench import pinning
 from streaming.input_link import InputLink
-from streaming.redis_connection import timed_writes
+from streaming.redis_connection import gateway_client
 
 KEY = "bench:input-path"
 GAP_S = 0.0002
@@ -39,11 +36,8 @@ GAP_S = 0.0002
 
 async def one_round(url: str, way: str, n: int) -> float:
     """CPU µs of this process per chunk written ``way``."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=256, timeout=20, health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
-    )  # fmt: skip
-    client = aioredis.Redis(connection_pool=timed_writes(pool))
+    client = gateway_client(url, 256)
+    pool = client.connection_pool
     link = InputLink(pool, "bench-input")
     audio = os.urandom(64_000)
     written: list[asyncio.Future[None]] = []

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -50,3 +52,25 @@ def timed_writes(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
     if not issubclass(base, TimedWrites):
         pool.connection_class = type(f"Timed{base.__name__}", (TimedWrites, base), {})
     return pool
+
+
+def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
+    """The gateway's command client (``bench.input_path`` measures against the same one).
+
+    A blocking pool: a burst of commands waits for a connection instead of failing. Retries:
+    after Redis restarts, each pooled connection still holds the dead server's socket and fails
+    at its next use ("Connection closed by server"); redis-py's pools retry nothing unless told,
+    so a client admitted just after the restart was refused. Two retries on a fresh connection
+    serve such a command; a Redis that is really away still fails within a fraction of a second.
+    Its writes keep their timeout without a task per command (``timed_writes``).
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=20,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
+    )
+    client = aioredis.Redis(connection_pool=timed_writes(pool))
+    client.auto_close_connection_pool = True
+    return client
