@@ -44,7 +44,7 @@ def create_backend(name: str, **options: Any) -> Backend:
         ) from None
     module_name, _, class_name = target.partition(":")
     module = importlib.import_module(module_name)
-    cls = getattr(module, class_name)
+    cls: type[Backend] = getattr(module, class_name)
     return cls(**options)
 
 

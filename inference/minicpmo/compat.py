@@ -86,7 +86,7 @@ def resolve_loader(loader: Callable[..., Any] | str | None) -> Callable[..., Any
         module_name, sep, attr = loader.partition(":")
         if not sep or not module_name or not attr:
             raise ValueError(f"model_loader must be 'package.module:function', got {loader!r}")
-        fn = getattr(importlib.import_module(module_name), attr)
+        fn: object = getattr(importlib.import_module(module_name), attr)
         if not callable(fn):
             raise TypeError(f"model_loader {loader!r} is not callable")
         return fn

@@ -163,8 +163,9 @@ def _quiet_gguf_progress() -> Iterator[None]:
         yield
         return
     original = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    # setattr: transformers does not export the name it imported (mypy's attr-defined)
+    setattr(gguf_utils, "tqdm", lambda iterable, *args, **kwargs: iterable)  # noqa: B010 - as above
     try:
         yield
     finally:
-        gguf_utils.tqdm = original
+        setattr(gguf_utils, "tqdm", original)  # noqa: B010 - as above
