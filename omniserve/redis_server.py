@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 import redis
 
+from omniserve.children import dies_with_parent
+
 
 def reachable(url: str, timeout: float = 1.0) -> bool:
     """Whether a Redis server answers PING at ``url``."""
@@ -75,9 +77,15 @@ class EmbeddedRedis:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_embedded(port: int | None = None, binary: str | None = None) -> EmbeddedRedis:
+def start_embedded(
+    port: int | None = None, binary: str | None = None, die_with_parent: bool = False
+) -> EmbeddedRedis:
     """Start redis-server (``binary``, else ``redis_binary()``) on 127.0.0.1 (``noeviction``,
-    nothing saved) and wait until it answers."""
+    nothing saved) and wait until it answers.
+
+    ``die_with_parent``: the server stops when this process dies, however it dies
+    (``omniserve/children.py``; started from the main thread).
+    """
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="omniserve-redis-")
     proc = subprocess.Popen(
@@ -101,6 +109,7 @@ def start_embedded(port: int | None = None, binary: str | None = None) -> Embedd
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a terminal's Ctrl-C must not stop it before its clients
+        preexec_fn=dies_with_parent() if die_with_parent else None,
     )
     server = EmbeddedRedis(proc, port, workdir)
     deadline = time.monotonic() + 10

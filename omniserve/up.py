@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from omnicore.settings import Settings
+from omniserve.children import dies_with_parent
 
 PROGRESS_EVERY_S = 5.0
 
@@ -102,7 +103,7 @@ def start_redis(url: str) -> tuple[str, object | None]:
         print(f"redis     {redact_url(url)} (existing)", flush=True)
         return url, None
     try:
-        embedded = start_embedded()
+        embedded = start_embedded(die_with_parent=True)
     except NoRedisBinary:
         print(NO_REDIS.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
@@ -146,8 +147,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
+    # Killed itself, this process cannot: each child is sent SIGTERM by the kernel then.
     def spawn(argv: list[str], **extra: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(argv, env={**env, **extra}, start_new_session=True)
+        return subprocess.Popen(
+            argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
+        )
 
     def metrics_port(i: int) -> str:  # one port per worker on this machine: 9108, 9109, ...
         return str(s.worker_metrics_port + i if s.worker_metrics_port > 0 else 0)

@@ -24,7 +24,7 @@ def redis_server() -> Iterator[str]:
     if url:
         yield url
         return
-    server: EmbeddedRedis = start_embedded()
+    server: EmbeddedRedis = start_embedded(die_with_parent=True)  # even if pytest is killed
     try:
         yield server.url
     finally:

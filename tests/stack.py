@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from omniserve.children import dies_with_parent
 from omniserve.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +99,7 @@ class Stack:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=dies_with_parent(signal.SIGKILL),  # a killed pytest leaves nothing
             )
         return Proc(popen, log, name)
 

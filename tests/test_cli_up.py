@@ -3,8 +3,10 @@ Redis)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,6 +131,76 @@ def test_up_then_probe(tmp_path) -> None:
     assert (
         subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True).returncode == 1
     ), out
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process from /proc; None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return fields[0], int(fields[1])
+
+
+def _descendants(root: int) -> set[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (st := _proc_stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = st[1]
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X")  # a zombie has stopped already
+
+
+def test_up_killed_takes_everything_it_started_with_it(tmp_path) -> None:
+    """``kill -9`` of ``omniserve up`` (its cleanup cannot run): its gateway, worker and embedded
+    Redis stop anyway (``omniserve/children.py``) and the port is free for the next ``up``."""
+    port = free_port()
+    env = clean_env(OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1")
+    log = tmp_path / "up.log"
+    with open(log, "wb") as fh:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while "try it" not in log.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        started = _descendants(up.pid)
+        names = {Path(f"/proc/{pid}/cmdline").read_bytes() for pid in started}
+        assert any(b"redis-server" in n for n in names), names  # the embedded one
+        assert any(b"gateway" in n for n in names) and any(b"worker" in n for n in names)
+        os.kill(up.pid, signal.SIGKILL)
+        up.wait(timeout=10)
+        deadline = time.monotonic() + 40  # the worker stops as on Ctrl-C (drain grace 0)
+        while left := {pid for pid in started if _running(pid)}:
+            assert time.monotonic() < deadline, (left, log.read_text())
+            time.sleep(0.1)
+        with socket.socket() as s:  # nothing listens on the gateway's port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds
+            s.bind(("127.0.0.1", port))
+            s.listen()
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_auto_backend_choice() -> None:

@@ -38,7 +38,7 @@ class RestartableRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.server = start_embedded(self.port)
+        self.server = start_embedded(self.port, die_with_parent=True)
 
     def kill(self) -> None:
         """SIGKILL the server (its data is gone with it)."""
