@@ -44,12 +44,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@contextmanager
-def running_up(argv: list[str], env: dict[str, str], log: Path) -> Iterator[str]:
-    """``omniserve <argv>`` (``up ...``) in its own process group until it says ready; yields
-    its banner so far. Stopped with SIGINT (as Ctrl-C) afterwards."""
+def start_up(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``omniserve <argv>`` (``up ...``) in its own process group, its output in ``log``."""
     with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
-        up = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "omniserve", *argv],
             cwd=ROOT,
             env=env,
@@ -57,14 +55,26 @@ def running_up(argv: list[str], env: dict[str, str], log: Path) -> Iterator[str]
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def wait_until_ready(up: subprocess.Popen[bytes], log: Path) -> str:
+    """Wait until ``up`` says it is ready; returns its banner so far."""
+    deadline = time.monotonic() + 90
+    banner = ""
+    while "try it" not in banner:
+        assert up.poll() is None and time.monotonic() < deadline, banner
+        time.sleep(0.05)
+        banner = log.read_text()
+    return banner
+
+
+@contextmanager
+def running_up(argv: list[str], env: dict[str, str], log: Path) -> Iterator[str]:
+    """``omniserve <argv>`` (``up ...``) until it says ready; yields its banner so far. Stopped
+    with SIGINT (as Ctrl-C) afterwards."""
+    up = start_up(argv, env, log)
     try:
-        deadline = time.monotonic() + 90
-        banner = ""
-        while "try it" not in banner:
-            assert up.poll() is None and time.monotonic() < deadline, banner
-            time.sleep(0.05)
-            banner = log.read_text()
-        yield banner
+        yield wait_until_ready(up, log)
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=40)
@@ -160,47 +170,48 @@ def _running(pid: int) -> bool:
     return st is not None and st[0] not in ("Z", "X")  # a zombie has stopped already
 
 
-def test_up_killed_takes_everything_it_started_with_it(tmp_path) -> None:
-    """``kill -9`` of ``omniserve up`` (its cleanup cannot run): its gateway, worker and embedded
-    Redis stop anyway (``omniserve/children.py``) and the port is free for the next ``up``."""
+@contextmanager
+def up_and_what_it_started(log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, set[int]]]:
+    """``up`` (scripted backend, embedded Redis) until ready: (its process, its port, the pids
+    of everything it started). Whatever of them still runs afterwards is killed."""
     port = free_port()
     env = clean_env(OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1")
-    log = tmp_path / "up.log"
-    with open(log, "wb") as fh:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
-            cwd=ROOT,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    up = start_up(["up", "--port", str(port), "--backend", "scripted"], env, log)
     started: set[int] = set()
     try:
-        deadline = time.monotonic() + 90
-        while "try it" not in log.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        wait_until_ready(up, log)
         started = _descendants(up.pid)
-        names = {Path(f"/proc/{pid}/cmdline").read_bytes() for pid in started}
-        assert any(b"redis-server" in n for n in names), names  # the embedded one
-        assert any(b"gateway" in n for n in names) and any(b"worker" in n for n in names)
-        os.kill(up.pid, signal.SIGKILL)
-        up.wait(timeout=10)
-        deadline = time.monotonic() + 40  # the worker stops as on Ctrl-C (drain grace 0)
-        while left := {pid for pid in started if _running(pid)}:
-            assert time.monotonic() < deadline, (left, log.read_text())
-            time.sleep(0.1)
-        with socket.socket() as s:  # nothing listens on the gateway's port
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds
-            s.bind(("127.0.0.1", port))
-            s.listen()
+        yield up, port, started
     finally:
         if up.poll() is None:
             up.kill()
         for pid in started:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def wait_all_stopped(pids: set[int], log: Path, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while left := {pid for pid in pids if _running(pid)}:
+        assert time.monotonic() < deadline, (left, log.read_text())
+        time.sleep(0.1)
+
+
+def test_up_killed_takes_everything_it_started_with_it(tmp_path) -> None:
+    """``kill -9`` of ``omniserve up`` (its cleanup cannot run): its gateway, worker and embedded
+    Redis stop anyway (``omniserve/children.py``) and the port is free for the next ``up``."""
+    log = tmp_path / "up.log"
+    with up_and_what_it_started(log) as (up, port, started):
+        names = {Path(f"/proc/{pid}/cmdline").read_bytes() for pid in started}
+        assert any(b"redis-server" in n for n in names), names  # the embedded one
+        assert any(b"gateway" in n for n in names) and any(b"worker" in n for n in names)
+        os.kill(up.pid, signal.SIGKILL)
+        up.wait(timeout=10)
+        wait_all_stopped(started, log, 40)  # the worker stops as on Ctrl-C (drain grace 0)
+        with socket.socket() as s:  # nothing listens on the gateway's port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds
+            s.bind(("127.0.0.1", port))
+            s.listen()
 
 
 def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path) -> None:
@@ -222,43 +233,16 @@ def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path) -> None:
 def test_a_component_killed_under_up_is_named_and_the_rest_stopped(tmp_path) -> None:
     """kill -9 of the gateway ``up`` started: ``up`` says which component exited, stops the
     rest (worker, embedded Redis) and exits 1."""
-    port = free_port()
-    env = clean_env(OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1")
     log = tmp_path / "up.log"
-    with open(log, "wb") as fh:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "omniserve", "up", "--port", str(port), "--backend", "scripted"],
-            cwd=ROOT,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    started: set[int] = set()
-    try:
-        deadline = time.monotonic() + 90
-        while "try it" not in log.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        started = _descendants(up.pid)
+    with up_and_what_it_started(log) as (up, _port, started):
         gateway = next(
             pid for pid in started if b"gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
         )
         os.kill(gateway, signal.SIGKILL)
         assert up.wait(timeout=60) == 1, log.read_text()
-        assert f"the gateway exited (code -{int(signal.SIGKILL)}); see its output above" in (
-            log.read_text()
-        )
-        deadline = time.monotonic() + 30  # a worker's pool process ends after its parent
-        while left := {pid for pid in started if _running(pid)}:
-            assert time.monotonic() < deadline, (left, log.read_text())
-            time.sleep(0.1)
-    finally:
-        if up.poll() is None:
-            up.kill()
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        said = f"the gateway exited (code -{int(signal.SIGKILL)}); see its output above"
+        assert said in log.read_text()
+        wait_all_stopped(started, log, 30)  # a worker's pool process ends after its parent
 
 
 def test_auto_backend_choice() -> None:
