@@ -136,22 +136,26 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     from omniserve import probe
 
-    url = args.url.rstrip("/")
-    if args.what == "chat":
+    url = probe.ws_url(args.url)
+    try:
+        if args.what == "chat":
+            return asyncio.run(
+                probe.chat(url, " ".join(args.text), tts_out=args.out, api_key=args.api_key)
+            )
         return asyncio.run(
-            probe.chat(url, " ".join(args.text), tts_out=args.out, api_key=args.api_key)
+            probe.audio(
+                url,
+                args.input,
+                args.out,
+                mode=args.mode,
+                realtime=not args.fast,
+                tail_s=args.tail,
+                api_key=args.api_key,
+            )
         )
-    return asyncio.run(
-        probe.audio(
-            url,
-            args.input,
-            args.out,
-            mode=args.mode,
-            realtime=not args.fast,
-            tail_s=args.tail,
-            api_key=args.api_key,
-        )
-    )
+    except (*probe.FAILURES, probe.Refused) as exc:
+        print(f"omniserve probe: {probe.explain(url, exc)}", file=sys.stderr)
+        return 1
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -244,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     wk.set_defaults(func=cmd_worker)
 
     pr = sub.add_parser("probe", help="try the service from the command line")
-    pr.add_argument("--url", default="ws://127.0.0.1:8006")
+    pr.add_argument("--url", default="ws://127.0.0.1:8006", help="the gateway (http:// works too)")
     pr.add_argument("--api-key", dest="api_key", help="sent as Authorization: Bearer")
     psub = pr.add_subparsers(dest="what", required=True)
     pc = psub.add_parser("chat", help="send text, print the streamed answer")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import time
 from pathlib import Path
@@ -11,11 +12,60 @@ from typing import Any
 import numpy as np
 import orjson
 import websockets
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidStatus,
+    InvalidURI,
+    WebSocketException,
+)
 
 from omnicore.audio import b64_to_pcm, pcm_to_b64, read_audio, resample, wav_bytes
 
 RECV_TIMEOUT_S = 120.0
 QUEUE_TIMEOUT_S = 600.0
+
+# what a probe can fail with that is the service's answer or the operator's input, not a bug:
+# told in one line (``explain``), not as a traceback
+FAILURES = (OSError, WebSocketException)
+
+
+class Refused(Exception):
+    """The gateway sent an ``error`` instead of serving (its code and message)."""
+
+
+def ws_url(url: str) -> str:
+    """The gateway's WebSocket base URL: ``http(s)://`` (as ``up`` prints it) taken as
+    ``ws(s)://``, without a trailing slash."""
+    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if url.startswith(http):
+            url = ws + url[len(http) :]
+    return url.rstrip("/")
+
+
+def explain(url: str, exc: BaseException) -> str:
+    """One line for a failed probe (``FAILURES`` or ``Refused``)."""
+    if isinstance(exc, FileNotFoundError):
+        return f"{exc.filename}: no such file"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing answers at {url}: is the gateway running there (omniserve up)?"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host of {url}"
+    if isinstance(exc, TimeoutError):
+        return f"no answer from {url} in time"
+    if isinstance(exc, OSError):
+        return f"cannot reach {url}: {exc.strerror or exc}"
+    if isinstance(exc, InvalidURI):
+        return f"{url} is not a gateway URL: use ws://host:port (wss:// behind TLS)"
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        hint = " (send a key with --api-key)" if status in (401, 403) else ""
+        return f"the gateway at {url} refused the connection: HTTP {status}{hint}"
+    if isinstance(exc, InvalidHandshake):  # something else listens there
+        return f"what answers at {url} is not a gateway: {exc}"
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None:
+        return f"the gateway closed the connection: {exc.rcvd.code} {exc.rcvd.reason}".rstrip()
+    return str(exc) or type(exc).__name__
 
 
 async def _recv(ws: websockets.ClientConnection) -> dict[str, Any]:
@@ -36,7 +86,7 @@ async def _wait_queue(ws: websockets.ClientConnection) -> None:
         elif kind == "session.queue_done":
             return
         elif kind == "error":
-            raise RuntimeError(f"{ev['error']['code']}: {ev['error']['message']}")
+            raise Refused(f"{ev['error']['code']}: {ev['error']['message']}")
 
 
 def _headers(api_key: str | None) -> dict[str, str]:

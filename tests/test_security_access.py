@@ -329,3 +329,4 @@ async def test_probe_sends_its_key_as_a_bearer_header(stack: Stack) -> None:
     assert ok.returncode == 0 and "keyed" in ok.stdout, ok.stderr
     refused = await asyncio.to_thread(probe)
     assert refused.returncode != 0 and "unauthorized" in refused.stderr
+    assert "Traceback" not in refused.stderr  # one line: omniserve probe: unauthorized: ...
