@@ -10,6 +10,7 @@ so that it works from any machine that reaches Redis.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     """Set the node's drain flag; refuse a node that is not registered."""
     import redis
 
+    from omnicore.redact import redact_url
     from omnicore.settings import get_settings
     from omniserve.options import env_from_args
     from streaming.keys import Keys
@@ -39,12 +41,17 @@ def cmd_drain(args: argparse.Namespace) -> int:
     node = args.worker.rsplit("#", 1)[0]
     grace = s.drain_grace_s if args.grace is None else max(0.0, args.grace)
     client = redis.Redis.from_url(s.redis_url)
-    nodes = {orjson.loads(info).get("node") for info in client.hvals(keys.workers)}
-    if node not in nodes:
-        known = ", ".join(sorted(n for n in nodes if n)) or "none"
-        print(f"omniserve drain: no worker node {node!r} is registered (known: {known})")
+    try:
+        nodes = {orjson.loads(info).get("node") for info in client.hvals(keys.workers)}
+        if node not in nodes:
+            known = ", ".join(sorted(n for n in nodes if n)) or "none"
+            print(f"omniserve drain: no worker node {node!r} is registered (known: {known})")
+            return 1
+        deadline = time.time() + grace
+        client.set(keys.drain(node), repr(deadline), ex=int(grace) + 3600)
+    except redis.RedisError as exc:  # one line, not a traceback: nothing was changed
+        where = redact_url(s.redis_url)
+        print(f"omniserve drain: cannot reach Redis at {where} ({exc})", file=sys.stderr)
         return 1
-    deadline = time.time() + grace
-    client.set(keys.drain(node), repr(deadline), ex=int(grace) + 3600)
     print(f"draining {node}: no new sessions; running ones may go on for {grace:.0f} s")
     return 0

@@ -123,10 +123,10 @@ async def test_omniserve_drain_command(stack: Stack) -> None:
     stack.start_gateway()
     c, _ = await open_duplex(stack.url())
 
-    def drain(node: str) -> subprocess.CompletedProcess[str]:
+    def drain(node: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "omniserve", "drain", node, "--grace", "1"],
-            env=stack.base_env(),
+            env=stack.base_env(**env),
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -135,6 +135,10 @@ async def test_omniserve_drain_command(stack: Stack) -> None:
 
     unknown = await asyncio.to_thread(drain, "nobody@nowhere")
     assert unknown.returncode == 1 and "drainme@test" in unknown.stdout
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    away = await asyncio.to_thread(drain, "drainme@test", OMNISERVE_REDIS_URL=nowhere)
+    assert away.returncode == 1 and "Traceback" not in away.stderr, away.stderr
+    assert f"omniserve drain: cannot reach Redis at {nowhere}" in away.stderr
     done = await asyncio.to_thread(drain, "drainme@test")
     assert done.returncode == 0, done.stdout + done.stderr
     closed = await c.until("session.closed", timeout=20)
