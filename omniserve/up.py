@@ -42,9 +42,8 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def busy_ports(s: Settings, flower: bool, flower_port: int) -> list[str]:
-    """What to tell the operator about each port ``up`` needs that is taken, before anything
-    starts: the gateway, told after the fact, logged one line amid the workers' start and exited,
-    and ``up`` then reported that no worker became ready."""
+    """A message for each port ``up`` needs that is taken, checked before anything starts (a
+    gateway that cannot bind logs one line amid the workers' start, and exits)."""
     busy = []
     if port_in_use(s.gateway_host, s.gateway_port):
         busy.append(
@@ -189,8 +188,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # production drain grace (set OMNISERVE_DRAIN_GRACE_S to keep one)
     env.setdefault("OMNISERVE_DRAIN_GRACE_S", "0")
     exe = [sys.executable, "-m", "omniserve"]
-    children: list[subprocess.Popen[bytes]] = []
-    names: dict[subprocess.Popen[bytes], str] = {}  # what each child is, for the messages
+    children: dict[subprocess.Popen[bytes], str] = {}  # in start order: what each one is
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
@@ -199,8 +197,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         child = subprocess.Popen(
             argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
         )
-        children.append(child)
-        names[child] = name
+        children[child] = name
         return child
 
     def metrics_port(i: int) -> str:  # one port per worker on this machine: 9108, 9109, ...
@@ -229,12 +226,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"note      {note}", flush=True)
         print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
-        if not wait_http(base + "/health", 60, children):
-            print(exited(names) or "the gateway did not answer within 60 s", file=sys.stderr)
+        if not wait_http(base + "/health", 60, list(children)):
+            print(exited(children) or "the gateway did not answer within 60 s", file=sys.stderr)
             return 1
-        health = wait_ready(base, s.model_load_timeout_s, children)
+        health = wait_ready(base, s.model_load_timeout_s, list(children))
         if health is None:
-            why = exited(names) or "no worker became ready (see the workers' output above)"
+            why = exited(children) or "no worker became ready (see the workers' output above)"
             print(why, file=sys.stderr)
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
@@ -256,7 +253,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
         print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
-        return supervise(names)
+        return supervise(children)
     finally:
         for child in reversed(children):
             if child.poll() is None:
