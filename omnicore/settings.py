@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, IPvAnyNetwork, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    Field,
+    IPvAnyNetwork,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from omnicore.redact import redact_url
 
@@ -180,7 +188,30 @@ class Settings(BaseSettings):
         }[public_mode]
 
 
+class InvalidSettings(ValueError):
+    """The environment holds settings that cannot be read; the message names each variable.
+
+    Why: pydantic's own error is a traceback naming the field (``gateway_port``), not what the
+    operator set (``OMNISERVE_GATEWAY_PORT``); ``omniserve`` prints this message instead.
+    """
+
+
+def variable(field: str) -> str:
+    """The environment variable(s) a settings field is read from."""
+    if field == "redis_url":
+        return "OMNISERVE_REDIS_URL (or REDIS_URL)"
+    return f"OMNISERVE_{field.upper()}"
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
-    return Settings()
+    """The process-wide settings, read once from the environment (raises InvalidSettings)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = [f"{variable(str(e['loc'][0]))}: {e['msg']}" for e in exc.errors() if e["loc"]]
+        raise InvalidSettings("\n".join(lines) or str(exc)) from exc
+    except SettingsError as exc:  # a list or object setting that is not valid JSON
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = variable(found.group(1)) if found else "a setting"
+        raise InvalidSettings(f"{name}: not valid JSON ({exc.__cause__ or exc})") from exc

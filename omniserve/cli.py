@@ -303,7 +303,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in PASSTHROUGH:
         return int(PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:])) or 0)
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    from omnicore.settings import InvalidSettings  # pydantic: after --help, which needs none
+
+    try:
+        return int(args.func(args) or 0)
+    except InvalidSettings as exc:
+        print(f"omniserve: invalid settings\n{exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ def _on_celeryd_init(
     settings = get_settings()
     try:  # a previous run of this node may have left its drain flag behind
         redis.Redis.from_url(settings.redis_url).delete(Keys(settings.key_prefix).drain(node))
-    except redis.RedisError:
-        log.warning("could not clear drain flag", exc_info=True)
+    except redis.RedisError as exc:  # Redis not up yet: the message says it all
+        log.warning("could not clear drain flag (%s)", exc)
     log.info(
         "node %s consumes %s (pool=%s, slots=%s)", node, queue, _state["pool"], _state["slots"]
     )
@@ -181,8 +181,8 @@ def _on_shutting_down(**_: object) -> None:
         keys = Keys(s.key_prefix)
         client.set(keys.drain(node), repr(deadline), ex=int(s.drain_grace_s) + 60)
         withdraw_idle_of_node(client, keys, node)  # at once, not at the child's next beat
-    except redis.RedisError:
-        log.warning("could not set drain flag", exc_info=True)
+    except redis.RedisError as exc:
+        log.warning("could not set drain flag (%s)", exc)
     try:
         rt = get_runtime()
         rt.start_drain(deadline, "warm shutdown")

@@ -169,9 +169,9 @@ class WorkerRuntime:
         try:
             self.registry.update(**info)
             self.beat_once()
-        except redis.RedisError:
+        except redis.RedisError as exc:  # Redis not up yet: the message says it all
             self.registry.info.update(info)
-            log.warning("could not offer slots yet; the heartbeat will", exc_info=True)
+            log.warning("could not offer slots yet (%s); the heartbeat will", exc)
         self.watchdog.start()
         log.info(
             "worker %s serving %d slot(s) on queue %s",
@@ -206,16 +206,16 @@ class WorkerRuntime:
         self.stopped = True
         try:
             self.registry.unregister(self.slot_ids)
-        except redis.RedisError:
-            log.warning("could not unregister %s", self.worker_id, exc_info=True)
+        except redis.RedisError as exc:
+            log.warning("could not unregister %s (%s)", self.worker_id, exc)
 
     def leave_now(self) -> None:
         """This process is about to exit abnormally: its slots leave the pool at once."""
         self.stopped = True
         try:
             forget_worker(self.beat_redis, self.keys, self.worker_id, self.slot_ids)
-        except redis.RedisError:
-            log.warning("could not withdraw %s", self.worker_id, exc_info=True)
+        except redis.RedisError as exc:
+            log.warning("could not withdraw %s (%s)", self.worker_id, exc)
 
     # ------------------------------------------------------------------ heartbeat
     def _heartbeat(self) -> None:
@@ -317,8 +317,8 @@ class WorkerRuntime:
             self.quarantined.add(slot_id)
         try:
             self.beat_redis.delete(self.keys.session_lease(session_id))
-        except redis.RedisError:
-            log.warning("could not drop the lease of %s", session_id, exc_info=True)
+        except redis.RedisError as exc:
+            log.warning("could not drop the lease of %s (%s)", session_id, exc)
 
     def count(self, name: str) -> None:
         """Add one to a worker counter, here and in Redis (it outlives a restarted process)."""

@@ -1,7 +1,8 @@
-"""``omniserve test`` and ``omniserve bench`` hand every argument on, options included."""
+"""The ``omniserve`` command itself: arguments handed on (``test``, ``bench``), settings errors."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -49,3 +50,33 @@ def test_the_suite_runs_in_two_workers_unless_told_otherwise() -> None:
     assert xdist_args(["tests/test_structure.py", "-x"]) == ["-n", "2", "--dist", "loadfile"]
     for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["-p", "no:xdist"], ["--dist=no"]):
         assert xdist_args(chosen) == [], chosen
+
+
+def test_an_invalid_setting_is_named_by_its_variable() -> None:
+    """A setting that cannot be read: the variable and what is wrong, exit 2, no traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    cases = [
+        (
+            ["up", "--backend", "scripted"],
+            {"OMNISERVE_GATEWAY_PORT": "abc"},
+            "OMNISERVE_GATEWAY_PORT: Input should be a valid integer",
+        ),
+        (
+            ["gateway"],
+            {"OMNISERVE_TRUSTED_PROXIES": "[1"},
+            "OMNISERVE_TRUSTED_PROXIES: not valid JSON",
+        ),
+    ]
+    for argv, bad, said in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "omniserve", *argv],
+            cwd=ROOT,
+            env={**env, **bad},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith("omniserve: invalid settings\n"), done.stderr
+        assert said in done.stderr, done.stderr
