@@ -43,6 +43,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from omnicore.settings import get_settings
 
     s = get_settings()
+    if s.recordings:  # an unusable store URL is a settings error, told before serving
+        from api.recordings.store import RecordingStore
+
+        RecordingStore(s.recordings_url)
     setup_logging(s.log_level, s.secret_values(), s.log_format)
     quiet_uvicorn_request_lines()
     app = create_app(s)

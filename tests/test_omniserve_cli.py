@@ -66,6 +66,17 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
             {"OMNISERVE_TRUSTED_PROXIES": "[1"},
             "OMNISERVE_TRUSTED_PROXIES: not valid JSON",
         ),
+        # a store URL fsspec cannot open: told before the gateway serves, and by `recordings`
+        (
+            ["gateway", "--port", "0"],
+            {"OMNISERVE_RECORDINGS": "true", "OMNISERVE_RECORDINGS_URL": "nosuch://x"},
+            "OMNISERVE_RECORDINGS_URL nosuch://x: Protocol not known: nosuch",
+        ),
+        (
+            ["recordings", "ls"],
+            {"OMNISERVE_RECORDINGS_URL": "nosuch://x"},
+            "OMNISERVE_RECORDINGS_URL nosuch://x: Protocol not known: nosuch",
+        ),
     ]
     for argv, bad, said in cases:
         done = subprocess.run(

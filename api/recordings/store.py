@@ -23,6 +23,9 @@ import fsspec
 import orjson
 from fsspec.implementations.local import LocalFileSystem
 
+from omnicore.redact import redact_url
+from omnicore.settings import InvalidSettings, variable
+
 log = logging.getLogger("omniserve.recordings")
 
 RECORDING_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -81,7 +84,10 @@ class RecordingStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.fs, root = fsspec.core.url_to_fs(url)
+        try:
+            self.fs, root = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as exc:  # s3:// without s3fs, an unknown protocol
+            raise InvalidSettings(f"{variable('recordings_url')} {redact_url(url)}: {exc}") from exc
         self.root = root.rstrip("/") or "/"
         self.local = isinstance(self.fs, LocalFileSystem)
         self._summaries: dict[str, dict[str, Any]] = {}  # id -> summary (see metas)
