@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     backend_url: str | None = None
     device: str = "cuda"
     backend_options: dict[str, Any] = Field(default_factory=dict)  # JSON, passed to the backend
-    worker_slots: int = 1  # concurrent sessions of one worker (threads pool when > 1)
+    worker_slots: int = Field(1, ge=1)  # concurrent sessions of one worker (threads pool when > 1)
     worker_name: str | None = None
     # seconds of input audio kept per session (in chunks: 2 of 1 s, 20 of 100 ms, ...); older
     # chunks are dropped

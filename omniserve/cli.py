@@ -201,6 +201,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.rest)
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (``up --workers 0`` waited for a worker
+    until the model load timeout)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omniserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -211,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default: pocket if installed, else scripted), scripted, pocket, "
         "... (also OMNISERVE_BACKEND)",
     )
-    up.add_argument("--workers", type=int, default=1)
+    up.add_argument("--workers", type=at_least_one, default=1)
     up.add_argument("--redis-url", dest="redis_url")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
