@@ -70,6 +70,11 @@ async def wait_for_slot(
             timeout=max(0.0, deadline - time.time()),
             return_when=asyncio.FIRST_COMPLETED,
         )
+    except BaseException:
+        # this wait itself was cancelled (a chat turn gives its slot back while the turn lease
+        # is held elsewhere): the acquire is a task of its own, and got a slot no one released
+        await asyncio.shield(_withdraw(gw, acquire))
+        raise
     finally:
         for task in stops:
             task.cancel()

@@ -220,6 +220,39 @@ async def test_a_turn_waits_for_a_lease_held_elsewhere_without_keeping_a_slot(
     stack.wait_free(1)
 
 
+async def test_a_queued_turn_whose_lease_is_held_elsewhere_leaves_the_queue(
+    stack: Stack,
+) -> None:
+    """The same with no slot free: the turn's place in the queue is given up with the lease
+    race lost, not left behind to take the next free slot for no one (its wait for a slot was
+    cancelled, but the queue's acquire went on as a task of its own)."""
+    stack.start_worker()
+    stack.start_gateway()
+    busy = await Client.connect(stack.url(), query="?mode=audio")
+    await busy.init()  # the only slot
+    wait_for(lambda: stack.free_slots() == 0, 10, "the slot taken")
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    sid = (await client.init())["session_id"]
+    r = stack.redis()
+    r.set(f"{stack.prefix}:s:{sid}:turn", "another-connection", px=60_000)
+    await client.send(
+        {"type": "input.append", "input": {"messages": [user("Reply with exactly: ok")]}}
+    )
+    wait_for(lambda: r.hget(f"{stack.prefix}:s:{sid}:resume", "inputs") == b"1", 10, "the count")
+    await busy.send({"type": "session.close"})
+    await busy.until("session.closed")
+    wait_for(lambda: stack.free_slots() == 1, 10, "the slot back in the pool")
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # no ticket left to take it
+        assert stack.free_slots() == 1 and r.zcard(f"{stack.prefix}:queue") == 0
+        time.sleep(0.05)
+    r.delete(f"{stack.prefix}:s:{sid}:turn")  # the turn runs once the lease is free
+    assert (await client.until("response.done", timeout=30))["text"] == "ok"
+    await client.send({"type": "session.close"})
+    await client.until("session.closed")
+    stack.wait_free(1)
+
+
 async def test_the_next_turns_channel_is_subscribed_ahead_and_closed_with_the_session(
     stack: Stack,
 ) -> None:
