@@ -247,6 +247,13 @@ def test_a_component_killed_under_up_is_named_and_the_rest_stopped(tmp_path) -> 
         wait_all_stopped(started, log, 30)  # a worker's pool process ends after its parent
 
 
+def test_up_needs_a_worker() -> None:
+    """``up --workers 0`` waited for a worker until the model load timeout."""
+    done = omniserve("up", "--workers", "0", env=clean_env())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "argument --workers: 0 is less than 1" in done.stderr
+
+
 def test_auto_backend_choice() -> None:
     from omniserve.cli import pocket_installed, resolve_backend
 

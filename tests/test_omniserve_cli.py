@@ -96,16 +96,3 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
         assert "Traceback" not in done.stderr, done.stderr
         assert done.stderr.startswith("omniserve: invalid settings\n"), done.stderr
         assert said in done.stderr, done.stderr
-
-
-def test_up_needs_a_worker() -> None:
-    """``up --workers 0`` waited for a worker until the model load timeout."""
-    done = subprocess.run(
-        [sys.executable, "-m", "omniserve", "up", "--workers", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "argument --workers: 0 is less than 1" in done.stderr
