@@ -1,7 +1,7 @@
 """Pocket first audio after the end of user speech, through the real stack, with each stage's share.
 
     python -m bench pocket [--rounds 4] [--chunks 1,0.25] [--max-seconds 900]
-                           [--backend-options JSON] [--output PATH]
+                           [--backend-options JSON] [--output NAME]
 
 A private redis-server, the gateway and one pocket worker start on 127.0.0.1. For every chunk
 size, each spoken question (Piper's voice, 16 kHz) is sent by a WebSocket client in real time,
@@ -26,7 +26,8 @@ their real proportion. Per turn:
 
 Shares are of that sum, by means (they add up); medians and the 10th-90th percentile give the
 spread. The 1-min load average is sampled at every turn: the 2 cores are shared. Writes
-bench/results/pocket_latency.json. Every process started is killed on exit.
+bench/results/NAME.json (``pocket_latency`` unless ``--output`` names another), as
+``python -m bench --output NAME`` does. Every process started is killed on exit.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import websockets
 
+from bench.report import RESULTS
 from bench.stack import Stack, install_cleanup, kill_all, shared_redis, spawn, tail
 
 RATE = 16_000
@@ -55,7 +56,6 @@ QUESTIONS = [
     "How do I make a cup of tea?",
     "What is two plus two?",
 ]
-RESULTS = Path(__file__).resolve().parent / "results" / "pocket_latency.json"
 STAGES = [
     ("vad_s", "VAD decision (streaming Silero, whole chunk)"),
     ("asr_s", "ASR (Whisper tiny.en, short window)"),
@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backend-options", type=json.loads, default={}, help="JSON for the pocket worker"
     )
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--output", default="pocket_latency", help="results file name (bench/results/NAME.json)"
+    )
     args = parser.parse_args(argv)
     out = run(args)
     out.update(
@@ -352,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = render(out)
     print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=2, default=float))
-    print(f"\nwrote {args.output} ({out['elapsed_s']} s)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{args.output}.json"
+    path.write_text(json.dumps(out, indent=2, default=float))  # numpy scalars among the figures
+    print(f"\nwrote {path} ({out['elapsed_s']} s)")
     return 0
 
 
