@@ -25,10 +25,12 @@ pytestmark = [pytest.mark.pocket, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_pocket_reports_each_figure_and_stage(tmp_path: Path) -> None:
-    out = tmp_path / "pocket.json"
+def test_bench_pocket_reports_each_figure_and_stage() -> None:
+    name = "pytest-pocket"  # bench/results/NAME.json, as every bench names its results
+    out = ROOT / "bench" / "results" / f"{name}.json"
+    out.unlink(missing_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "pocket", "--rounds", "1", "--output", str(out)],
+        [sys.executable, "-m", "bench", "pocket", "--rounds", "1", "--output", name],
         cwd=ROOT,
         capture_output=True,
         text=True,
