@@ -58,6 +58,25 @@ def busy_ports(s: Settings, flower: bool, flower_port: int) -> list[str]:
     return busy
 
 
+def worker_metrics_ports(s: Settings, workers: int) -> tuple[list[int], list[str]]:
+    """The metrics port of each worker ``up`` starts (9108, 9109, ...; all 0 when off), and a
+    note for each port already taken: that worker runs without metrics (port 0), and the banner
+    lists only the ports it serves, not one that another process answers on."""
+    if s.worker_metrics_port <= 0:
+        return [0] * workers, []
+    ports, notes = [], []
+    for i in range(workers):
+        port = s.worker_metrics_port + i
+        if port_in_use(s.worker_metrics_host, port):
+            notes.append(
+                f"worker {i + 1}'s metrics port {port} is in use: it runs without metrics"
+                " (OMNISERVE_WORKER_METRICS_PORT sets the first worker's port; 0: off)"
+            )
+            port = 0
+        ports.append(port)
+    return ports, notes
+
+
 def exited(children: dict[subprocess.Popen[bytes], str]) -> str | None:
     """Which component exited on its own, and how (None: all run)."""
     for child, name in children.items():
@@ -200,15 +219,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         children[child] = name
         return child
 
-    def metrics_port(i: int) -> str:  # one port per worker on this machine: 9108, 9109, ...
-        return str(s.worker_metrics_port + i if s.worker_metrics_port > 0 else 0)
-
+    metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers)
     user, password = flower_credentials(s)
     try:
         spawn("gateway", [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
-        for i in range(args.workers):
-            port = metrics_port(i)
-            spawn(f"worker {i + 1}", [*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=port)
+        for i, port in enumerate(metrics_ports):
+            spawn(f"worker {i + 1}", [*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=str(port))
         if flower:
             spawn(
                 "Flower",
@@ -222,8 +238,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             )
         label = " (deterministic, model-free)" if backend == "scripted" else ""
         print(f"backend   {backend}{label}", flush=True)
-        if note:
-            print(f"note      {note}", flush=True)
+        for line in ([note] if note else []) + metrics_notes:
+            print(f"note      {line}", flush=True)
         print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not wait_http(base + "/health", 60, list(children)):
@@ -245,9 +261,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"legacy    {ws}/ws/chat")
         if flower:
             print(f"flower    http://127.0.0.1:{flower_port}  (user {user}, password {password})")
-        if s.worker_metrics_port > 0:
-            ports = ", ".join(metrics_port(i) for i in range(args.workers))
-            print(f"metrics   {base}/metrics; workers: port {ports}")
+        served = [str(port) for port in metrics_ports if port > 0]
+        if served:
+            print(f"metrics   {base}/metrics; workers: port {', '.join(served)}")
+        elif s.worker_metrics_port > 0:
+            print(f"metrics   {base}/metrics; workers: none (their ports are in use)")
         if recordings:
             print(f"recorded  every session, in {s.recordings_url}  (omniserve recordings ls)")
         slots = health["worker_slots"]

