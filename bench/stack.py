@@ -22,6 +22,7 @@ import redis
 
 from bench import pinning
 from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
+from streaming.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("OMNISERVE_BENCH_LOGS", "/tmp/omniserve-bench-logs"))
@@ -162,6 +163,11 @@ class Stack:
     python: str = sys.executable  # the gateway's interpreter (bench.ab may try another)
     root: Path = ROOT  # the source tree its gateway and workers run (bench.ab: a revision's)
 
+    @property
+    def keys(self) -> Keys:
+        """This deployment's Redis names (``streaming/keys.py``)."""
+        return Keys(self.prefix)
+
     def base_env(self) -> dict[str, str]:
         env = service_env(
             self.redis_url,
@@ -228,7 +234,7 @@ class Stack:
         while time.monotonic() < deadline:
             if p.poll() is not None:
                 raise RuntimeError(f"worker exited:\n{tail(log)}")
-            if r.llen(f"{self.prefix}:slots:free") >= self.slots:
+            if r.llen(self.keys.free_slots) >= self.slots:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"worker slots not ready:\n{tail(log)}")
@@ -244,7 +250,7 @@ class Stack:
         return redis.Redis.from_url(self.redis_url)
 
     def free_slots(self) -> int:
-        return int(self.redis().llen(f"{self.prefix}:slots:free"))
+        return int(self.redis().llen(self.keys.free_slots))
 
     def wait_free(self, n: int, timeout: float = 20.0) -> bool:
         """Wait until ``n`` slots are idle again."""

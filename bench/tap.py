@@ -23,6 +23,8 @@ from typing import Any, cast
 import orjson
 import redis
 
+from streaming.keys import Keys
+
 _AUDIO = b',"audio":"'
 
 
@@ -46,9 +48,12 @@ def run(url: str, prefix: str, outfile: Path) -> None:
     # (redis-py's default push handler builds str() of every message for a debug line: with
     # 128 KB audio events that delayed each stamp and took CPU from the workers' core)
     ps = client.pubsub(ignore_subscribe_messages=True, push_handler_func=lambda m: m)  # type: ignore[no-untyped-call]
-    ps.psubscribe(f"{prefix}:s:*:out")
-    ps.subscribe(f"{prefix}:queue:events")
-    out_prefix = f"{prefix}:s:".encode()
+    keys = Keys(prefix)
+    sessions = keys.output_channel("*")
+    ps.psubscribe(sessions)
+    ps.subscribe(keys.queue_events)
+    head, _, tail = sessions.partition("*")
+    out_head, out_tail = head.encode(), tail.encode()  # around a session id
     rows: list[bytes] = []
     Path(str(outfile) + ".ready").write_text("1")
     with open(outfile, "wb") as fh:
@@ -59,8 +64,8 @@ def run(url: str, prefix: str, outfile: Path) -> None:
             t = time.time()
             channel: bytes = msg["channel"]
             data: bytes = msg["data"]
-            if channel.startswith(out_prefix):
-                sid = channel[len(out_prefix) : -4].decode()
+            if channel.startswith(out_head) and channel.endswith(out_tail):
+                sid = channel[len(out_head) : len(channel) - len(out_tail)].decode()
                 ev = _head(data)
                 rows.append(
                     orjson.dumps([t, sid, ev.get("type"), ev.get("input_id"), ev.get("seq")])

@@ -19,6 +19,7 @@ import redis
 
 from omniserve.children import dies_with_parent
 from omniserve.redis_server import free_port
+from streaming.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("OMNISERVE_TEST_LOGS", "/tmp/omniserve-test-logs"))
@@ -63,6 +64,11 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     gateways: list[tuple[Proc, int]] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
+
+    @property
+    def keys(self) -> Keys:
+        """This deployment's Redis names (``streaming/keys.py``: spelled there only)."""
+        return Keys(self.prefix)
 
     def base_env(self, **overrides: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
@@ -149,16 +155,16 @@ class Stack:
 
         r = self.redis()
         total = 0
-        for wid, info in r.hgetall(f"{self.prefix}:workers").items():
+        for wid, info in r.hgetall(self.keys.workers).items():
             entry = orjson.loads(info)
             if entry.get("state", "ready") != state:
                 continue
-            if r.exists(f"{self.prefix}:wk:{wid.decode()}:alive"):
+            if r.exists(self.keys.worker_alive(wid.decode())):
                 total += int(entry.get("slots", 1))
         return total
 
     def free_slots(self) -> int:
-        return int(self.redis().llen(f"{self.prefix}:slots:free"))
+        return int(self.redis().llen(self.keys.free_slots))
 
     def wait_slots(self, n: int, proc: Proc | None = None, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

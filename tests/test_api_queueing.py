@@ -103,7 +103,7 @@ def events_only(monkeypatch: pytest.MonkeyPatch) -> None:
 def assert_all_free(sync_redis: redis.Redis, keys: Keys, slots: list[str]) -> None:
     assert not sync_redis.smembers(keys.busy_slots)
     assert sorted(sync_redis.lrange(keys.free_slots, 0, -1)) == sorted(s.encode() for s in slots)
-    assert not list(sync_redis.scan_iter(f"{keys.prefix}:hold:*"))
+    assert not list(sync_redis.scan_iter(keys.slot_hold("*")))
 
 
 async def test_a_ticket_served_at_once_costs_one_round_trip(
@@ -173,7 +173,7 @@ async def test_an_acquire_cancelled_while_its_reply_travels_gives_the_slot_back(
             await task
         await asyncio.sleep(0.2)
         assert_all_free(sync_redis, keys, slots)
-        assert not list(sync_redis.scan_iter(f"{keys.prefix}:assign:*"))
+        assert not list(sync_redis.scan_iter(keys.assignment("*")))
 
 
 async def test_acquires_cancelled_at_any_moment_leak_no_slot(

@@ -486,7 +486,7 @@ async def test_silent_drop_prefers_the_newest_chunk(stack: Stack) -> None:
     stack.start_gateway(OMNISERVE_INPUT_MAX_PENDING="1", OMNISERVE_LEASE_TTL_S="60")
     c, created = await duplex(stack.url())
     await c.step(silence())  # input_1 answered: the worker waits on its streams
-    key = f"{stack.prefix}:s:{created['session_id']}:in:audio"
+    key = stack.keys.input_audio(created["session_id"])
     os.killpg(worker.popen.pid, signal.SIGSTOP)  # the client now sends faster than it steps
     try:
         for _ in range(11):

@@ -23,7 +23,7 @@ def deltas(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def running_pid(stack: Stack, session_id: str) -> int:
     """The process that claimed the session (worker ids are ``<node>#<pid>``)."""
-    owner = stack.redis().get(f"{stack.prefix}:s:{session_id}:claim")
+    owner = stack.redis().get(stack.keys.session_claim(session_id))
     assert owner, "the session was not claimed"
     return int(owner.decode().rsplit("#", 1)[1])
 
@@ -94,7 +94,7 @@ async def test_no_slot_within_failover_wait_ends_with_backend_error(stack: Stack
     assert closed["reason"] == "backend_error"
     assert await client.closed() == 1011
     # the failover's ticket left the queue
-    assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
+    assert stack.redis().zcard(stack.keys.queue) == 0
 
 
 async def test_a_close_while_the_failover_waits_for_a_slot_ends_the_session_at_once(
@@ -106,7 +106,7 @@ async def test_a_close_while_the_failover_waits_for_a_slot_ends_the_session_at_o
     ticket has left the queue; a worker started afterwards serves the next client at once."""
     client = await recovering_with_no_worker_left(stack, wait_s=60)
     await asyncio.sleep(0.5)  # waiting in the queue
-    assert stack.redis().zcard(f"{stack.prefix}:queue") == 1
+    assert stack.redis().zcard(stack.keys.queue) == 1
     asked = time.monotonic()
     await client.send({"type": "session.close"})
     closed = await client.until("session.closed", timeout=10)
@@ -114,6 +114,6 @@ async def test_a_close_while_the_failover_waits_for_a_slot_ends_the_session_at_o
     assert closed["reason"] == "user_stop"
     assert await client.closed() == 1000
     assert not [f for f in client.received if f["type"] == "error"], client.received
-    assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
+    assert stack.redis().zcard(stack.keys.queue) == 0
     stack.start_worker()
     await served_end_to_end(stack.url())

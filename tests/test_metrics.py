@@ -355,7 +355,7 @@ async def test_dropped_input_chunks_are_counted_as_the_worker_reports_them(stack
     c = await Client.connect(stack.url(), query="?mode=audio")
     sid = (await c.init())["session_id"]
     await c.step(silence())  # input_1 answered: the worker waits on its streams
-    key = f"{stack.prefix}:s:{sid}:in:audio"
+    key = stack.keys.input_audio(sid)
 
     def last_seq() -> int:
         last = stack.redis().xrevrange(key, count=1)

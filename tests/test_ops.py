@@ -29,7 +29,7 @@ pytestmark = pytest.mark.asyncio
 
 def claimed_by(stack: Stack, session_id: str) -> str:
     """The worker id that claimed a session (its claim key)."""
-    raw = stack.redis().get(f"{stack.prefix}:s:{session_id}:claim")
+    raw = stack.redis().get(stack.keys.session_claim(session_id))
     return raw.decode() if raw else ""
 
 

@@ -58,7 +58,7 @@ def _kill_pubsub(stack: Stack) -> None:
 
 def _log(stack: Stack) -> list[dict]:
     r = stack.redis()
-    keys = r.keys(f"{stack.prefix}:s:*:log")
+    keys = r.keys(stack.keys.output_log("*"))
     return [orjson.loads(f[b"e"]) for k in keys for _, f in r.xrange(k)]
 
 

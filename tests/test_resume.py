@@ -115,11 +115,11 @@ async def test_unknown_wrong_and_expired(stack: Stack) -> None:
     stack.wait_free(1)  # the slot goes back after the slot hold, not the whole grace
     r = stack.redis()
     wait_for(
-        lambda: r.hget(f"{stack.prefix}:s:{sid}:resume", "detached_at") not in (None, b""),
+        lambda: r.hget(stack.keys.session_resume(sid), "detached_at") not in (None, b""),
         10,
         "the detach",
     )
-    detached_at = float(r.hget(f"{stack.prefix}:s:{sid}:resume", "detached_at") or 0)
+    detached_at = float(r.hget(stack.keys.session_resume(sid), "detached_at") or 0)
     wait_for(lambda: time.time() > detached_at + 2.0, 10, "the grace to pass")
     late = await resume(stack.url(), sid, created["resume_token"], 0)
     err = await late.until("error")
@@ -234,14 +234,14 @@ async def test_replay_log_no_longer_holds_them_resync_required(stack: Stack) -> 
     await speak_until_text(first)
     await first.ws.close()
     r = stack.redis()
-    log_key = f"{stack.prefix}:s:{sid}:log"
+    log_key = stack.keys.output_log(sid)
     wait_for(lambda: r.xlen(log_key) >= 4, 10, "the answer in the log")
     newest = int(r.xrevrange(log_key, count=1)[0][0].decode().split("-")[0])
     r.xtrim(log_key, maxlen=1, approximate=False)  # the log lost all but its newest event
     second = await resume(stack.url(), sid, created["resume_token"], 0)
     await second.until("session.resumed")
     resync = await second.until("session.resync_required")
-    created_seq = int(r.hget(f"{stack.prefix}:s:{sid}:resume", "created_seq") or 0)
+    created_seq = int(r.hget(stack.keys.session_resume(sid), "created_seq") or 0)
     assert resync["first_missing_seq"] == 1
     assert resync["last_missing_seq"] == newest - created_seq - 1
     kept = await second.recv()

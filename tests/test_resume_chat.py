@@ -127,7 +127,7 @@ async def test_unknown_wrong_mode_and_expired(stack: Stack) -> None:
         assert await wrong.closed() == 1008
     await client.ws.close()
     r = stack.redis()
-    key = f"{stack.prefix}:s:{sid}:resume"
+    key = stack.keys.session_resume(sid)
     wait_for(lambda: r.hget(key, "detached_at") not in (None, b""), 10, "the detach")
     detached_at = float(r.hget(key, "detached_at") or 0)
     wait_for(lambda: time.time() > detached_at + 2.0, 10, "the grace to pass")
@@ -156,7 +156,7 @@ async def test_log_no_longer_holds_them_resync_required(stack: Stack) -> None:
     await first.ws.close()
     last = numbered(first.received)[-1]["seq"]
     r = stack.redis()
-    key = f"{stack.prefix}:s:{sid}:frames"
+    key = stack.keys.chat_frames(sid)
 
     def newest() -> dict[str, Any]:
         entries = r.xrevrange(key, "+", "-", count=1)
@@ -200,12 +200,12 @@ async def test_a_turn_waits_for_a_lease_held_elsewhere_without_keeping_a_slot(
     client = await Client.connect(stack.url(), query="?mode=chat")
     sid = (await client.init())["session_id"]
     r = stack.redis()
-    lease = f"{stack.prefix}:s:{sid}:turn"
+    lease = stack.keys.chat_turn_lease(sid)
     r.set(lease, "another-connection", px=60_000)
     await client.send(
         {"type": "input.append", "input": {"messages": [user("Reply with exactly: ok")]}}
     )
-    wait_for(lambda: r.hget(f"{stack.prefix}:s:{sid}:resume", "inputs") == b"1", 10, "the count")
+    wait_for(lambda: r.hget(stack.keys.session_resume(sid), "inputs") == b"1", 10, "the count")
     wait_for(lambda: stack.free_slots() == 1, 5, "the slot back in the pool")
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:  # and staying there while the turn waits
@@ -234,19 +234,19 @@ async def test_a_queued_turn_whose_lease_is_held_elsewhere_leaves_the_queue(
     client = await Client.connect(stack.url(), query="?mode=chat")
     sid = (await client.init())["session_id"]
     r = stack.redis()
-    r.set(f"{stack.prefix}:s:{sid}:turn", "another-connection", px=60_000)
+    r.set(stack.keys.chat_turn_lease(sid), "another-connection", px=60_000)
     await client.send(
         {"type": "input.append", "input": {"messages": [user("Reply with exactly: ok")]}}
     )
-    wait_for(lambda: r.hget(f"{stack.prefix}:s:{sid}:resume", "inputs") == b"1", 10, "the count")
+    wait_for(lambda: r.hget(stack.keys.session_resume(sid), "inputs") == b"1", 10, "the count")
     await busy.send({"type": "session.close"})
     await busy.until("session.closed")
     wait_for(lambda: stack.free_slots() == 1, 10, "the slot back in the pool")
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:  # no ticket left to take it
-        assert stack.free_slots() == 1 and r.zcard(f"{stack.prefix}:queue") == 0
+        assert stack.free_slots() == 1 and r.zcard(stack.keys.queue) == 0
         time.sleep(0.05)
-    r.delete(f"{stack.prefix}:s:{sid}:turn")  # the turn runs once the lease is free
+    r.delete(stack.keys.chat_turn_lease(sid))  # the turn runs once the lease is free
     assert (await client.until("response.done", timeout=30))["text"] == "ok"
     await client.send({"type": "session.close"})
     await client.until("session.closed")
@@ -266,7 +266,7 @@ async def test_the_next_turns_channel_is_subscribed_ahead_and_closed_with_the_se
     r = stack.redis()
 
     def subscribers(turn: int) -> int:
-        return int(r.pubsub_numsub(f"{stack.prefix}:s:{sid}_t{turn}:out")[0][1])
+        return int(r.pubsub_numsub(stack.keys.output_channel(f"{sid}_t{turn}"))[0][1])
 
     for turn in (1, 2, 3):
         wait_for(lambda: subscribers(turn) == 1, 10, f"turn {turn}'s channel ahead")  # noqa: B023
@@ -277,9 +277,8 @@ async def test_the_next_turns_channel_is_subscribed_ahead_and_closed_with_the_se
         wait_for(lambda: subscribers(turn) == 0, 10, f"turn {turn}'s channel closed")  # noqa: B023
     await client.send({"type": "session.close"})
     await client.until("session.closed")
-    wait_for(
-        lambda: not r.pubsub_channels(f"{stack.prefix}:s:{sid}*"), 10, "no channel of the session"
-    )
+    channels = stack.keys.output_channel(f"{sid}*")
+    wait_for(lambda: not r.pubsub_channels(channels), 10, "no channel of the session")
     stack.wait_free(1)
 
 
@@ -300,11 +299,9 @@ async def test_turns_sent_at_once_run_back_to_back_logged_in_order(stack: Stack)
     got = numbered(client.received)
     assert [f["seq"] for f in got] == list(range(1, len(got) + 1))
     r = stack.redis()
-    lease = f"{stack.prefix}:s:{sid}:turn"
+    lease = stack.keys.chat_turn_lease(sid)
     wait_for(lambda: not r.exists(lease), 10, "the lease given back")
-    logged = [
-        orjson.loads(fields[b"f"]) for _, fields in r.xrange(f"{stack.prefix}:s:{sid}:frames")
-    ]
+    logged = [orjson.loads(fields[b"f"]) for _, fields in r.xrange(stack.keys.chat_frames(sid))]
     assert logged == got
     await client.send({"type": "session.close"})
     await client.until("session.closed")

@@ -83,7 +83,7 @@ async def test_api_key_as_bearer_or_query_else_unauthorized(stack: Stack) -> Non
     for c in good:
         await c.close()
     # nothing refused ever took a ticket
-    assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
+    assert stack.redis().zcard(stack.keys.queue) == 0
 
 
 # --------------------------------------------------------------------------- secrets in logs

@@ -114,7 +114,7 @@ async def test_a_burst_of_short_chunks_keeps_two_seconds(stack: Stack) -> None:
     c = await Client.connect(stack.url(), query="?mode=audio")
     created = await c.init()
     await c.step(silence(0.1))  # input_1 answered: the worker waits on its streams
-    key = f"{stack.prefix}:s:{created['session_id']}:in:audio"
+    key = stack.keys.input_audio(created["session_id"])
 
     def last_seq() -> int:
         last = stack.redis().xrevrange(key, count=1)

@@ -240,7 +240,7 @@ async def main() -> None:
         parent = worker.popen.pid
         url = s.url()
         r = s.redis()
-        for wid, raw in r.hgetall(f"{s.prefix}:workers").items():
+        for wid, raw in r.hgetall(s.keys.workers).items():
             info = orjson.loads(raw)
             emit(
                 "registry",

@@ -84,7 +84,7 @@ async def await_for(predicate: Any, timeout: float, what: str) -> float:
 
 def registry(stack: Stack) -> dict[str, dict[str, Any]]:
     """The worker registry as stored in Redis (worker id -> entry)."""
-    raw = stack.redis().hgetall(f"{stack.prefix}:workers")
+    raw = stack.redis().hgetall(stack.keys.workers)
     return {k.decode(): orjson.loads(v) for k, v in raw.items()}
 
 
@@ -238,8 +238,8 @@ async def admitted_to_a_dying_worker(
         sid = (await client.until("session.queue_done", timeout=10))["session_id"]
         if claimed:
             with stack.redis().pipeline(transaction=True) as pipe:  # as session_claim.py does
-                pipe.set(f"{stack.prefix}:s:{sid}:claim", f"omni@test#{child}", ex=60)
-                pipe.set(f"{stack.prefix}:s:{sid}:lease", f"omni@test#{child}", px=1500)
+                pipe.set(stack.keys.session_claim(sid), f"omni@test#{child}", ex=60)
+                pipe.set(stack.keys.session_lease(sid), f"omni@test#{child}", px=1500)
                 pipe.execute()
         await client.send({"type": "session.init", "payload": {}})
         kill9(child)

@@ -72,7 +72,7 @@ async def one_round(stack: Stack, n: int) -> None:
     else:
         await chat.close()
     await asyncio.to_thread(stack.wait_free, 2, 20)
-    assert stack.redis().zcard(f"{stack.prefix}:queue") == 0
+    assert stack.redis().zcard(stack.keys.queue) == 0
 
 
 @pytest.mark.slow

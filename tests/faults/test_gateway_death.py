@@ -41,7 +41,7 @@ async def test_kill9_gateway_tickets_dropped_others_untouched(stack: Stack) -> N
         waiters.append(await queued(doomed_url))
         live_waiter = await queued(live_url)
         waiters.append(live_waiter)
-        assert r.zcard(f"{stack.prefix}:queue") == 2
+        assert r.zcard(stack.keys.queue) == 2
         t_kill = kill9_group(stack.gateways[0][0])
         # the live gateway's waiter is next in line once the dead one's ticket is dropped and
         # the dead one's session has released its slot (after the hold kept for a resume)
@@ -52,7 +52,7 @@ async def test_kill9_gateway_tickets_dropped_others_untouched(stack: Stack) -> N
         assert done["session_id"]
         await live_waiter.send({"type": "session.init", "payload": {}})
         await live_waiter.until("session.created", timeout=15)
-        await await_for(lambda: r.zcard(f"{stack.prefix}:queue") == 0, 10, "no ticket left")
+        await await_for(lambda: r.zcard(stack.keys.queue) == 0, 10, "no ticket left")
         # the live gateway's session never noticed
         mark = time.monotonic()
         await await_for(lambda: on_live.deltas_after(mark) >= 2, 20, "still streaming")

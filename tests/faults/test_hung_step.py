@@ -27,7 +27,7 @@ STEP_TIMEOUT = "2"
 
 
 def step_timeouts(stack: Stack) -> int:
-    raw = stack.redis().hget(f"{stack.prefix}:stats:workers", "backend_step_timeouts_total")
+    raw = stack.redis().hget(stack.keys.worker_counters, "backend_step_timeouts_total")
     return int(raw or 0)
 
 

@@ -89,7 +89,7 @@ async def test_redis_restart_empty_while_sessions_run(
     wait_for(lambda: stack.live_slots() == 3, 15, "all slots registered again")
     stack.wait_free(3, timeout=15)
     r = stack.redis()
-    alive = [k for k in r.scan_iter(f"{stack.prefix}:wk:*:alive")]
+    alive = [k for k in r.scan_iter(stack.keys.worker_alive("*"))]
     ttl_before = {k: r.pttl(k) for k in alive}
     time.sleep(1.0)
     assert all(r.pttl(k) > 0 for k in alive) and ttl_before

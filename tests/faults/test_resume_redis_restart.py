@@ -23,7 +23,7 @@ def pool_idle(stack: Stack) -> bool:
     return (
         stack.live_slots() == 1
         and stack.free_slots() == 1
-        and not r.smembers(f"{stack.prefix}:slots:busy")
+        and not r.smembers(stack.keys.busy_slots)
     )
 
 
@@ -42,7 +42,7 @@ async def test_detached_session_gives_slot_back_when_redis_restarts_empty(
     assert created["resume_token"]
     await client.ws.close()  # the client vanishes: the session is detached, the slot held
     r = stack.redis()
-    record = f"{stack.prefix}:s:{sid}:resume"
+    record = stack.keys.session_resume(sid)
     wait_for(lambda: r.hget(record, "detached_at") not in (None, b""), 10, "the detach")
     assert stack.free_slots() == 0
     own_redis.kill()

@@ -51,8 +51,8 @@ async def test_a_session_whose_worker_dies_before_it_starts_starts_on_another_sl
     sid = created["session_id"]
     r = stack.redis()
     first_claim = f"omni@test#{child}".encode() if claimed else b"abandoned"
-    assert r.get(f"{stack.prefix}:s:{sid}:claim") == first_claim  # the first attempt
-    assert r.get(f"{stack.prefix}:s:{sid}.r1:claim") not in (None, b"abandoned")
+    assert r.get(stack.keys.session_claim(sid)) == first_claim  # the first attempt
+    assert r.get(stack.keys.session_claim(f"{sid}.r1")) not in (None, b"abandoned")
     frames = []
     for audio_in in (speech(), silence(), silence()):
         frames += await client.step(audio_in)
@@ -95,12 +95,12 @@ async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewh
             }
         )
         # the turn's request is written with its task, in one transaction
-        wait_for(lambda: r.exists(f"{stack.prefix}:s:{turn}:request"), 10, "the turn's task")
+        wait_for(lambda: r.exists(stack.keys.chat_request(turn)), 10, "the turn's task")
         if claimed:
             with r.pipeline(transaction=True) as pipe:  # as streaming/session_claim.py claims
-                pipe.set(f"{stack.prefix}:s:{turn}:claim", f"omni@test#{child}", ex=60)
-                pipe.set(f"{stack.prefix}:s:{turn}:lease", f"omni@test#{child}", px=1500)
-                pipe.getdel(f"{stack.prefix}:s:{turn}:request")
+                pipe.set(stack.keys.session_claim(turn), f"omni@test#{child}", ex=60)
+                pipe.set(stack.keys.session_lease(turn), f"omni@test#{child}", px=1500)
+                pipe.getdel(stack.keys.chat_request(turn))
                 pipe.execute()
         kill9(child)
     finally:
@@ -109,8 +109,8 @@ async def test_a_chat_turn_whose_worker_dies_before_it_starts_is_answered_elsewh
     assert done["type"] == "response.done", done
     assert done["text"] == "moved"
     first_claim = f"omni@test#{child}".encode() if claimed else b"abandoned"
-    assert r.get(f"{stack.prefix}:s:{turn}:claim") == first_claim
-    assert r.get(f"{stack.prefix}:s:{turn}.r1:claim") not in (None, b"abandoned")
+    assert r.get(stack.keys.session_claim(turn)) == first_claim
+    assert r.get(stack.keys.session_claim(f"{turn}.r1")) not in (None, b"abandoned")
     assert not errors(client.received), errors(client.received)
     await client.close()
     stack.wait_free(1, timeout=30)
@@ -131,7 +131,7 @@ async def test_a_failover_whose_new_worker_dies_before_it_starts_recovers_elsewh
     created = await client.init()
     sid = created["session_id"]
     r = stack.redis()
-    owner = r.get(f"{stack.prefix}:s:{sid}:claim")
+    owner = r.get(stack.keys.session_claim(sid))
     assert owner
     pid = int(owner.decode().rsplit("#", 1)[1])
     [running] = [w for w in workers if pid in forked_children(w)]
@@ -143,7 +143,7 @@ async def test_a_failover_whose_new_worker_dies_before_it_starts_recovers_elsewh
         kill9_group(running)
         recovering = await client.until("session.recovering", timeout=10)
         # the failover's attempt 1 is submitted to the frozen node right after its number
-        wait_for(lambda: r.get(f"{stack.prefix}:s:{sid}:attempts") == b"1", 10, "attempt 1")
+        wait_for(lambda: r.get(stack.keys.session_attempts(sid)) == b"1", 10, "attempt 1")
         time.sleep(0.5)
         kill9(child)
     finally:
@@ -151,8 +151,8 @@ async def test_a_failover_whose_new_worker_dies_before_it_starts_recovers_elsewh
     recovered = await client.until("session.recovered", "error", timeout=50)
     assert recovered["type"] == "session.recovered", recovered
     assert recovered["seq"] == recovering["seq"] + 1
-    assert r.get(f"{stack.prefix}:s:{sid}.r1:claim") == b"abandoned"
-    assert r.get(f"{stack.prefix}:s:{sid}.r2:claim") not in (None, b"abandoned")
+    assert r.get(stack.keys.session_claim(f"{sid}.r1")) == b"abandoned"
+    assert r.get(stack.keys.session_claim(f"{sid}.r2")) not in (None, b"abandoned")
     frames = await client.step(speech())
     seqs = [f["seq"] for f in frames if f["type"] == "response.output.delta"]
     assert seqs and min(seqs) > recovered["seq"], frames
@@ -165,7 +165,7 @@ async def closed_while_waiting_for_a_slot(stack: Stack, client: Client) -> None:
     wait and the session within seconds (``user_stop``, 1000, no error), its ticket leaves the
     queue, and a worker started afterwards serves the next client."""
     r = stack.redis()
-    await await_for(lambda: r.zcard(f"{stack.prefix}:queue") == 1, 30, "the wait for a slot")
+    await await_for(lambda: r.zcard(stack.keys.queue) == 1, 30, "the wait for a slot")
     asked = time.monotonic()
     await client.send({"type": "session.close"})
     closed = await client.until("session.closed", timeout=10)
@@ -173,7 +173,7 @@ async def closed_while_waiting_for_a_slot(stack: Stack, client: Client) -> None:
     assert closed["reason"] == "user_stop", closed
     assert await client.closed() == 1000
     assert not errors(client.received), errors(client.received)
-    assert r.zcard(f"{stack.prefix}:queue") == 0
+    assert r.zcard(stack.keys.queue) == 0
     stack.start_worker()
     await served_end_to_end(stack.url())
 
@@ -217,6 +217,6 @@ async def test_a_close_while_a_chat_turn_waits_for_another_slot_ends_it_at_once(
         {"type": "input.append", "input": {"messages": [{"role": "user", "content": "hi"}]}}
     )
     turn = f"{created['session_id']}_t1"
-    wait_for(lambda: r.exists(f"{stack.prefix}:s:{turn}:request"), 10, "the turn's task")
+    wait_for(lambda: r.exists(stack.keys.chat_request(turn)), 10, "the turn's task")
     kill9_group(worker)
     await closed_while_waiting_for_a_slot(stack, client)

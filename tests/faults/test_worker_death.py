@@ -184,7 +184,7 @@ async def test_no_worker_ready_within_capacity_wait(stack: Stack) -> None:
         assert await client.closed() == 1013
     finally:
         await client.close()
-    wait_for(lambda: stack.redis().zcard(f"{stack.prefix}:queue") == 0, 10, "the ticket to go")
+    wait_for(lambda: stack.redis().zcard(stack.keys.queue) == 0, 10, "the ticket to go")
 
 
 async def test_no_worker_at_all_is_refused(stack: Stack) -> None:
