@@ -174,15 +174,16 @@ def xdist_args(rest: list[str]) -> list[str]:
 
     Most of the suite's time is spent waiting on the processes a test starts (gateways, workers,
     models loading, timeouts running out), so two workers nearly halve it even on two cores.
-    Whole files keep a module's shared stack in one process. Nothing is added when the caller
-    chose (``-n``, ``--dist``, ``-p no:xdist``) or pytest-xdist is not installed.
+    Whole files keep a module's shared stack in one process, handed out in the order the suite
+    sorts them (longest first: ``tests/file_order.py``), not xdist's own. Nothing is added when
+    the caller chose (``-n``, ``--dist``, ``-p no:xdist``) or pytest-xdist is not installed.
     """
     import importlib.util
 
     chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in rest)
     if chosen or importlib.util.find_spec("xdist") is None:
         return []
-    return ["-n", "2", "--dist", "loadfile"]
+    return ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def cmd_test(args: argparse.Namespace) -> int:

@@ -46,10 +46,29 @@ def test_omniserve_bench_hands_on_its_options() -> None:
 def test_the_suite_runs_in_two_workers_unless_told_otherwise() -> None:
     from omniserve.cli import xdist_args
 
-    assert xdist_args([]) == ["-n", "2", "--dist", "loadfile"]
-    assert xdist_args(["tests/test_structure.py", "-x"]) == ["-n", "2", "--dist", "loadfile"]
+    two = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+    assert xdist_args([]) == two
+    assert xdist_args(["tests/test_structure.py", "-x"]) == two
     for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["-p", "no:xdist"], ["--dist=no"]):
         assert xdist_args(chosen) == [], chosen
+
+
+def test_the_longest_test_files_go_first_and_each_exists() -> None:
+    """``tests/file_order.py``: a renamed or removed file must leave its list too; the listed
+    files come first, in that order, each file's tests kept together and in order."""
+    from tests.file_order import LONGEST, longest_first
+
+    assert [p for p in LONGEST if not (ROOT / p).is_file()] == []
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    ids = ["tests/a.py::x", "tests/b.py::y", "tests/b.py::z"]
+    ids += [LONGEST[1] + "::t", LONGEST[0] + "::u"]
+    items = [Item(i) for i in ids]
+    longest_first(items)  # type: ignore[arg-type]  # only nodeid is read
+    assert [i.nodeid for i in items] == [ids[4], ids[3], ids[1], ids[2], ids[0]]
 
 
 def test_an_invalid_setting_is_named_by_its_variable() -> None:
