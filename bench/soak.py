@@ -28,7 +28,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +41,6 @@ from bench.soak_stack import SoakStack
 from bench.stack import install_cleanup, stop
 from omnicore.audio import pcm_to_b64
 
-OMNISERVE = [sys.executable, "-m", "omniserve"]
 STUCK_S = 45.0  # a client that hears nothing for this long while it waits for something is lost
 _T = np.arange(16000) / 16000
 SPEECH = pcm_to_b64((0.2 * np.sin(2 * np.pi * 220 * _T)).astype(np.float32))
