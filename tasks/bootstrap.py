@@ -185,6 +185,7 @@ def _on_shutting_down(**_: object) -> None:
         log.warning("could not set drain flag (%s)", exc)
     try:
         rt = get_runtime()
+        rt.process_stopping = True  # the watchdog lets it exit if only hung steps hold it
         rt.start_drain(deadline, "warm shutdown")
         with rt.lock:
             idle = [s for s in rt.slot_ids if s not in rt.active]

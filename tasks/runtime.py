@@ -107,6 +107,7 @@ class WorkerRuntime:
         self._beat_failing_since: float | None = None
         self.beats = 0
         self.stopped = False
+        self.process_stopping = False  # Celery's warm shutdown began (not only a drain flag)
         self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
@@ -198,6 +199,18 @@ class WorkerRuntime:
     def must_close(self) -> bool:
         """Whether running sessions must end now with server_shutdown (drain grace over)."""
         return self.shutting_down.is_set() and time.time() >= self.drain_deadline
+
+    def overdue_s(self) -> float:
+        """How long ago the drain's deadline passed (0: not draining, or not yet)."""
+        if not self.shutting_down.is_set():
+            return 0.0
+        return max(0.0, time.time() - self.drain_deadline)
+
+    def only_hung_left(self) -> bool:
+        """The process is stopping, and every session it still runs is one whose step hung
+        (the watchdog ended those; their threads may never come back)."""
+        with self.lock:
+            return self.process_stopping and not self.active and bool(self.quarantined)
 
     def stop(self) -> None:
         """Leave the registry (the sessions end with server_shutdown)."""

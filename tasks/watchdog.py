@@ -7,6 +7,13 @@ inside ``StepWatchdog.guard``. A thread checks the running calls; one that has r
 its slot is quarantined: never offered again until the backend is known healthy. In a prefork
 pool process (one model per process) that means restarting the process, which reloads the
 model; in a threads pool the slot comes back when the stuck call finally returns.
+
+A worker that is stopping cannot wait that long: once its drain is over, a call still running
+``SHUTDOWN_STEP_S`` later (or its step limit, if shorter) is hung, and is ended the same way. A
+threads-pool worker whose warm shutdown then waits only on such calls exits
+(``EXIT_HUNG_STEP``): Celery would wait for those threads for ever, and the process, its port
+and its registry entry with it, would never go (a prefork pool process exits as it does on any
+hang, and the stopping parent does not replace it).
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from tasks.endings import final_events
 log = logging.getLogger("omniserve.worker")
 
 T = TypeVar("T")
-EXIT_HUNG_STEP = 75  # exit status of a pool process restarted by the watchdog
+EXIT_HUNG_STEP = 75  # exit status of a process the watchdog ends (restart, or a stuck stop)
+SHUTDOWN_STEP_S = 5.0  # after the drain's end: how long a call may still run before it is hung
 COUNTER = "backend_step_timeouts_total"
 
 
@@ -78,6 +86,14 @@ class Host(Protocol):
 
     def leave_now(self) -> None:
         """Take this process's slots out of the pool at once."""
+        ...
+
+    def overdue_s(self) -> float:
+        """How long ago the drain's deadline passed (0: not draining, or not yet)."""
+        ...
+
+    def only_hung_left(self) -> bool:
+        """The process is stopping, and every session it still runs is one whose call hung."""
         ...
 
 
@@ -140,43 +156,72 @@ class StepWatchdog:
             time.sleep(interval)
             try:
                 self.check()
+                if self.rt.only_hung_left():
+                    self._exit_stuck()
             except Exception:  # the watchdog must outlive any error
                 log.exception("step watchdog check failed")
+
+    def _exit_stuck(self) -> None:
+        """The warm shutdown waits only on hung calls (threads that never return): leave."""
+        with self._lock:
+            stuck = sorted(slot for slot, r in self._running.items() if r.expired)
+        log.error(
+            "worker stopping, its only sessions left hung in the backend (slots %s): exiting "
+            "without waiting for them",
+            ", ".join(stuck) or "?",
+        )
+        self.rt.leave_now()
+        logging.shutdown()
+        os._exit(EXIT_HUNG_STEP)
 
     def check(self, now: float | None = None) -> list[str]:
         """End every session whose current call exceeded the limit; returns their slot ids."""
         now = time.monotonic() if now is None else now
+        overdue = self.rt.overdue_s()  # stopping: the drain is over, the sessions must end
+        stop_limit = min(self.timeout_s, SHUTDOWN_STEP_S)
         with self._lock:
             late = [
                 (slot, r)
                 for slot, r in self._running.items()
-                if not r.expired and now - r.since > self.timeout_s
+                if not r.expired
+                and (now - r.since > self.timeout_s or min(now - r.since, overdue) > stop_limit)
             ]
             for _slot, r in late:
                 r.expired = True
         for slot, r in late:
-            self._expire(slot, r, now - r.since)
+            elapsed = now - r.since
+            self._expire(slot, r, elapsed, self.timeout_s if elapsed > self.timeout_s else None)
         return [slot for slot, _ in late]
 
-    def _expire(self, slot: str, r: _Running, elapsed: float) -> None:
+    def _expire(self, slot: str, r: _Running, elapsed: float, limit: float | None) -> None:
+        """``limit``: the step limit it passed; None when the drain's end made it late."""
         rt, ctx = self.rt, r.ctx
         action = (
             "restarting this worker process to reload the backend"
             if rt.restart_on_hang
             else "its slot is withheld until the call returns"
         )
+        why = (
+            f"step_timeout_s={limit:.0f}"
+            if limit is not None
+            else f"the worker is stopping: {SHUTDOWN_STEP_S:.0f} s after its drain ended"
+        )
         log.error(
             "backend %s of session %s on slot %s has not returned after %.1f s "
-            "(step_timeout_s=%.0f): ending the session; %s",
+            "(%s): ending the session; %s",
             r.what,
             ctx.session_id,
             slot,
             elapsed,
-            self.timeout_s,
+            why,
             action,
         )
         rt.count(COUNTER)
-        message = f"the backend did not answer within {self.timeout_s:.0f} s"
+        message = (
+            f"the backend did not answer within {limit:.0f} s"
+            if limit is not None
+            else "the worker is stopping and the backend did not answer"
+        )
         for event in final_events(r.kind, message):
             ctx.emit(event)
         ctx.silence()

@@ -9,8 +9,12 @@ client is served.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import time
 
+from tasks.watchdog import EXIT_HUNG_STEP
 from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
@@ -88,3 +92,58 @@ async def test_hung_chat_turn_in_threads_pool_withholds_its_slot(stack: Stack) -
         await client.close()
     assert step_timeouts(stack) == 1
     stack.wait_free(2, timeout=20)  # the stuck call returned: the slot serves again
+
+
+async def test_a_stopping_worker_does_not_wait_for_a_hung_turn(stack: Stack) -> None:
+    """SIGTERM to a threads-pool worker whose chat turn is stuck in the backend for an hour
+    (the step limit is 10 minutes): its warm shutdown used to wait for that thread for ever.
+    Now the turn is ended a few seconds after the drain (the client is told), and the worker
+    leaves the pool and exits on its own."""
+    worker = stack.start_worker(
+        slots=2,
+        OMNISERVE_BACKEND_OPTIONS='{"hang_on_text": "[hang]", "hang_s": 3600}',
+        OMNISERVE_STEP_TIMEOUT_S="600",
+    )
+    stack.start_gateway()
+    client = await Client.connect(stack.url(), query="?mode=chat")
+    try:
+        await client.init()
+        turn = {"messages": [{"role": "user", "content": "please [hang]"}]}
+        await client.send({"type": "input.append", "input": turn})
+        wait_for(lambda: stack.free_slots() == 1, 10, "the turn to take a slot")
+        time.sleep(0.5)  # the turn is in the backend's call
+        os.killpg(worker.popen.pid, signal.SIGTERM)
+        err = await client.until("error", timeout=30)
+        assert err["error"]["code"] == "inference_error"
+        assert "the worker is stopping" in err["error"]["message"]
+    finally:
+        await client.close()
+    code = await asyncio.to_thread(worker.popen.wait, 30)
+    assert code == EXIT_HUNG_STEP, log_text(worker)[-3000:]
+    text = log_text(worker)
+    assert "the worker is stopping: 5 s after its drain ended" in text
+    assert "its only sessions left hung in the backend" in text
+    assert stack.live_slots() == 0 and stack.free_slots() == 0  # its slots left the pool
+
+
+async def test_a_stopping_prefork_worker_does_not_wait_for_a_hung_step(stack: Stack) -> None:
+    """The same with a prefork worker and a duplex step stuck for an hour: the pool process
+    ends the session and exits; its parent, stopping, does not replace it, and exits too."""
+    worker = stack.start_worker(
+        OMNISERVE_BACKEND_OPTIONS='{"hang_after_steps": 3, "hang_s": 3600}',
+        OMNISERVE_STEP_TIMEOUT_S="600",
+    )
+    stack.start_gateway()
+    probe = await DuplexProbe.open(stack.url())
+    try:
+        await await_for(lambda: probe.chunks_sent >= 5, 20, "the third step to hang")
+        os.killpg(worker.popen.pid, signal.SIGTERM)
+        await await_for(lambda: probe.closed_at is not None, 30, "the session to end")
+        errors = [f["error"] for _, f in probe.frames if f["type"] == "error"]
+        assert [e["code"] for e in errors] == ["backend_error"], errors
+        assert "the worker is stopping" in errors[0]["message"]
+    finally:
+        await probe.close()
+    await asyncio.to_thread(worker.popen.wait, 30)
+    assert "the worker is stopping: 5 s after its drain ended" in log_text(worker)
+    assert stack.live_slots() == 0 and stack.free_slots() == 0
