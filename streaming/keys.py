@@ -135,6 +135,11 @@ class Keys:
         sessions must end (set on SIGTERM and by ``omniserve drain``; cleared when it starts)."""
         return f"{self.prefix}:drain:{node}"
 
+    def node_stopping(self, node: str) -> str:
+        """STRING: the worker node's Celery parent is stopping (a warm shutdown): a pool process
+        it starts now exits instead of loading the backend (cleared when the node starts)."""
+        return f"{self.prefix}:stopping:{node}"
+
     def node_counters(self, node: str) -> str:
         """HASH of one worker node's Prometheus counters that outlive its pool processes
         (field ``<metric>|<label values>``; ``tasks/metrics.py``)."""

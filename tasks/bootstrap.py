@@ -17,6 +17,7 @@ leave the registry at once, busy ones when their session ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,13 +26,14 @@ import threading
 import time
 from typing import Any, TypedDict
 
+import orjson
 import redis
 from celery import signals
 
 from omnicore.gc_pauses import freeze_heap
 from omnicore.settings import get_settings
 from streaming.keys import Keys
-from streaming.slots import withdraw_idle_of_node
+from streaming.slots import forget_worker, withdraw_idle_of_node
 from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
 from tasks.supervisor import PoolSupervisor
 
@@ -62,8 +64,9 @@ def _on_celeryd_init(
     queue = "omni.w." + node
     instance.app.amqp.queues.select_add(queue)
     settings = get_settings()
-    try:  # a previous run of this node may have left its drain flag behind
-        redis.Redis.from_url(settings.redis_url).delete(Keys(settings.key_prefix).drain(node))
+    try:  # a previous run of this node may have left its drain and stop flags behind
+        keys = Keys(settings.key_prefix)
+        redis.Redis.from_url(settings.redis_url).delete(keys.drain(node), keys.node_stopping(node))
     except redis.RedisError as exc:  # Redis not up yet: the message says it all
         log.warning("could not clear drain flag (%s)", exc)
     log.info(
@@ -115,7 +118,39 @@ def _on_worker_init(**_: object) -> None:
 
 @signals.worker_process_init.connect
 def _on_process_init(**_: object) -> None:
+    node = _state["node"] or f"omni@{os.uname().nodename}"
+    if _node_stopping(node):
+        # Celery replaced a pool process that died as the worker began to stop (a SIGTERM to
+        # the process group reaches a loading child too): loading a model now would hold the
+        # stop for as long as the load takes
+        log.info("worker %s is stopping: this pool process does not load the backend", node)
+        logging.shutdown()
+        os._exit(0)
     _boot(1)
+
+
+def _node_stopping(node: str) -> bool:
+    s = get_settings()
+    try:
+        client = redis.Redis.from_url(s.redis_url)
+        return bool(client.exists(Keys(s.key_prefix).node_stopping(node)))
+    except redis.RedisError:
+        return False  # Redis away: load as usual (the stop, if any, waits for the load)
+
+
+def _stop_loading(client: redis.Redis, keys: Keys, node: str, pids: set[int]) -> None:
+    """The parent is stopping: its pool processes not serving yet (loading the backend, or not
+    even registered: no session can be on them) are ended now, not waited for as long as a load
+    takes, and leave the registry."""
+    for pid in pids:
+        worker_id = f"{node}#{pid}"
+        raw = client.hget(keys.workers, worker_id)
+        if raw is not None and orjson.loads(raw).get("state") != "loading":
+            continue
+        log.info("worker %s is stopping: ending pool process %d, still loading", node, pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        forget_worker(client, keys, worker_id, [])
 
 
 def install_child_sigterm() -> None:
@@ -180,11 +215,19 @@ def _on_shutting_down(**_: object) -> None:
         client = redis.Redis.from_url(s.redis_url)
         keys = Keys(s.key_prefix)
         client.set(keys.drain(node), repr(deadline), ex=int(s.drain_grace_s) + 60)
+        if sup is not None:  # prefork: a replaced pool process must not load, a loading one
+            client.set(keys.node_stopping(node), "1", ex=int(s.drain_grace_s) + 3600)
+            _stop_loading(client, keys, node, sup.pids())
         withdraw_idle_of_node(client, keys, node)  # at once, not at the child's next beat
     except redis.RedisError as exc:
         log.warning("could not set drain flag (%s)", exc)
     try:
         rt = get_runtime()
+        if not rt.ready.is_set():  # threads pool, still loading the backend: nothing to drain
+            log.info("worker %s is stopping while the backend loads: exiting now", rt.worker_id)
+            rt.leave_now()
+            logging.shutdown()
+            os._exit(0)
         rt.process_stopping = True  # the watchdog lets it exit if only hung steps hold it
         rt.start_drain(deadline, "warm shutdown")
         with rt.lock:
