@@ -80,6 +80,16 @@ def _boot(slots: int) -> None:
     rt.restart_on_hang = _state["pool"] == "prefork"
     set_runtime(rt)
     rt.announce()
+    # Prefork: Celery may replace a pool process that died as the worker began to stop (a
+    # SIGTERM to the process group reaches a loading child too); loading a model now would hold
+    # the stop for as long as the load takes. Checked after the announcement: the stopping
+    # parent sets the flag, then ends the processes its registry shows loading, so a process
+    # announced too late for that look sees the flag here.
+    if _state["pool"] == "prefork" and _node_stopping(node):
+        log.info("worker %s is stopping: this pool process does not load the backend", node)
+        rt.leave_now()
+        logging.shutdown()
+        os._exit(0)
     try:
         rt.load_backend()
     except Exception as exc:  # noqa: BLE001 - report and refuse to serve
@@ -118,14 +128,6 @@ def _on_worker_init(**_: object) -> None:
 
 @signals.worker_process_init.connect
 def _on_process_init(**_: object) -> None:
-    node = _state["node"] or f"omni@{os.uname().nodename}"
-    if _node_stopping(node):
-        # Celery replaced a pool process that died as the worker began to stop (a SIGTERM to
-        # the process group reaches a loading child too): loading a model now would hold the
-        # stop for as long as the load takes
-        log.info("worker %s is stopping: this pool process does not load the backend", node)
-        logging.shutdown()
-        os._exit(0)
     _boot(1)
 
 
@@ -139,13 +141,13 @@ def _node_stopping(node: str) -> bool:
 
 
 def _stop_loading(client: redis.Redis, keys: Keys, node: str, pids: set[int]) -> None:
-    """The parent is stopping: its pool processes not serving yet (loading the backend, or not
-    even registered: no session can be on them) are ended now, not waited for as long as a load
-    takes, and leave the registry."""
+    """The parent is stopping: its pool processes still loading the backend (no session can be
+    on them) are ended now, not waited for as long as a load takes, and leave the registry. One
+    not registered at all is left alone: Redis may have lost a serving one's entry."""
     for pid in pids:
         worker_id = f"{node}#{pid}"
         raw = client.hget(keys.workers, worker_id)
-        if raw is not None and orjson.loads(raw).get("state") != "loading":
+        if raw is None or orjson.loads(raw).get("state") != "loading":
             continue
         log.info("worker %s is stopping: ending pool process %d, still loading", node, pid)
         with contextlib.suppress(ProcessLookupError):
