@@ -20,13 +20,13 @@ was made.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from omnicore.aio import cancel_and_wait
 from streaming import lua
 from streaming.keys import Keys
 
@@ -61,9 +61,7 @@ class Liveness:
     async def stop(self) -> None:
         """Stop; the watches are dropped without a last call."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         self.leases.clear()
         self.replaced.clear()
         self.workers.clear()

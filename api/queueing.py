@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnicore.aio import cancel_and_wait
 from streaming.admission import Admission, QueueFull, QueueSnapshot
 
 REENQUEUE_LIMIT = 2**31  # a lost ticket goes back whatever the queue length
@@ -79,9 +80,7 @@ class QueueManager:
         """Cancelled again until it ends: Python 3.11's ``wait_for`` swallows a cancel that lands
         as the awaited event fires (a queue event at shutdown), and the loop would wait on."""
         if self._task:
-            while not self._task.done():
-                self._task.cancel()
-                await asyncio.wait({self._task}, timeout=0.1)
+            await cancel_and_wait(self._task)
 
     def on_event(self, message: str) -> None:
         """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...).

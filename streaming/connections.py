@@ -21,6 +21,7 @@ from collections import Counter
 
 import redis.asyncio as aioredis
 
+from omnicore.aio import cancel_and_wait
 from streaming.keys import Keys
 
 log = logging.getLogger("omniserve.gateway")
@@ -145,8 +146,7 @@ class ClientConnections:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
     async def _sync_loop(self) -> None:
         while True:

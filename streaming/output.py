@@ -17,6 +17,7 @@ from typing import cast
 import redis
 import redis.asyncio as aioredis
 
+from omnicore.aio import cancel_and_wait
 from streaming.events import BadEvent, Event, Gap, decode_event
 from streaming.keys import Keys
 
@@ -259,9 +260,8 @@ class OutputBus:
 
     async def stop(self) -> None:
         """Stop the reader and close the connection."""
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._task:  # (its read has a timeout: a single cancel can be absorbed)
+            await cancel_and_wait(self._task)
         await self.pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
     async def open(
