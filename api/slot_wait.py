@@ -17,6 +17,7 @@ from api import telemetry
 from api.connection import Connection
 from api.gateway import Gateway
 from api.queueing import NoCapacity, Notify
+from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
 
@@ -106,9 +107,7 @@ async def _withdraw(gw: Gateway, acquire: asyncio.Future[tuple[str, str, float |
     client can be swallowed by the socket's send, and the wait then goes on; if it got its slot
     after all, the slot is given back here.
     """
-    while not acquire.done():
-        acquire.cancel()
-        await asyncio.wait({acquire}, timeout=0.1)
+    await cancel_and_wait(acquire)
     if acquire.cancelled() or acquire.exception() is not None:
         return
     _ticket, slot, _assigned_at = acquire.result()
