@@ -70,7 +70,8 @@ class Gateway:
             settings.capacity_wait_s,
         )
         self.resumes = ResumeStore(self.redis, self.keys)
-        self.liveness = Liveness(self.redis, self.keys)  # the sessions' checks, one read a tick
+        # the sessions' checks, one read a tick
+        self.liveness = Liveness(self.redis, self.keys, settle_s=settings.lease_ttl_s)
         self.bus = OutputBus(
             self.redis,
             self.keys,

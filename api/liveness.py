@@ -15,12 +15,18 @@ acts on it, woken only when there is something to do. (Questions asked anew each
 future and a callback per session per tick, ~4 of the ~14 callbacks a duplex session cost the
 gateway's event loop per second: docs/BENCHMARKS.md.) A watch is first read at the tick after it
 was made.
+
+A lease or a presence key read as gone right after Redis itself stalled says nothing about its
+worker (``streaming/stalls.py``): until Redis has answered this loop's reads on time for
+``settle_s`` (the lease TTL), such a key reads as held, and a dead worker's clients are told
+that much later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +35,7 @@ import redis.asyncio as aioredis
 from omnicore.aio import cancel_and_wait
 from streaming import lua
 from streaming.keys import Keys
+from streaming.stalls import StallWatch
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -44,10 +51,13 @@ Watch = Callable[[Answer], bool]  # called with each tick's answer; False: stop 
 class Liveness:
     """Batched lease and resume-owner reads; see the module docstring."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, tick_s: float = TICK_S) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, tick_s: float = TICK_S, settle_s: float = 0.0
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.tick_s = tick_s
+        self.stalls = StallWatch(tick_s, settle_s)  # 0: every gone key is believed at once
         self.leases: list[tuple[str, Watch]] = []
         self.replaced: list[tuple[str, str, Watch]] = []
         self.workers: list[tuple[str, Watch]] = []
@@ -85,13 +95,15 @@ class Liveness:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
-            await self.check()
+            await self.check(timed=True)
 
-    async def check(self) -> None:
+    async def check(self, timed: bool = False) -> None:
         """Read every watched key once (nothing when nothing is watched; a very large tick in
-        several calls, ``KEYS_PER_CALL``) and tell each watch its answer."""
+        several calls, ``KEYS_PER_CALL``) and tell each watch its answer. ``timed``: the loop's
+        read, timed for stalls (module docstring)."""
         leases, workers, replaced = self.leases, self.workers, self.replaced
         if not leases and not workers and not replaced:
+            self.stalls.paused()
             return
         # (watches made during the read go on the new lists)
         self.leases, self.workers, self.replaced = [], [], []
@@ -100,15 +112,24 @@ class Liveness:
         keys += [self.keys.session_resume(sid) for sid, _, _ in replaced]
         conns = [conn for _, conn, _ in replaced]
         answers: list[Answer]
+        began = time.monotonic()
         try:
             flags = await self._read(keys, len(leases) + len(workers), conns)
             if len(flags) != len(keys):
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
             answers = [flag == ord("1") for flag in flags]
+            if timed and self.stalls.answered(began) and self.stalls.settle_s > 0:
+                log.warning(
+                    "liveness: Redis answered after a stall; leases settle for %.1f s",
+                    self.stalls.settle_s,
+                )
         except Exception as exc:  # noqa: BLE001 - each watch decides, as with its own command
             log.warning("liveness check failed: %s", exc)
             answers = [exc] * len(keys)
+            self.stalls.failed()
         n, m = len(leases), len(leases) + len(workers)
+        if timed and not self.stalls.settled():  # a gone lease or presence reads as held
+            answers[:m] = [True if a is False else a for a in answers[:m]]
         self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]
         self.workers += [w for w, a in zip(workers, answers[n:m], strict=True) if _tell(w[1], a)]
         self.replaced += [w for w, a in zip(replaced, answers[m:], strict=True) if _tell(w[2], a)]

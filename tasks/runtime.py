@@ -18,6 +18,7 @@ from streaming.keys import Keys, worker_queue
 from streaming.output_writer import OutputWriter
 from streaming.session_claim import Claimed, SessionClaimer
 from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
+from streaming.stalls import STALL_S, StallWatch
 from tasks.metrics import WorkerMetrics
 from tasks.watchdog import COUNTER as STEP_TIMEOUTS
 from tasks.watchdog import StepWatchdog
@@ -105,6 +106,9 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(self, self.backend_name)
         self._beat: threading.Thread | None = None
         self._beat_failing_since: float | None = None
+        # the heartbeat's round trips, timed: a gateway lease read gone just after Redis itself
+        # stalled does not end its sessions (``gateway_alive``)
+        self.stalls = StallWatch(self.settings.heartbeat_interval_s, self.settings.lease_ttl_s)
         self.beats = 0
         self.stopped = False
         self.process_stopping = False  # Celery's warm shutdown began (not only a drain flag)
@@ -237,6 +241,7 @@ class WorkerRuntime:
             started = time.monotonic()
             try:
                 self.beat_once()
+                self.stalls.answered(started)
                 if self._beat_failing_since is not None:
                     log.warning(
                         "heartbeat: Redis answers again after %.1f s; %s re-announced",
@@ -245,6 +250,7 @@ class WorkerRuntime:
                     )
                     self._beat_failing_since = None
             except Exception as exc:  # this thread must outlive any error
+                self.stalls.failed()
                 if self._beat_failing_since is None:
                     self._beat_failing_since = time.monotonic()
                     log.warning("heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
@@ -344,8 +350,12 @@ class WorkerRuntime:
             log.warning("could not count %s in Redis", name)
 
     def gateway_alive(self, gateway_id: str) -> bool:
-        """Whether the gateway relaying a session still holds its lease."""
-        return bool(self.redis.exists(self.keys.gateway_alive(gateway_id)))
+        """Whether the gateway relaying a session still holds its lease (read as held when the
+        read itself was slow, or Redis settles after a stall: ``streaming/stalls.py``)."""
+        began = time.monotonic()
+        if self.redis.exists(self.keys.gateway_alive(gateway_id)):
+            return True
+        return time.monotonic() - began > STALL_S or not self.stalls.settled()
 
     def owns_slot(self, slot_id: str) -> bool:
         """Whether a slot id belongs to this process."""

@@ -7,6 +7,9 @@ end to end by tests/test_failover.py, tests/test_resume*.py and tests/faults/.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ import redis.asyncio as aioredis
 
 from api import liveness
 from api.liveness import Answer, Liveness
+from omniserve.redis_server import start_embedded
 from streaming import lua
 from streaming.keys import Keys
 
@@ -215,3 +219,35 @@ async def test_a_short_reply_fails_the_tick_and_the_next_is_read_as_usual(
         await live.stop()
         await client.delete(keys.session_lease("s"))
         await client.aclose()
+
+
+async def test_a_lease_gone_through_a_redis_stall_reads_held_until_redis_settles(
+    keys: Keys,
+) -> None:
+    """Redis frozen (SIGSTOP) past a lease's TTL: the read that ends the stall finds the lease
+    gone, but it reads as held until Redis has answered on time for ``settle_s``; a lease gone
+    after that is believed (streaming/stalls.py)."""
+    server = start_embedded()
+    client = aioredis.Redis.from_url(server.url)
+    live = Liveness(client, keys, tick_s=0.05, settle_s=1.0)
+    seen = Seen()
+    try:
+        await client.set(keys.session_lease("s"), b"w1", px=300)
+        live.watch_lease("s", seen)
+        live.start()
+        assert await seen.next() is True
+        os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(0.8)  # the lease expires meanwhile
+        finally:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        while (answer := await seen.next()) is True:
+            pass
+        assert answer is False
+        assert time.monotonic() - thawed >= 0.9  # held while Redis settled
+        assert not await client.exists(keys.session_lease("s"))
+    finally:
+        await live.stop()
+        await client.aclose()
+        server.stop()

@@ -1,0 +1,65 @@
+"""Whether a lease found gone means its holder stopped renewing it, or Redis stalled.
+
+Leases are keys with a TTL that their holder renews: a worker its sessions' leases and its
+presence key, a gateway its own. When Redis itself stops answering for a while (frozen by a long
+fork or fsync, a paused VM) the TTLs run on while nobody can renew them, and every lease expires
+together: read just after, a gone lease says nothing about its holder. A 3 s stall used to end or
+fail over every session of a healthy pool (the gateway read its workers' leases gone) and, past
+the gateway's TTL, the workers ended their sessions as abandoned.
+
+So each reader times its own periodic round trip to Redis: one that ends a stall (the last one
+failed, this one took ``STALL_S`` longer than usual, or it came ``STALL_S`` later than due)
+starts a settling period, and a gone lease is believed only once Redis has answered on time for
+``settle_s`` (a lease TTL: time for the holders' next renewals), and only while the reader's
+own round trips keep coming on time.
+"""
+
+from __future__ import annotations
+
+import time
+
+STALL_S = 0.5  # an answer this much later than usual: Redis (or this process) stalled
+
+
+class StallWatch:
+    """Times one periodic round trip to Redis (see the module docstring). Thread-safe enough:
+    one thread reports, any thread asks (a float or None is read or written at once)."""
+
+    def __init__(self, every_s: float, settle_s: float) -> None:
+        self.every_s = every_s  # how often the round trip is made
+        self.settle_s = settle_s
+        self._ok_at: float | None = None  # the last answer (monotonic)
+        self._failed = False
+        self._believe_from = 0.0
+
+    def answered(self, began: float) -> bool:
+        """The round trip begun at ``began`` (monotonic) was answered; True when it ended a
+        stall (the settling period starts now)."""
+        now = time.monotonic()
+        last = self._ok_at
+        stalled = (
+            self._failed
+            or now - began > STALL_S
+            or (last is not None and began - last > self.every_s + STALL_S)
+        )
+        if stalled:
+            self._believe_from = now + self.settle_s
+        self._failed = False
+        self._ok_at = now
+        return stalled
+
+    def failed(self) -> None:
+        """The round trip failed (Redis away): the next answer ends a stall."""
+        self._failed = True
+        self._ok_at = None
+
+    def paused(self) -> None:
+        """No round trip for a while on purpose (nothing to read): that gap is no stall."""
+        self._ok_at = None
+
+    def settled(self) -> bool:
+        """Whether a lease read as gone now may be believed."""
+        now = time.monotonic()
+        last = self._ok_at
+        on_time = last is not None and now - last <= self.every_s + STALL_S
+        return on_time and now >= self._believe_from

@@ -1,0 +1,60 @@
+"""Redis frozen (SIGSTOP) for 8 s while sessions run, then thawed: nothing ends.
+
+A stall of Redis itself (a long fork or fsync, a paused VM) lets every TTL run on while nobody can
+renew it: the workers' session leases (1.5 s), their presence keys and the gateway's own lease
+(6 s) all expire together. Read just after the thaw, they said every worker had died and the
+gateway had gone: sessions of a healthy pool were failed over again and again or ended
+(``backend_error``, or ``client_closed`` on the worker's side). The readers now time their own
+round trips and believe a gone lease only once Redis answers on time again
+(``streaming/stalls.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
+from tests.stack import Stack
+
+FROZEN_S = 8.0  # longer than the session leases (1.5 s) and the gateway's lease (6 s)
+
+
+@pytest.mark.slow
+async def test_sessions_go_on_through_a_redis_stall(
+    own_redis: RestartableRedis, own_stack: Stack
+) -> None:
+    stack = own_stack
+    workers = [stack.start_worker(slots=2), stack.start_worker()]  # both pools
+    stack.start_gateway()
+    probes = [await DuplexProbe.open(stack.url()) for _ in range(3)]
+    try:
+        await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
+        assert own_redis.server is not None
+        pid = own_redis.server.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(FROZEN_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        await asyncio.sleep(6.0)
+        for p in probes:
+            kinds = [f["type"] for t, f in p.frames if t > thawed - FROZEN_S]
+            assert p.closed_at is None, kinds
+            assert "session.recovering" not in kinds and "session.closed" not in kinds, kinds
+            assert p.deltas_after(thawed + 2.0) > 0, kinds  # the session goes on answering
+    finally:
+        for p in probes:
+            await p.close()
+    # every slot comes back, and the workers noticed the stall and went on
+    wait_for(lambda: stack.live_slots() == 3, 15, "all slots registered")
+    stack.wait_free(3, timeout=15)
+    for worker in workers:
+        assert worker.alive()
+        assert "Redis answers again" in log_text(worker)
+    assert "leases settle" in log_text(stack.gateways[0][0])
