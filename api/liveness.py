@@ -19,7 +19,8 @@ was made.
 A lease or a presence key read as gone right after Redis itself stalled says nothing about its
 worker (``streaming/stalls.py``): until Redis has answered this loop's reads on time for
 ``settle_s`` (the lease TTL), such a key reads as held, and a dead worker's clients are told
-that much later.
+that much later. Redis's clock in each answer tells such a stall from one of this gateway
+itself, after which the leases are news as usual (a session that ended meanwhile).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Liveness:
         self.keys = keys
         self.tick_s = tick_s
         self.stalls = StallWatch(tick_s, settle_s)  # 0: every gone key is believed at once
+        self._server_s: float | None = None  # Redis's clock at the last read (``lua.LIVENESS``)
         self.leases: list[tuple[str, Watch]] = []
         self.replaced: list[tuple[str, str, Watch]] = []
         self.workers: list[tuple[str, Watch]] = []
@@ -118,7 +120,8 @@ class Liveness:
             if len(flags) != len(keys):
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
             answers = [flag == ord("1") for flag in flags]
-            if timed and self.stalls.answered(began) and self.stalls.settle_s > 0:
+            stalled = timed and self.stalls.answered(began, self._server_s)
+            if stalled and self.stalls.settle_s > 0:
                 log.warning(
                     "liveness: Redis answered after a stall; leases settle for %.1f s",
                     self.stalls.settle_s,
@@ -143,12 +146,15 @@ class Liveness:
             n = max(0, min(len(part), leases - i))  # of them leases, then resume records
             first = max(0, i - leases)
             args: list[str | int] = [n, *conns[first : first + len(part) - n]]
-            flags += _flags(await self._script(keys=part, args=args))
+            reply = await self._script(keys=part, args=args)
+            if i == 0:  # Redis's clock as it ran the first part
+                self._server_s = int(reply[1]) + int(reply[2]) / 1e6
+            flags += _flags(reply[0])
         return flags
 
 
 def _flags(reply: Any) -> bytes:
-    """The script's reply (bytes, or str on a client that decodes responses)."""
+    """The script's flags (bytes, or str on a client that decodes responses)."""
     return reply.encode() if isinstance(reply, str) else bytes(reply)
 
 

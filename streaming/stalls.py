@@ -12,6 +12,15 @@ failed, this one took ``STALL_S`` longer than usual, or it came ``STALL_S`` late
 starts a settling period, and a gone lease is believed only once Redis has answered on time for
 ``settle_s`` (a lease TTL: time for the holders' next renewals), and only while the reader's
 own round trips keep coming on time.
+
+A reader that was itself stalled (its process frozen, its event loop blocked) sees the same long
+round trip, though Redis and the leases were fine: a worker's session that ended meanwhile
+deleted its lease, and that gone lease is news the gateway must act on at once (it reads the rest
+of the session's log then). So a reader that can, gives Redis's own clock with each answer
+(``server_s``: ``TIME`` in the gateway's liveness script): Redis stalled when it ran this read
+``STALL_S`` later, by its clock, than the reader's clock says it was sent, compared with the read
+before (the two clocks' offset cancels out); a first answer, with none before it, is judged by
+its round trip alone.
 """
 
 from __future__ import annotations
@@ -29,19 +38,26 @@ class StallWatch:
         self.every_s = every_s  # how often the round trip is made
         self.settle_s = settle_s
         self._ok_at: float | None = None  # the last answer (monotonic)
+        self._sent: tuple[float, float] | None = None  # the last answered (began, server_s)
         self._failed = False
         self._believe_from = 0.0
 
-    def answered(self, began: float) -> bool:
-        """The round trip begun at ``began`` (monotonic) was answered; True when it ended a
-        stall (the settling period starts now)."""
+    def answered(self, began: float, server_s: float | None = None) -> bool:
+        """The round trip begun at ``began`` (monotonic) was answered (by Redis at its own
+        ``server_s``, if known); True when it ended a stall (the settling period starts now)."""
         now = time.monotonic()
         last = self._ok_at
-        stalled = (
-            self._failed
-            or now - began > STALL_S
-            or (last is not None and began - last > self.every_s + STALL_S)
-        )
+        if server_s is not None and self._sent is not None:
+            sent, self._sent = self._sent, (began, server_s)
+            lag = (server_s - sent[1]) - (began - sent[0])  # Redis ran it this much later
+            stalled = self._failed or lag > STALL_S
+        else:  # (a first answer with Redis's clock has nothing to compare it with)
+            self._sent = None if server_s is None else (began, server_s)
+            stalled = (
+                self._failed
+                or now - began > STALL_S
+                or (last is not None and began - last > self.every_s + STALL_S)
+            )
         if stalled:
             self._believe_from = now + self.settle_s
         self._failed = False
@@ -51,11 +67,11 @@ class StallWatch:
     def failed(self) -> None:
         """The round trip failed (Redis away): the next answer ends a stall."""
         self._failed = True
-        self._ok_at = None
+        self._ok_at = self._sent = None
 
     def paused(self) -> None:
         """No round trip for a while on purpose (nothing to read): that gap is no stall."""
-        self._ok_at = None
+        self._ok_at = self._sent = None
 
     def settled(self) -> bool:
         """Whether a lease read as gone now may be believed."""

@@ -69,3 +69,20 @@ def test_a_pause_on_purpose_is_no_stall() -> None:
     time.sleep(EVERY_S + STALL_S + 0.05)
     assert watch.answered(time.monotonic()) is False
     assert watch.settled()
+
+
+def test_redis_clock_tells_a_redis_stall_from_the_readers_own() -> None:
+    """With Redis's clock given, only a read that Redis ran late starts a settling period; a
+    reader that was itself held up (its answer waited, or it sent late) reads on as usual."""
+    watch = StallWatch(EVERY_S, SETTLE_S)
+    t, server = time.monotonic(), 1_000.0  # Redis's clock has an offset of its own
+    assert watch.answered(t, server) is False
+    # the reader froze for 5 s after sending: Redis ran the read at once, the answer waited
+    assert watch.answered(t + 0.5, server + 0.5) is False
+    assert watch.settled()
+    # the reader sent 5 s late (its loop was held up): both clocks moved on together
+    assert watch.answered(t + 5.5, server + 5.5) is False
+    assert watch.settled()
+    # Redis ran the next read 4 s after it was sent: Redis stalled
+    assert watch.answered(t + 6.0, server + 10.0) is True
+    assert not watch.settled()
