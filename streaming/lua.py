@@ -163,7 +163,7 @@ return out
 
 CLAIM_SESSION = """
 -- KEYS: session_claim, slot_hold, session_lease[, chat_request]
--- ARGV: worker_id, claim_ttl_s, session_id, lease_ttl_ms
+-- ARGV: worker_id, claim_ttl_s, session_id, lease_ttl_ms, slot_id (the lease's holder)
 -- A worker starts a session in one step: the claim (SET NX: a session never runs twice), then the
 -- slot hold and the session lease, then (a chat turn) its request, read once. A failed claim
 -- changes nothing: no hold, no lease, the request left for nobody. Returns false when the claim
@@ -172,7 +172,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return false
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4])
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
 if KEYS[4] then
   return {1, redis.call('GETDEL', KEYS[4])}
 end
@@ -191,6 +191,18 @@ local holder = redis.call('GET', KEYS[1])
 if holder == false or holder == ARGV[1]
     or (ARGV[3] ~= '' and string.sub(holder, 1, string.len(ARGV[3])) == ARGV[3]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+END_LEASE = """
+-- KEYS: a session's lease, then its other keys to drop with it; ARGV[1]: the lease's holder
+-- All are deleted while the lease is that holder's or gone; one that another holder has now
+-- (the session was restarted on another slot) is left, and its keys with it: returns 0.
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('DEL', unpack(KEYS))
   return 1
 end
 return 0

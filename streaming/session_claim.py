@@ -51,7 +51,8 @@ class SessionClaimer:
         if chat_turn:
             keys.append(k.chat_request(session_id))
         reply = self._claim(
-            keys=keys, args=[self.worker_id, self.claim_ttl_s, session_id, self.lease_ttl_ms]
+            keys=keys,
+            args=[self.worker_id, self.claim_ttl_s, session_id, self.lease_ttl_ms, slot_id],
         )
         if not reply:
             return None

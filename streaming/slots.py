@@ -32,6 +32,7 @@ class WorkerRegistry:
         self._release = client.register_script(lua.RELEASE)
         self._offer = client.register_script(lua.OFFER)
         self._withdraw = client.register_script(lua.WITHDRAW)
+        self._renew = client.register_script(lua.TAKE_LEASE)
 
     def slot_ids(self, count: int) -> list[str]:
         """The ids of this worker's slots."""
@@ -60,25 +61,32 @@ class WorkerRegistry:
             pipe.set(k.worker_alive(self.worker_id), b"1", px=self._alive_ttl_ms)
             pipe.execute()
 
-    def heartbeat(self, idle_slots: list[str], active: dict[str, str]) -> bool:
+    def heartbeat(self, idle_slots: list[str], active: dict[str, str]) -> tuple[bool, list[str]]:
         """Renew the alive key, every session lease and slot hold; (re)offer idle slots.
 
-        ``active`` maps slot id -> session id for the sessions running here now. Returns True
-        when the registry entry had vanished (Redis restarted empty) and was written again.
+        ``active`` maps slot id -> session id for the sessions running here now. Returns
+        whether the registry entry had vanished (Redis restarted empty) and was written again,
+        and the slots whose session's lease another slot holds now: its gateway took this one
+        for lost (this process was frozen or cut off past the lease) and restarted the session
+        there. That lease is left to its holder (a lease names its slot, ``CLAIM_SESSION``).
         """
         k = self.keys
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(k.worker_alive(self.worker_id), b"1", px=self._alive_ttl_ms)
             pipe.hsetnx(k.workers, self.worker_id, dumps(self.info))
             for slot, sid in active.items():
-                pipe.set(k.session_lease(sid), self.worker_id, px=self.lease_ttl_ms)
+                self._renew(
+                    keys=[k.session_lease(sid)], args=[slot, self.lease_ttl_ms, ""], client=pipe
+                )
                 pipe.set(k.slot_hold(slot), sid, px=self.lease_ttl_ms)
             results = pipe.execute()
         if idle_slots:
             self._offer(
                 keys=[k.busy_slots, k.free_slots, k.queue_events], args=[k.prefix, *idle_slots]
             )
-        return bool(results[1])
+        renewed = results[2::2]
+        taken = [slot for slot, ok in zip(active, renewed, strict=True) if not ok]
+        return bool(results[1]), taken
 
     def release(self, slot_id: str) -> bool:
         """Give one slot back to the pool (idempotent)."""

@@ -79,6 +79,8 @@ class DuplexRunner:
             if self.recover and self.restart():
                 return None
             while True:
+                if ctx.rt.was_taken(ctx.slot_id):
+                    return self.give_up_taken()
                 if ctx.rt.must_close():
                     return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
@@ -116,6 +118,16 @@ class DuplexRunner:
         """End the session with a reason."""
         self.end_response(interrupted=True)
         self.ctx.closed(reason)
+
+    def give_up_taken(self) -> None:
+        """The gateway took this worker for lost and restarted the session on another slot,
+        which holds its lease now: this attempt ends without a word (its client hears the new
+        one), and leaves the session's keys and resume record to it."""
+        log.warning(
+            "session %s: running on another slot now; this attempt ends", self.ctx.session_id
+        )
+        self.ctx.silence()
+        self.ctx.taken = True
 
     def park(self) -> None:
         """The client has been away ``resume_slot_hold_s``: give the slot back (the task ends)
@@ -386,7 +398,7 @@ def duplex_session(
                 ctx.closed(CloseReason.ERROR)
             except Exception:  # nothing more can be told
                 log.warning("session %s: could not report its failure", session_id, exc_info=True)
-        if not runner.parked:
+        if not runner.parked and not ctx.taken:
             try:
                 runner.resume.mark_ended()
             except Exception:  # noqa: BLE001 - Redis away: the record expires by itself

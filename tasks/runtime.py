@@ -14,6 +14,7 @@ import redis
 from inference import Backend, create_backend
 from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
+from streaming import lua
 from streaming.keys import Keys, worker_queue
 from streaming.output_writer import OutputWriter
 from streaming.session_claim import Claimed, SessionClaimer
@@ -94,6 +95,10 @@ class WorkerRuntime:
         )
         self.active: dict[str, str] = {}  # slot -> session id
         self.quarantined: set[str] = set()  # slots whose backend step hung: never offered
+        # slots whose session's lease another slot holds now (``WorkerRegistry.heartbeat``):
+        # the session ends here silently and leaves its keys to that slot
+        self.taken: set[str] = set()
+        self._end_lease = self.redis.register_script(lua.END_LEASE)
         self.writers: dict[str, OutputWriter] = {}  # slot -> the event writer its sessions share
         self.lock = threading.Lock()
         self.shutting_down = threading.Event()  # draining: no new work (see must_close)
@@ -273,9 +278,18 @@ class WorkerRuntime:
                 # gateways stop counting this worker as capacity (streaming/admission.py)
                 self.registry.update(state="draining", draining_until=self.drain_deadline)
             self.registry.withdraw(idle)
-            rewritten = self.registry.heartbeat([], active)
+            rewritten, taken = self.registry.heartbeat([], active)
         else:
-            rewritten = self.registry.heartbeat(idle if self.ready.is_set() else [], active)
+            rewritten, taken = self.registry.heartbeat(idle if self.ready.is_set() else [], active)
+        for slot in set(taken) - self.taken:
+            log.warning(
+                "session %s runs on another slot now (this process was taken for lost): "
+                "ending it on %s without a word to its client",
+                active[slot],
+                slot,
+            )
+        with self.lock:
+            self.taken.update(taken)
         self.beats += 1
         if rewritten and self.beats > 1:
             log.warning(
@@ -309,17 +323,28 @@ class WorkerRuntime:
         with self.lock:
             self.active[slot_id] = session_id
 
+    def was_taken(self, slot_id: str) -> bool:
+        """Whether the slot's session runs on another slot now (it must end here, silently)."""
+        return slot_id in self.taken
+
     def end(self, slot_id: str, session_id: str, held_s: float) -> None:
-        """A session ended: free its slot and its keys."""
+        """A session ended: free its slot and its keys (a taken one's keys are its new
+        holder's)."""
         with self.lock:
             self.active.pop(slot_id, None)
             # a hung step came back: the backend answers again, so the slot may serve again
             self.quarantined.discard(slot_id)
+            self.taken.discard(slot_id)
+        k = self.keys
         try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.delete(self.keys.session_lease(session_id))
-                pipe.delete(self.keys.input_audio(session_id), self.keys.input_control(session_id))
-                pipe.execute()
+            self._end_lease(
+                keys=[
+                    k.session_lease(session_id),
+                    k.input_audio(session_id),
+                    k.input_control(session_id),
+                ],
+                args=[slot_id],
+            )
             if self.shutting_down.is_set():
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:

@@ -45,6 +45,7 @@ class SessionContext:
     last_error: Error | None = None  # the last error event sent, if any
     done: bool = False  # a chat turn's Done was sent
     parked: bool = False  # the client went away: the slot was given back, a resume may restart
+    taken: bool = False  # the session runs on another slot now: this attempt ended silently
     log_linger_s: float = 60.0  # how long the replay log outlives the task (longer when parked)
     request: dict[str, Any] | None = None  # a chat turn's request, read by its claim
 
@@ -70,6 +71,8 @@ class SessionContext:
         reason = self.close_reason
         err = self.last_error
         said = f"{err.code.value}: {err.message}" if err is not None else None
+        if self.taken:
+            return "taken", "the session runs on another slot now (this worker was taken for lost)"
         if self.silenced:
             return "step_timeout", said or "the backend did not answer in time"
         if self.parked:  # this attempt is over; a resume would run the session as a new task

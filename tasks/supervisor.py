@@ -148,7 +148,7 @@ class PoolSupervisor:
         told, moved = [], []
         for kind, sid in running.values():
             owner = self.redis.get(k.session_lease(sid))
-            if not isinstance(owner, bytes) or owner.decode() != worker_id:
+            if not isinstance(owner, bytes) or slot_worker(owner.decode()) != worker_id:
                 continue  # it had ended (or the watchdog already told its client)
             if kind == DUPLEX and self._fails_over(sid):
                 self.redis.delete(k.session_lease(sid))  # its gateway restarts it elsewhere

@@ -40,6 +40,8 @@ LONGEST = (
     "tests/test_pocket_backend.py",  # 29
     "tests/test_relay_paths.py",  # 28
     "tests/test_cli_up.py",  # 28
+    "tests/faults/test_redis_stall.py",  # 26
+    "tests/faults/test_worker_freeze.py",  # 23
 )
 
 

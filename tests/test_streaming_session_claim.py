@@ -36,7 +36,7 @@ def test_claim_holds_the_slot_and_leases_the_session_in_one_command(
     assert sync_redis.get(keys.session_claim("rt_1")) == b"w#1"
     assert 0 < sync_redis.ttl(keys.session_claim("rt_1")) <= 60
     assert sync_redis.get(keys.slot_hold("w#1|0")) == b"rt_1"
-    assert sync_redis.get(keys.session_lease("rt_1")) == b"w#1"
+    assert sync_redis.get(keys.session_lease("rt_1")) == b"w#1|0"  # the slot holding it
     assert 0 < sync_redis.pttl(keys.session_lease("rt_1")) <= 5000
 
 
@@ -69,5 +69,5 @@ def test_a_failover_attempt_claims_its_own_id(sync_redis: redis.Redis, keys: Key
     lease is the session's either way."""
     assert claimer(sync_redis, keys, "w#1").claim("rt_4", "w#1|0", "rt_4") is not None
     assert claimer(sync_redis, keys, "w#2").claim("rt_4#2", "w#2|0", "rt_4") is not None
-    assert sync_redis.get(keys.session_lease("rt_4")) == b"w#2"
+    assert sync_redis.get(keys.session_lease("rt_4")) == b"w#2|0"
     assert claimer(sync_redis, keys, "w#3").claim("rt_4#2", "w#3|0", "rt_4") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import redis
 
+from streaming import lua
 from streaming.keys import Keys
 from streaming.slots import WorkerRegistry, withdraw_idle_of_node
 
@@ -25,8 +26,8 @@ def test_register_heartbeat_hold_release_unregister(sync_redis: redis.Redis, key
     sync_redis.lrem(keys.free_slots, 0, "w#1|0")  # dispatch took it
     sync_redis.sadd(keys.busy_slots, "w#1|0")
     sync_redis.set(keys.slot_hold("w#1|0"), "rt_1")  # its session's claim held it
-    reg.heartbeat(["w#1|1"], {"w#1|0": "rt_1"})
-    assert sync_redis.get(keys.session_lease("rt_1")) == b"w#1"
+    assert reg.heartbeat(["w#1|1"], {"w#1|0": "rt_1"}) == (False, [])
+    assert sync_redis.get(keys.session_lease("rt_1")) == b"w#1|0"
     assert sync_redis.get(keys.slot_hold("w#1|0")) == b"rt_1"
 
     assert reg.release("w#1|0") is True
@@ -60,3 +61,45 @@ def test_withdraw_idle_of_node_takes_only_that_nodes_idle_slots(
     assert withdraw_idle_of_node(sync_redis, keys, "a@h") == 2
     assert sync_redis.lrange(keys.free_slots, 0, -1) == [b"b@h#2|0", b"ab@h#3|0"]
     assert sync_redis.smembers(keys.busy_slots) == {b"a@h#1|2"}
+
+
+def test_a_lease_another_slot_holds_is_left_to_it(sync_redis: redis.Redis, keys: Keys) -> None:
+    """A session restarted on another slot (its gateway took this worker for lost) holds the
+    lease there: the heartbeat here neither renews nor overwrites it, and reports the slot;
+    its slot hold goes on until the session ends here."""
+    reg = WorkerRegistry(sync_redis, keys, "w#5", lease_ttl_s=30)
+    reg.register({"slots": 2})
+    active = {"w#5|0": "rt_5", "w#5|1": "rt_6"}
+    sync_redis.set(keys.session_lease("rt_5"), "w#9|0")  # restarted on w#9
+    sync_redis.set(keys.session_lease("rt_6"), "w#5|1")
+    assert reg.heartbeat([], active) == (False, ["w#5|0"])
+    assert sync_redis.get(keys.session_lease("rt_5")) == b"w#9|0"
+    assert sync_redis.get(keys.slot_hold("w#5|0")) == b"rt_5"
+    sync_redis.delete(keys.session_lease("rt_6"))  # gone (Redis stalled): taken again
+    assert reg.heartbeat([], active) == (False, ["w#5|0"])
+    assert sync_redis.get(keys.session_lease("rt_6")) == b"w#5|1"
+
+
+def test_an_ending_session_drops_its_keys_unless_another_slot_holds_it(
+    sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """``lua.END_LEASE``, as a worker's session ends (``WorkerRuntime.end``): an attempt that
+    ended before its heartbeat saw the session restarted elsewhere leaves that attempt's lease,
+    input and controls alone."""
+    end = sync_redis.register_script(lua.END_LEASE)
+
+    def keys_of(sid: str) -> list[str]:
+        return [keys.session_lease(sid), keys.input_audio(sid), keys.input_control(sid)]
+
+    for sid, holder in (("rt_7", "w#5|0"), ("rt_8", "w#9|0"), ("rt_9", None)):
+        if holder:
+            sync_redis.set(keys.session_lease(sid), holder)
+        sync_redis.xadd(keys.input_audio(sid), {"a": "1"})
+        sync_redis.xadd(keys.input_control(sid), {"c": "1"})
+    assert end(keys=keys_of("rt_7"), args=["w#5|0"]) == 1  # its own: all dropped
+    assert sync_redis.exists(*keys_of("rt_7")) == 0
+    assert end(keys=keys_of("rt_8"), args=["w#5|0"]) == 0  # another slot's now: all kept
+    assert sync_redis.exists(*keys_of("rt_8")) == 3
+    assert end(keys=keys_of("rt_9"), args=["w#5|0"]) == 1  # no lease (a quarantined step's)
+    assert sync_redis.exists(*keys_of("rt_9")) == 0
+    sync_redis.delete(*keys_of("rt_8"))

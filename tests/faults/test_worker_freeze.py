@@ -1,0 +1,61 @@
+"""A worker frozen (SIGSTOP) past its session lease, then thawed: the session was restarted on
+another worker meanwhile, and the thawed attempt gives way.
+
+Its gateway took the frozen worker for lost and restarted the session elsewhere (a failover,
+``session.recovering``); the thawed attempt used to run on beside the new one, holding its slot
+and a backend for as long as the client stayed, renewing the lease as its own, and when it ended
+it deleted the lease, the input and the resume record of the new attempt (whose gateway then took
+that worker for lost too: a failover loop). A lease now names the slot holding it; the thawed
+worker's heartbeat finds another slot's name there, and that attempt ends without a word,
+leaving the session's keys alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
+from tests.stack import Stack
+
+FROZEN_S = 5.0  # past the lease (1.5 s): the session is restarted on the other worker
+
+
+@pytest.mark.slow
+async def test_a_thawed_worker_gives_way_to_the_new_attempt(
+    own_redis: RestartableRedis, own_stack: Stack
+) -> None:
+    stack = own_stack
+    first = stack.start_worker()
+    stack.start_gateway()
+    probe = await DuplexProbe.open(stack.url())  # on the only worker so far
+    other = stack.start_worker(wait=False)
+    try:
+        await await_for(lambda: stack.live_slots() == 2, 120, "the second worker")
+        await await_for(lambda: probe.deltas_after(0) > 0, 30, "first deltas")
+        os.killpg(first.popen.pid, signal.SIGSTOP)
+        try:
+            await await_for(lambda: probe.first("session.recovered") is not None, 30, "failover")
+            await asyncio.sleep(max(0.0, FROZEN_S - 2.0))
+        finally:
+            os.killpg(first.popen.pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        # the thawed attempt ends and its slot is free again, while the client stays
+        await await_for(lambda: stack.free_slots() == 1, 15, "its slot free")
+        assert "runs on another slot now" in log_text(first)
+        await asyncio.sleep(4.0)
+        kinds = [f["type"] for _, f in probe.frames]
+        assert probe.closed_at is None, kinds[-5:]
+        assert kinds.count("session.recovering") == 1, kinds
+        assert "session.closed" not in kinds and "error" not in kinds, kinds
+        assert probe.deltas_after(thawed + 3.0) > 0  # the new attempt answers on
+        assert "outcome=taken" in log_text(first)
+    finally:
+        await probe.close()
+    wait_for(lambda: stack.live_slots() == 2, 15, "both slots registered")
+    stack.wait_free(2, timeout=20)
+    assert first.alive() and other.alive()
