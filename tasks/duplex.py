@@ -79,8 +79,8 @@ class DuplexRunner:
             if self.recover and self.restart():
                 return None
             while True:
-                if ctx.rt.was_taken(ctx.slot_id):
-                    return self.give_up_taken()
+                if ctx.rt.was_taken(ctx.slot_id):  # restarted on another slot: see taken_over
+                    return self.taken_over()
                 if ctx.rt.must_close():
                     return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
@@ -119,13 +119,9 @@ class DuplexRunner:
         self.end_response(interrupted=True)
         self.ctx.closed(reason)
 
-    def give_up_taken(self) -> None:
-        """The gateway took this worker for lost and restarted the session on another slot,
-        which holds its lease now: this attempt ends without a word (its client hears the new
-        one), and leaves the session's keys and resume record to it."""
-        log.warning(
-            "session %s: running on another slot now; this attempt ends", self.ctx.session_id
-        )
+    def taken_over(self) -> None:
+        """The session was restarted on another slot, which holds its lease now: this attempt
+        ends without a word and leaves the session's keys and resume record to it."""
         self.ctx.silence()
         self.ctx.taken = True
 

@@ -335,16 +335,10 @@ class WorkerRuntime:
             # a hung step came back: the backend answers again, so the slot may serve again
             self.quarantined.discard(slot_id)
             self.taken.discard(slot_id)
-        k = self.keys
+        k, sid = self.keys, session_id
         try:
-            self._end_lease(
-                keys=[
-                    k.session_lease(session_id),
-                    k.input_audio(session_id),
-                    k.input_control(session_id),
-                ],
-                args=[slot_id],
-            )
+            dropped = [k.session_lease(sid), k.input_audio(sid), k.input_control(sid)]
+            self._end_lease(keys=dropped, args=[slot_id])
             if self.shutting_down.is_set():
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:
