@@ -120,8 +120,7 @@ class DuplexRunner:
         self.ctx.closed(reason)
 
     def taken_over(self) -> None:
-        """The session was restarted on another slot, which holds its lease now: this attempt
-        ends without a word and leaves the session's keys and resume record to it."""
+        """Restarted on another slot (it holds the lease): end silently, its keys left to it."""
         self.ctx.silence()
         self.ctx.taken = True
 
