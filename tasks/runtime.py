@@ -354,7 +354,8 @@ class WorkerRuntime:
                 self.active.pop(slot_id)
             self.quarantined.add(slot_id)
         try:
-            self.beat_redis.delete(self.keys.session_lease(session_id))
+            lease = [self.keys.session_lease(session_id)]  # (unless another slot holds it now)
+            self._end_lease(keys=lease, args=[slot_id], client=self.beat_redis)
         except redis.RedisError as exc:
             log.warning("could not drop the lease of %s (%s)", session_id, exc)
 
