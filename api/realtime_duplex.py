@@ -17,6 +17,7 @@ gateway does not read client frames while a client waits, so there a queued user
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -112,7 +113,7 @@ class DuplexSession(ResumableSession):
         chunk = duplex_append(event, self.default_slices)
         self.input_seq += 1
         self.clock.input_sent(f"input_{self.input_seq}")
-        written = await self.gw.inputs.append(
+        written = self.gw.inputs.append(
             self.session_id,
             AudioChunk(
                 seq=self.input_seq,
@@ -123,19 +124,21 @@ class DuplexSession(ResumableSession):
                 max_slice_nums=chunk.max_slice_nums,
             ),
         )
-        written.add_done_callback(self._input_written)
+        written.add_done_callback(functools.partial(self._input_written, f"input_{self.input_seq}"))
 
-    def _input_written(self, written: asyncio.Future[None]) -> None:
+    def _input_written(self, input_id: str, written: asyncio.Future[None]) -> None:
         """Redis answered a chunk's write. The receive loop does not wait for that answer (the
         next frame is read meanwhile), so a chunk Redis did not take is reported here, as the
-        loop reports an event whose handling failed: logged, and ``inference_error``."""
+        loop reports an event whose handling failed: logged, and ``inference_error`` naming it."""
         exc = None if written.cancelled() else written.exception()
         if exc is None or self.gone.is_set():
             return
-        log.error("session %s: an input chunk was not queued: %s", self.session_id, exc)
         if self.failing or (self.input_failure is not None and not self.input_failure.done()):
-            return
-        self.input_failure = asyncio.create_task(self.on_event_failure({"type": "input.append"}))
+            return  # (one report at a time: a Redis stall fails every chunk sent meanwhile)
+        log.error("session %s: %s was not queued: %s", self.session_id, input_id, exc)
+        self.input_failure = asyncio.create_task(
+            self.send_error(ErrorCode.INFERENCE_ERROR, f"{input_id} was not queued: {exc}")
+        )
 
     def _begin_init(self) -> None:
         """Enter INITIALIZING (synchronously: a second init arriving meanwhile is refused)."""

@@ -50,7 +50,7 @@ async def one_round(url: str, way: str, n: int) -> float:
         else:
             xadd: list[EncodableT] = ["XADD", KEY, "MAXLEN", 4, "*"]
             xadd += [x for kv in fields.items() for x in kv]
-            written.append(await link.send(xadd))
+            written.append(link.send(xadd))
 
     for seq in range(20):  # connections opened, caches warm
         await write(seq)

@@ -71,11 +71,11 @@ class InputWriter:
         per_second = -(-SAMPLES_PER_SECOND // max(1, samples))  # ceil
         return max(self.max_pending, min(MAX_PENDING_CHUNKS, self.max_pending * per_second))
 
-    async def append(self, session_id: str, chunk: AudioChunk) -> asyncio.Future[None]:
+    def append(self, session_id: str, chunk: AudioChunk) -> asyncio.Future[None]:
         """Queue one chunk for the worker (dropping the oldest beyond ``pending_bound``).
 
-        The chunk is written when this returns; the future says whether Redis took it. The
-        caller need not wait for it (the next chunk can go meanwhile), but must look at it.
+        Never waits: the future says whether Redis took the chunk. The caller need not wait for
+        it (the next chunk can go meanwhile), but must look at it.
         """
         key = self.keys.input_audio(session_id)
         maxlen = self.pending_bound(len(chunk.audio) // 4)
@@ -92,23 +92,21 @@ class InputWriter:
         commands.append(xadd)
         if chunk.seq == 1:
             commands.append(["EXPIRE", key, self.ttl_s])
-        return await self.link.send(*commands)
+        return self.link.send(*commands)
 
     async def control(self, session_id: str, control: Control) -> None:
         """Send a control event (never dropped); returns once Redis has it."""
         key = self.keys.input_control(session_id)
-        await (
-            await self.link.send(
-                self._control_xadd(session_id, encode_control(control)),
-                ["EXPIRE", key, self.ttl_s],
-            )
+        await self.link.send(
+            self._control_xadd(session_id, encode_control(control)),
+            ["EXPIRE", key, self.ttl_s],
         )
 
     async def discard(self, session_id: str) -> None:
         """Delete both input streams (a failover starts the next worker on what comes next);
         on the link, so that no chunk written before lands after the delete."""
         keys = (self.keys.input_audio(session_id), self.keys.input_control(session_id))
-        await (await self.link.send(["DEL", *keys]))
+        await self.link.send(["DEL", *keys])
 
     def _control_xadd(self, session_id: str, encoded: bytes) -> Command:
         key = self.keys.input_control(session_id)
@@ -138,15 +136,31 @@ class InputReader:
         self.last_audio = "0-0"
         self.last_control = "0-0"
         self.last_seq = 0
+        self.unanswered = False  # the last read found Redis stalled
 
     def read(self, block_ms: int) -> InputBatch:
-        """Wait up to ``block_ms`` for input; return everything pending."""
-        got = _stream_reply(
-            self.client.xread(
+        """Wait up to ``block_ms`` for input; return everything pending.
+
+        A Redis that holds the connection but does not answer (a stall past the client's
+        retries) reads as no input: the session waits for it, as its gateway does (a 15 s
+        stall failed every session); its deadline and other checks still run. A refused or
+        closed connection still raises: Redis restarted, most likely empty, and the gateway
+        ends its side of the session (docs/ARCHITECTURE.md, failures).
+        """
+        try:
+            reply = self.client.xread(
                 {self.control_key: self.last_control, self.audio_key: self.last_audio},
                 block=block_ms,
             )
-        )
+        except redis.TimeoutError as exc:
+            if not self.unanswered:
+                log.warning("input read: Redis does not answer (%s); waiting for it", exc)
+            self.unanswered = True
+            return InputBatch(controls=[], chunks=[], dropped=0)
+        if self.unanswered:
+            log.info("input read: Redis answers again")
+            self.unanswered = False
+        got = _stream_reply(reply)
         controls: list[Control] = []
         chunks: list[AudioChunk] = []
         dropped = 0

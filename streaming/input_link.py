@@ -10,17 +10,21 @@ queues its commands and gets a future; the link's reader resolves the futures in
 commands went out (Redis answers a connection in order).
 
 The link's own writer task sends what callers queue (all that is queued, in one write), so a
-caller never waits on the socket: a session cancelled at any point (each one's receive loop is,
-when it ends) cannot cut a write in half or make redis-py drop the connection under the other
-sessions' writes. Callers wait only for room when ``max_outbox_bytes`` are queued unwritten
-(Redis not reading): the input's backpressure, as the socket's was.
+caller never waits: not on the socket (a session cancelled at any point cannot cut a write in
+half or make redis-py drop the connection under the other sessions' writes), not on a
+connection being opened (commands queued meanwhile go out once it is), and not on Redis.
+``send`` is synchronous: a receive loop that waited here while Redis stalled stopped reading its
+client's frames, pongs included, and every client was dropped some 12 s into a 15 s stall.
+Beyond ``max_outbox_bytes`` queued unwritten (Redis not reading), a write fails at once
+(``InputBacklogFull``): the caller tells its client, and the next write may go through.
 
 Everything one session sends (its chunks and its controls) goes over the same link, so Redis
 takes it in the order it was sent. The connection is redis-py's own (``pool.make_connection()``:
-the URL's TLS, authentication and timeouts), opened on first use and again after it failed. A
-failure fails every write still waiting for its reply; an error reply fails only its own write.
-With a ``socket_timeout`` on the URL, a write not answered within it drops the connection, as a
-command of the shared client would time out.
+the URL's TLS, authentication and timeouts), opened in the background on first use and again
+after it failed. A failure fails every write still waiting for its reply (and those queued for a
+connection that could not be opened); an error reply fails only its own write. With a
+``socket_timeout`` on the URL, a write not answered within it drops the connection, as a command
+of the shared client would time out.
 """
 
 from __future__ import annotations
@@ -44,7 +48,11 @@ from redis.typing import EncodableT
 log = logging.getLogger(__name__)
 
 Command = Sequence[EncodableT]
-MAX_OUTBOX_BYTES = 4 * 2**20  # ~64 one-second chunks queued unwritten: callers wait beyond it
+MAX_OUTBOX_BYTES = 16 * 2**20  # ~250 one-second chunks queued unwritten: writes fail beyond it
+
+
+class InputBacklogFull(RedisConnectionError):
+    """Redis has not read what the link queued: the write is refused rather than waited for."""
 
 
 @dataclass(slots=True)
@@ -70,6 +78,7 @@ class InputLink:
         self.name = name  # its CLIENT SETNAME: an operator's CLIENT LIST tells it apart
         self.max_outbox_bytes = max_outbox_bytes
         self._conn: AbstractConnection | None = None
+        self._opening: asyncio.Task[None] | None = None  # connecting self._conn
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -77,23 +86,24 @@ class InputLink:
         self._outbox: list[bytes] = []  # packed commands the writer has yet to send
         self._outbox_bytes = 0
         self._wake = asyncio.Event()  # the writer has something to send
-        self._room = asyncio.Event()  # the outbox has room again
-        self._connecting = asyncio.Lock()
         self._closed = False
 
-    async def send(self, *commands: Command) -> asyncio.Future[None]:
-        """Queue ``commands`` for the writer; the future resolves when Redis has answered all
-        of them (or fails). Waits only to open the connection or for room in the outbox;
-        raises when the connection cannot be opened.
-        """
-        while self._outbox_bytes >= self.max_outbox_bytes:
-            self._room.clear()
-            await self._room.wait()  # (cancelled here, the caller has queued nothing)
+    def send(self, *commands: Command) -> asyncio.Future[None]:
+        """Queue ``commands``; the future resolves when Redis has answered all of them, or
+        fails (``InputBacklogFull`` at once when the outbox is full). Never waits; raises only
+        when the link was closed."""
+        if self._closed:
+            raise RedisConnectionError("the input link was closed")
+        write = _Write(asyncio.get_running_loop().create_future(), len(commands), time.monotonic())
+        if self._outbox_bytes >= self.max_outbox_bytes:
+            write.error = InputBacklogFull(
+                f"Redis has not read the {self._outbox_bytes} bytes of input queued before"
+            )
+            _resolve(write)
+            return write.done
         conn = self._conn
-        if conn is None or not conn.is_connected or not self._running():
-            conn = await self._connect()
-        loop = asyncio.get_running_loop()
-        write = _Write(loop.create_future(), len(commands), time.monotonic())
+        if conn is None or not self._usable():
+            conn = self._open()
         if len(commands) == 1:
             packed = conn.pack_command(*commands[0])
         else:
@@ -108,7 +118,7 @@ class InputLink:
     async def aclose(self) -> None:
         """Close the connection; writes still waiting fail."""
         self._closed = True
-        for task in (self._reader, self._writer, self._watch):
+        for task in (self._opening, self._reader, self._writer, self._watch):
             if task is not None:
                 task.cancel()
         if self._conn is not None:
@@ -116,32 +126,48 @@ class InputLink:
         self._fail_all(RedisConnectionError("the input link was closed"))
 
     # ------------------------------------------------------------------ internals
-    async def _connect(self) -> AbstractConnection:
-        async with self._connecting:
-            if self._closed:
-                raise RedisConnectionError("the input link was closed")
-            conn = self._conn
-            if conn is not None and conn.is_connected and self._running():
-                return conn  # another caller opened it meanwhile
-            for task in (self._reader, self._writer):
-                if task is not None:
-                    task.cancel()
-            if conn is not None:
-                await conn.disconnect()
-            self._fail_all(RedisConnectionError("the input connection was lost"))
-            conn = cast(AbstractConnection, self.pool.make_connection())  # type: ignore[no-untyped-call]
+    def _usable(self) -> bool:
+        """A connection that is being opened, or open with its reader and writer running."""
+        if self._conn is None:
+            return False
+        if self._opening is not None and not self._opening.done():
+            return True
+        return self._conn.is_connected and self._running()
+
+    def _open(self) -> AbstractConnection:
+        """Replace the connection: what waited on the old one fails; the new one is opened in
+        the background, and what is queued meanwhile goes out once it is."""
+        for task in (self._opening, self._reader, self._writer):
+            if task is not None:
+                task.cancel()
+        self._reader = self._writer = None
+        self._fail_all(RedisConnectionError("the input connection was lost"))
+        old = self._conn
+        conn = self._conn = cast(AbstractConnection, self.pool.make_connection())  # type: ignore[no-untyped-call]
+        self._opening = asyncio.create_task(self._connect(conn, old), name="input-link-connect")
+        limit_s = conn.socket_timeout
+        if limit_s and (self._watch is None or self._watch.done()):
+            self._watch = asyncio.create_task(self._watch_stale(limit_s), name="input-link-watch")
+        return conn
+
+    async def _connect(self, conn: AbstractConnection, old: AbstractConnection | None) -> None:
+        if old is not None:
+            await old.disconnect(nowait=True)
+        try:
             await conn.connect()  # type: ignore[no-untyped-call]
             await conn.send_command("CLIENT", "SETNAME", self.name, check_health=False)
             await conn.read_response()
-            self._conn = conn
-            self._reader = asyncio.create_task(self._read(conn), name="input-link-reader")
-            self._writer = asyncio.create_task(self._write(conn), name="input-link-writer")
-            limit_s = conn.socket_timeout
-            if limit_s and (self._watch is None or self._watch.done()):
-                self._watch = asyncio.create_task(
-                    self._watch_stale(limit_s), name="input-link-watch"
-                )
-            return conn
+        except asyncio.CancelledError:
+            await conn.disconnect(nowait=True)
+            raise
+        except Exception as exc:  # noqa: BLE001 - Redis unreachable: what was queued fails
+            log.warning("input link: connecting to Redis failed: %s", exc)
+            if self._conn is conn:
+                self._fail_all(exc)
+            await conn.disconnect(nowait=True)
+            return
+        self._reader = asyncio.create_task(self._read(conn), name="input-link-reader")
+        self._writer = asyncio.create_task(self._write(conn), name="input-link-writer")
 
     def _running(self) -> bool:
         return all(t is not None and not t.done() for t in (self._reader, self._writer))
@@ -152,7 +178,6 @@ class InputLink:
             await self._wake.wait()
             self._wake.clear()
             batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
-            self._room.set()
             if not batch:
                 continue
             try:
@@ -198,15 +223,16 @@ class InputLink:
         while not self._closed:
             await asyncio.sleep(min(1.0, limit_s / 2))
             if self._pending and time.monotonic() - self._pending[0].sent_at > limit_s:
-                conn = self._conn
+                conn, opening, self._opening = self._conn, self._opening, None
                 log.warning("input link: no reply from Redis within %.1f s; reconnecting", limit_s)
+                if opening is not None:
+                    opening.cancel()  # (a connection still being opened is not waited for)
                 self._fail_all(RedisTimeoutError("Timeout reading from the input link"))
                 if conn is not None:
                     await conn.disconnect(nowait=True)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._outbox, self._outbox_bytes = [], 0  # (those commands' writes fail below)
-        self._room.set()
         while self._pending:
             write = self._pending.popleft()
             write.error = write.error or exc

@@ -8,7 +8,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from omniserve.redis_server import free_port
 from streaming.controls import CloseControl, ForceListenControl, InitControl
 from streaming.input import AudioChunk, InputReader, InputWriter
 from streaming.keys import Keys
@@ -35,7 +38,7 @@ async def writers(async_redis: aioredis.Redis, keys: Keys) -> AsyncIterator[Writ
 
 async def append(writer: InputWriter, c: AudioChunk) -> None:
     """Write a chunk and wait until Redis took it."""
-    await (await writer.append(SID, c))
+    await writer.append(SID, c)
 
 
 def chunk(seq: int, samples: int = 16000, **kw: object) -> AudioChunk:
@@ -53,7 +56,7 @@ async def test_the_oldest_pending_chunks_are_dropped_and_counted(
     assert [c.seq for c in first.chunks] == [1] and first.dropped == 0
     assert first.chunks[0].frames == [b"jpeg0", b"jpeg1"] and first.chunks[0].max_slice_nums == 3
     # faster than the worker reads, and none waited for before the next goes out
-    written = [await writer.append(SID, chunk(seq)) for seq in range(2, 7)]
+    written = [writer.append(SID, chunk(seq)) for seq in range(2, 7)]
     await asyncio.gather(*written)
     batch = reader.read(block_ms=100)
     assert [c.seq for c in batch.chunks] == [5, 6]  # the newest are kept
@@ -118,7 +121,31 @@ async def test_the_gateway_discards_both_streams_after_what_it_wrote_before(
     """A failover's delete goes after the chunks already written, answered or not."""
     writer = writers(2)
     await writer.control(SID, CloseControl())
-    written = await writer.append(SID, chunk(1))  # not waited for before the delete goes out
+    written = writer.append(SID, chunk(1))  # not waited for before the delete goes out
     await writer.discard(SID)
     assert written.done()
     assert not sync_redis.exists(keys.input_audio(SID), keys.input_control(SID))
+
+
+def test_a_stalled_redis_reads_as_no_input_and_a_refused_connection_raises(
+    redis_server: str, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """A worker's read while Redis holds the connection but answers nothing (a stall past the
+    client's timeout) returns no input and the session goes on; a refused connection (Redis
+    restarted, its state most likely gone) still raises, and the session ends."""
+    once = Retry(NoBackoff(), 1)
+    stalled = redis.Redis.from_url(redis_server, socket_timeout=0.3, retry=once)
+    reader = InputReader(stalled, keys, SID)
+    sync_redis.client_pause(1_500, all=True)
+    try:
+        batch = reader.read(100)
+    finally:
+        sync_redis.client_unpause()
+    assert (batch.controls, batch.chunks, reader.unanswered) == ([], [], True)
+    sync_redis.xadd(keys.input_control(SID), {"e": b"x"})  # (not a control: skipped)
+    assert reader.read(100).controls == [] and not reader.unanswered  # answered again
+    stalled.close()
+    sync_redis.delete(keys.input_control(SID))
+    refused = redis.Redis(port=free_port(), socket_timeout=0.3, retry=once)
+    with pytest.raises(redis.ConnectionError):
+        InputReader(refused, keys, SID).read(100)

@@ -1,5 +1,6 @@
 """streaming/input_link.py against a real Redis: writes in flight at once, answered in order;
-an error reply, a killed connection, a Redis that stops answering, and the link closed."""
+an error reply, a killed connection, a Redis that stops answering, frozen or unreachable, and
+the link closed."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from omniserve.redis_server import start_embedded
-from streaming.input_link import InputLink
+from omniserve.redis_server import free_port, start_embedded
+from streaming.input_link import InputBacklogFull, InputLink
 
 KEY = "link:test"
 
@@ -39,13 +40,13 @@ async def test_writes_in_flight_at_once_are_answered_in_the_order_they_went_out(
     link: InputLink, sync_redis: redis.Redis
 ) -> None:
     sync_redis.delete(KEY)
-    written = [await link.send(["XADD", KEY, "*", "n", n]) for n in range(200)]
+    written = [link.send(["XADD", KEY, "*", "n", n]) for n in range(200)]
     assert not all(w.done() for w in written)  # none of them was waited for
     await answered(*written)
     entries = sync_redis.xrange(KEY)
     assert [int(fields[b"n"]) for _, fields in entries] == list(range(200))
     # several commands as one write: one future, resolved when the last reply is in
-    both = await link.send(["XADD", KEY, "*", "n", 200], ["EXPIRE", KEY, 60])
+    both = link.send(["XADD", KEY, "*", "n", 200], ["EXPIRE", KEY, 60])
     await answered(both)
     assert sync_redis.xlen(KEY) == 201 and 0 < sync_redis.ttl(KEY) <= 60
 
@@ -54,26 +55,26 @@ async def test_an_error_reply_fails_only_its_own_write(
     link: InputLink, sync_redis: redis.Redis
 ) -> None:
     sync_redis.set(KEY, "a string, not a stream")
-    before = await link.send(["XADD", f"{KEY}:ok", "*", "n", 1])
-    wrong = await link.send(["XADD", KEY, "*", "n", 1])  # WRONGTYPE
-    after = await link.send(["XADD", f"{KEY}:ok", "*", "n", 2], ["XADD", KEY, "*", "n", 2])
+    before = link.send(["XADD", f"{KEY}:ok", "*", "n", 1])
+    wrong = link.send(["XADD", KEY, "*", "n", 1])  # WRONGTYPE
+    after = link.send(["XADD", f"{KEY}:ok", "*", "n", 2], ["XADD", KEY, "*", "n", 2])
     await answered(before)
     with pytest.raises(ResponseError, match="WRONGTYPE"):
         await answered(wrong)
     with pytest.raises(ResponseError, match="WRONGTYPE"):  # its first command went through
         await answered(after)
     assert sync_redis.xlen(f"{KEY}:ok") == 2
-    await answered(await link.send(["XADD", f"{KEY}:ok", "*", "n", 3]))  # the link goes on
+    await answered(link.send(["XADD", f"{KEY}:ok", "*", "n", 3]))  # the link goes on
     sync_redis.delete(KEY, f"{KEY}:ok")
 
 
 async def test_a_killed_connection_fails_the_writes_waiting_and_the_next_write_reconnects(
     link: InputLink, sync_redis: redis.Redis
 ) -> None:
-    await (await link.send(["CLIENT", "SETNAME", "input-link"]))
+    await link.send(["CLIENT", "SETNAME", "input-link"])
     sync_redis.client_pause(10_000, all=False)  # writes wait; the link's stay unanswered
     try:
-        waiting = [await link.send(["XADD", KEY, "*", "n", n]) for n in range(3)]
+        waiting = [link.send(["XADD", KEY, "*", "n", n]) for n in range(3)]
         await asyncio.sleep(0.2)
         assert not any(w.done() for w in waiting)
         killed = sync_redis.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
@@ -84,7 +85,7 @@ async def test_a_killed_connection_fails_the_writes_waiting_and_the_next_write_r
     finally:
         sync_redis.client_unpause()
     sync_redis.delete(KEY)
-    await (await link.send(["XADD", KEY, "*", "n", 9]))  # a fresh connection
+    await link.send(["XADD", KEY, "*", "n", 9])  # a fresh connection
     assert sync_redis.xlen(KEY) == 1
     sync_redis.delete(KEY)
 
@@ -95,15 +96,15 @@ async def test_a_redis_that_stops_answering_fails_the_write_after_the_socket_tim
     client = aioredis.Redis.from_url(redis_server, socket_timeout=0.5)
     link = InputLink(client.connection_pool)
     try:
-        await (await link.send(["PING"]))
+        await link.send(["PING"])
         sync_redis.client_pause(3_000, all=False)
         try:
-            stuck = await link.send(["XADD", KEY, "*", "n", 1])
+            stuck = link.send(["XADD", KEY, "*", "n", 1])
             with pytest.raises(RedisTimeoutError):
                 await asyncio.wait_for(stuck, 2.5)  # within about twice the timeout
         finally:
             sync_redis.client_unpause()
-        await (await link.send(["PING"]))  # and it reconnects
+        await link.send(["PING"])  # and it reconnects
     finally:
         await link.aclose()
         await client.aclose()
@@ -116,48 +117,46 @@ async def test_a_closed_link_fails_what_waits_and_takes_no_more(
     link = InputLink(async_redis.connection_pool)
     sync_redis.client_pause(5_000, all=False)
     try:
-        waiting = await link.send(["XADD", KEY, "*", "n", 1])
+        waiting = link.send(["XADD", KEY, "*", "n", 1])
         await link.aclose()
         with pytest.raises(RedisConnectionError):
             await waiting
         with pytest.raises(RedisConnectionError, match="closed"):
-            await link.send(["PING"])
+            link.send(["PING"])
     finally:
         sync_redis.client_unpause()
         sync_redis.delete(KEY)
 
 
-async def test_a_caller_cancelled_while_redis_reads_nothing_leaves_the_link_to_the_others() -> None:
-    """Redis frozen (SIGSTOP): 64 KB writes queue until the socket and the outbox are full and
-    callers wait for room; one waiting caller is cancelled (a session ending). Redis thawed,
-    every write queued before is answered on the same connection: nothing was cut in half,
-    nothing dropped."""
+async def test_a_frozen_redis_never_holds_a_caller_and_a_full_outbox_refuses_at_once() -> None:
+    """Redis frozen (SIGSTOP): 64 KB writes queue until the socket and the outbox are full; the
+    next write fails at once (``InputBacklogFull``), nothing waits. Redis thawed, every write
+    queued before is answered on the same connection (nothing cut in half, nothing dropped),
+    and the link takes writes again. A receive loop waiting here stopped reading its client's
+    pongs, so a long stall dropped every client."""
     server = start_embedded()
     client = aioredis.Redis.from_url(server.url)
     link = InputLink(client.connection_pool, "frozen-test", max_outbox_bytes=256 * 1024)
     sync = redis.Redis.from_url(server.url)
     blob = b"x" * 65536
-    written: list[asyncio.Future[None]] = []
-
-    async def sender() -> None:
-        while True:
-            written.append(await link.send(["XADD", KEY, "*", "n", len(written), "b", blob]))
-
     try:
-        await answered(await link.send(["PING"]))
+        await answered(link.send(["PING"]))
         (before,) = [c["id"] for c in sync.client_list() if c["name"] == "frozen-test"]
         os.kill(server.process.pid, signal.SIGSTOP)
-        task = asyncio.create_task(sender())
-        seen = -1
-        while len(written) != seen:  # until the sender waits for room
-            seen = len(written)
-            await asyncio.sleep(0.5)
-        assert not task.done() and seen > 4 and not any(w.done() for w in written)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        written: list[asyncio.Future[None]] = []
+        for _ in range(2000):  # (the socket's buffers take a few MB first)
+            write = link.send(["XADD", KEY, "*", "n", len(written), "b", blob])
+            if write.done():  # refused: the outbox is full
+                break
+            written.append(write)
+            await asyncio.sleep(0.005)  # the writer fills the socket meanwhile
+        with pytest.raises(InputBacklogFull):
+            write.result()
+        assert len(written) > 4 and not any(w.done() for w in written)
         os.kill(server.process.pid, signal.SIGCONT)
         await asyncio.wait_for(asyncio.gather(*written), 30)
         assert sync.xlen(KEY) == len(written)
+        await answered(link.send(["XADD", KEY, "*", "n", len(written), "b", blob]))
         assert [c["id"] for c in sync.client_list() if c["name"] == "frozen-test"] == [before]
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
@@ -165,3 +164,46 @@ async def test_a_caller_cancelled_while_redis_reads_nothing_leaves_the_link_to_t
         await client.aclose()
         sync.close()
         server.stop()
+
+
+async def test_writes_queued_while_the_connection_opens_go_out_once_it_is_open() -> None:
+    """The first write finds Redis frozen: it returns at once, waits for the connection, and is
+    answered (after the link's own CLIENT SETNAME) once Redis is thawed."""
+    server = start_embedded()
+    client = aioredis.Redis.from_url(server.url)
+    link = InputLink(client.connection_pool, "opening-test")
+    sync = redis.Redis.from_url(server.url)
+    try:
+        os.kill(server.process.pid, signal.SIGSTOP)
+        written = [link.send(["XADD", KEY, "*", "n", n]) for n in range(3)]
+        await asyncio.sleep(0.5)
+        assert not any(w.done() for w in written)
+        os.kill(server.process.pid, signal.SIGCONT)
+        await answered(*written)
+        assert [int(f[b"n"]) for _, f in sync.xrange(KEY)] == [0, 1, 2]
+        assert [c["name"] for c in sync.client_list()].count("opening-test") == 1
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        await link.aclose()
+        await client.aclose()
+        sync.close()
+        server.stop()
+
+
+async def test_a_redis_that_cannot_be_reached_fails_the_writes_queued_for_it() -> None:
+    """No Redis at all: the write returns a future that fails (the caller is neither raised at
+    nor held); once Redis is there, the next write opens a connection and goes through."""
+    port = free_port()
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    link = InputLink(client.connection_pool)
+    server = None
+    try:
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(link.send(["PING"]), 10)
+        server = start_embedded(port)
+        await answered(link.send(["PING"]))
+    finally:
+        await link.aclose()
+        await client.aclose()
+        if server is not None:
+            server.stop()
