@@ -153,13 +153,9 @@ class InputReader:
                 block=block_ms,
             )
         except redis.TimeoutError as exc:
-            if not self.unanswered:
-                log.warning("input read: Redis does not answer (%s); waiting for it", exc)
-            self.unanswered = True
+            self._stalled(exc)
             return InputBatch(controls=[], chunks=[], dropped=0)
-        if self.unanswered:
-            log.info("input read: Redis answers again")
-            self.unanswered = False
+        self._answered()
         got = _stream_reply(reply)
         controls: list[Control] = []
         chunks: list[AudioChunk] = []
@@ -183,8 +179,15 @@ class InputReader:
         return InputBatch(controls=controls, chunks=chunks, dropped=dropped)
 
     def poll_controls(self) -> list[Control]:
-        """Control events that arrived since the last read, without waiting (chat turns)."""
-        got = _stream_reply(self.client.xread({self.control_key: self.last_control}, count=10))
+        """Control events that arrived since the last read, without waiting (chat turns); none
+        while Redis stalls, as ``read``."""
+        try:
+            reply = self.client.xread({self.control_key: self.last_control}, count=10)
+        except redis.TimeoutError as exc:
+            self._stalled(exc)
+            return []
+        self._answered()
+        got = _stream_reply(reply)
         controls: list[Control] = []
         for _stream, entries in got:
             for entry_id, fields in entries:
@@ -193,6 +196,16 @@ class InputReader:
                 if control is not None:
                     controls.append(control)
         return controls
+
+    def _stalled(self, exc: redis.TimeoutError) -> None:
+        if not self.unanswered:
+            log.warning("input read: Redis does not answer (%s); waiting for it", exc)
+        self.unanswered = True
+
+    def _answered(self) -> None:
+        if self.unanswered:
+            log.info("input read: Redis answers again")
+            self.unanswered = False
 
     def discard(self) -> None:
         """Delete the input streams (the session is over)."""

@@ -328,8 +328,7 @@ class WorkerRuntime:
         return slot_id in self.taken
 
     def end(self, slot_id: str, session_id: str, held_s: float) -> None:
-        """A session ended: free its slot and its keys (a taken one's keys are its new
-        holder's)."""
+        """A session ended: free its slot and its keys (a taken one's are its new holder's)."""
         with self.lock:
             self.active.pop(slot_id, None)
             # a hung step came back: the backend answers again, so the slot may serve again
@@ -370,11 +369,14 @@ class WorkerRuntime:
             log.warning("could not count %s in Redis", name)
 
     def gateway_alive(self, gateway_id: str) -> bool:
-        """Whether the gateway relaying a session still holds its lease (read as held when the
-        read itself was slow, or Redis settles after a stall: ``streaming/stalls.py``)."""
+        """Whether the gateway relaying a session still holds its lease: read as held when the
+        read was slow or timed out, or Redis settles after a stall (``streaming/stalls.py``)."""
         began = time.monotonic()
-        if self.redis.exists(self.keys.gateway_alive(gateway_id)):
-            return True
+        try:
+            if self.redis.exists(self.keys.gateway_alive(gateway_id)):
+                return True
+        except redis.TimeoutError:
+            return True  # Redis stalls: nothing can be told (a refused connection still raises)
         return time.monotonic() - began > STALL_S or not self.stalls.settled()
 
     def owns_slot(self, slot_id: str) -> bool:

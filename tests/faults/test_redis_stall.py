@@ -1,4 +1,4 @@
-"""Redis frozen (SIGSTOP) for 15 s while sessions run, then thawed: nothing ends.
+"""Redis frozen (SIGSTOP) for 15 s while sessions and a chat turn run, then thawed: nothing ends.
 
 A stall of Redis itself (a long fork or fsync, a paused VM) lets every TTL run on while nobody can
 renew it: the workers' session leases (1.5 s), their presence keys and the gateway's own lease
@@ -8,7 +8,8 @@ gateway had gone: sessions of a healthy pool were failed over again and again or
 round trips and believe a gone lease only once Redis answers on time again
 (``streaming/stalls.py``). Past the 5 s socket timeout, the gateway's receive loops waited on its
 input link (the clients' pongs unread: every client dropped) and the workers' input reads failed
-their sessions; neither waits nor fails now (``streaming/input_link.py``, ``InputReader.read``).
+their sessions (a chat turn's checks failed it: "inference failed"); none of them waits or
+fails now (``streaming/input_link.py``, ``InputReader``, ``WorkerRuntime.gateway_alive``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 import pytest
 
+from tests.client import Client
 from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
 from tests.stack import Stack
 
@@ -28,14 +30,33 @@ from tests.stack import Stack
 FROZEN_S = 15.0
 
 
+WORDS = 40  # a chat turn's reply, one word every 0.3 s: generated before, during and after
+
+
+async def start_chat_turn(url: str) -> Client:
+    """A chat client whose turn has begun answering."""
+    chat = await Client.connect(url, query="?mode=chat")
+    await chat.until("session.queue_done")
+    await chat.send({"type": "session.init", "payload": {}})
+    await chat.until("session.created")
+    content = "Reply with exactly: " + " ".join(["word"] * WORDS)
+    await chat.send(
+        {"type": "input.append", "input": {"messages": [{"role": "user", "content": content}]}}
+    )
+    await chat.until("response.output.delta", timeout=30)
+    return chat
+
+
 @pytest.mark.slow
 async def test_sessions_go_on_through_a_redis_stall(
     own_redis: RestartableRedis, own_stack: Stack
 ) -> None:
     stack = own_stack
-    workers = [stack.start_worker(slots=2), stack.start_worker()]  # both pools
+    options = '{"token_delay_s": 0.3}'  # (chat turns only)
+    workers = [stack.start_worker(slots=3, OMNISERVE_BACKEND_OPTIONS=options), stack.start_worker()]
     stack.start_gateway()
     probes = [await DuplexProbe.open(stack.url()) for _ in range(3)]
+    chat = await start_chat_turn(stack.url())
     try:
         await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
         assert own_redis.server is not None
@@ -56,12 +77,18 @@ async def test_sessions_go_on_through_a_redis_stall(
             lost = [f["error"] for _, f in seen if f["type"] == "error"]
             assert lost and all(e["code"] == "inference_error" for e in lost), seen
             assert "was not queued" in lost[0]["message"]  # the chunks Redis never took
+        # the chat turn paused with Redis (its checks wait on it) and ends whole: no error
+        frames = await chat.collect_until("response.done", "error", timeout=60)
+        deltas = "".join(f["text"] for f in chat.received if f["type"] == "response.output.delta")
+        assert frames[-1]["type"] == "response.done", frames[-1]
+        assert frames[-1]["text"] == deltas == " ".join(["word"] * WORDS)
     finally:
         for p in probes:
             await p.close()
+        await chat.close()
     # every slot comes back, and the workers noticed the stall and went on
-    wait_for(lambda: stack.live_slots() == 3, 15, "all slots registered")
-    stack.wait_free(3, timeout=15)
+    wait_for(lambda: stack.live_slots() == 4, 15, "all slots registered")
+    stack.wait_free(4, timeout=15)
     for worker in workers:
         assert worker.alive()
         assert "Redis answers again" in log_text(worker)
