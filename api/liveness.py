@@ -19,8 +19,10 @@ was made.
 A lease or a presence key read as gone right after Redis itself stalled says nothing about its
 worker (``streaming/stalls.py``): until Redis has answered this loop's reads on time for
 ``settle_s`` (the lease TTL), such a key reads as held, and a dead worker's clients are told
-that much later. Redis's clock in each answer tells such a stall from one of this gateway
-itself, after which the leases are news as usual (a session that ended meanwhile).
+that much later. A read that timed out (Redis stalls still) reads as held too; a refused or
+lost connection is the watches' error (Redis restarted: its sessions end). Redis's clock in
+each answer tells such a stall from one of this gateway itself, after which the leases are news
+as usual (a session that ended meanwhile).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from omnicore.aio import cancel_and_wait
 from streaming import lua
@@ -131,6 +134,8 @@ class Liveness:
             answers = [exc] * len(keys)
             self.stalls.failed()
         n, m = len(leases), len(leases) + len(workers)
+        if answers and isinstance(answers[0], RedisTimeoutError):  # Redis stalls: no news
+            answers[:m] = [True] * m
         if timed and not self.stalls.settled():  # a gone lease or presence reads as held
             answers[:m] = [True if a is False else a for a in answers[:m]]
         self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]

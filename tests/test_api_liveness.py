@@ -251,3 +251,36 @@ async def test_a_lease_gone_through_a_redis_stall_reads_held_until_redis_settles
         await live.stop()
         await client.aclose()
         server.stop()
+
+
+async def test_a_read_that_times_out_reads_as_held_and_the_resume_watch_is_told(
+    keys: Keys,
+) -> None:
+    """Redis frozen longer than the client's socket timeout: the read fails with a timeout.
+    A lease or a worker's presence then reads as held (a stall says nothing of its worker; a
+    30 s stall used to fail every session here), while a resume-owner watch gets the error."""
+    server = start_embedded()
+    client = aioredis.Redis.from_url(server.url, socket_timeout=0.2)
+    live = Liveness(client, keys, tick_s=0.05, settle_s=1.0)
+    lease, worker, owner = Seen(), Seen(), Seen()
+    try:
+        await client.set(keys.session_lease("s"), b"w1")
+        live.watch_lease("s", lease)
+        live.watch_worker("w1", worker)
+        live.watch_replaced("s", "c1", owner)
+        live.start()
+        assert await lease.next() is True
+        os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            answer = await owner.next()
+            while not isinstance(answer, Exception):
+                answer = await owner.next()
+        finally:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        assert isinstance(answer, aioredis.TimeoutError)
+        assert lease.answers[owner.taken - 1] is True
+        assert worker.answers[owner.taken - 1] is True  # (its key was never there)
+    finally:
+        await live.stop()
+        await client.aclose()
+        server.stop()
