@@ -117,9 +117,10 @@ class Liveness:
         keys += [self.keys.session_resume(sid) for sid, _, _ in replaced]
         conns = [conn for _, conn, _ in replaced]
         answers: list[Answer]
+        n, m = len(leases), len(leases) + len(workers)
         began = time.monotonic()
         try:
-            flags = await self._read(keys, len(leases) + len(workers), conns)
+            flags = await self._read(keys, m, conns)
             if len(flags) != len(keys):
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
             answers = [flag == ord("1") for flag in flags]
@@ -132,10 +133,9 @@ class Liveness:
         except Exception as exc:  # noqa: BLE001 - each watch decides, as with its own command
             log.warning("liveness check failed: %s", exc)
             answers = [exc] * len(keys)
+            if isinstance(exc, RedisTimeoutError):  # Redis stalls: no news of any worker
+                answers[:m] = [True] * m
             self.stalls.failed()
-        n, m = len(leases), len(leases) + len(workers)
-        if answers and isinstance(answers[0], RedisTimeoutError):  # Redis stalls: no news
-            answers[:m] = [True] * m
         if timed and not self.stalls.settled():  # a gone lease or presence reads as held
             answers[:m] = [True if a is False else a for a in answers[:m]]
         self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]
