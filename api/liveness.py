@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Literal
 
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -48,7 +48,8 @@ TICK_S = 0.5  # one round trip per this for all sessions; with lease_ttl_s (1.5 
 KEYS_PER_CALL = 500  # a script call reads at most this many keys: Redis serves other clients
 # between the calls of a very large gateway's tick
 
-Answer = bool | Exception  # what a tick read for one watch, or why the read failed
+DETACHED: Final = "detached"  # a resume record nobody relays: its worker took the gateway for gone
+Answer = bool | Literal["detached"] | Exception  # what a tick read for one watch, or why it failed
 Watch = Callable[[Answer], bool]  # called with each tick's answer; False: stop watching
 
 
@@ -93,8 +94,8 @@ class Liveness:
 
     def watch_replaced(self, session_id: str, conn_id: str, watch: Watch) -> None:
         """From the next tick on, tell ``watch`` whether a connection other than ``conn_id``
-        relays the session now (its resume record names another one; detached or no record:
-        False)."""
+        relays the session now (its resume record names another one; no record: False;
+        ``DETACHED``: nobody does)."""
         self.replaced.append((session_id, conn_id, watch))
 
     async def _run(self) -> None:
@@ -123,7 +124,8 @@ class Liveness:
             flags = await self._read(keys, m, conns)
             if len(flags) != len(keys):
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
-            answers = [flag == ord("1") for flag in flags]
+            answers = [flag == ord("1") for flag in flags[:m]]
+            answers += [DETACHED if flag == ord("2") else flag == ord("1") for flag in flags[m:]]
             stalled = timed and self.stalls.answered(began, self._server_s)
             if stalled and self.stalls.settle_s > 0:
                 log.warning(

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 from api.duplex_recovery import ResumeRequest
 from api.errors import Frame
 from api.gateway import Gateway
-from api.liveness import Answer
+from api.liveness import DETACHED, Answer
 from api.realtime import RealtimeSession, SessionState
 from streaming.events import ErrorCode
 from streaming.resume import AttachResult, new_conn_id, new_token
@@ -56,6 +56,7 @@ class Resumable(RealtimeSession):
         self._flusher: asyncio.Future[None] | None = None
         self._replaced_watch: tuple[str, str] | None = None  # (session, conn) gw.liveness watches
         self._replaced_seen = False  # the watch read another owner
+        self._detached_seen = False  # the watch read no owner while this connection relays
 
     async def queue_frame(self, frame: Frame) -> None:
         """The new session's queue events wait until the client's first event, at most
@@ -203,7 +204,23 @@ class Resumable(RealtimeSession):
         if self._replaced_watch != key:  # (a connection that resumed another session: its id)
             self._replaced_watch, self._replaced_seen = key, False
             self.gw.liveness.watch_replaced(*key, lambda answer: self._replaced_read(key, answer))
+        if self._detached_seen:
+            self._detached_seen = False
+            await self._reclaim()
         return self._replaced_seen and await self._close_replaced()
+
+    async def _reclaim(self) -> None:
+        """The record says nobody relays the session, yet this connection does: its worker took
+        this gateway for gone (frozen past its lease) and would give the slot back, and each
+        failover's new attempt would read the record detached again. Attach it again."""
+        try:
+            if await self.gw.resumes.reclaim(self.session_id, self.conn_id, self.gw.gateway_id):
+                log.warning(
+                    "session %s: its worker took this gateway for gone; attached again",
+                    self.session_id,
+                )
+        except Exception:  # Redis away: the next tick reads the record again
+            log.warning("could not attach %s again", self.session_id, exc_info=True)
 
     def _replaced_read(self, key: tuple[str, str], answer: Answer) -> bool:
         """A tick's read of the owner: False (stop watching) once replaced or no longer
@@ -214,6 +231,9 @@ class Resumable(RealtimeSession):
             self._replaced_seen = True
             self.wake_relay()
             return False
+        if answer == DETACHED:
+            self._detached_seen = True
+            self.wake_relay()
         return True
 
     async def _replaced_by(self, owner: str | None) -> bool:

@@ -221,7 +221,8 @@ LIVENESS = """
 -- record the connection asking about it
 -- The gateway's liveness questions of one tick in one step. Returns one character per key:
 -- a lease '1' held, '0' gone; a resume record '1' another connection holds the session (its
--- `conn` is set, not empty (detached) and not the asker's), else '0'; then Redis's clock
+-- `conn` is set, not empty and not the asker's), '2' nobody does (`conn` empty: detached),
+-- '0' the asker does or there is no record; then Redis's clock
 -- (TIME: seconds, microseconds), which tells a stall of Redis from one of the gateway
 -- (streaming/stalls.py). One command a tick for Redis, where a pipeline brought two per session.
 local leases = tonumber(ARGV[1])
@@ -231,7 +232,11 @@ for i = 1, leases do
 end
 for i = leases + 1, #KEYS do
   local conn = redis.call('HGET', KEYS[i], 'conn')
-  out[i] = (conn and conn ~= '' and conn ~= ARGV[i - leases + 1]) and '1' or '0'
+  if conn == '' then
+    out[i] = '2'
+  else
+    out[i] = (conn and conn ~= ARGV[i - leases + 1]) and '1' or '0'
+  end
 end
 local now = redis.call('TIME')
 return {table.concat(out), now[1], now[2]}

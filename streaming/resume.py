@@ -8,6 +8,8 @@ gateway writes this HASH (``Keys.session_resume``); every change of hands is one
   new connection becomes the owner. A connection that finds itself no longer the owner was
   replaced (``session.closed`` reason ``replaced``).
 - ``detach``: the owner's client went away; the grace period starts.
+- ``reclaim``: a detached session whose connection still relays it (its gateway was frozen past
+  its lease, and the worker noted it gone) is attached to it again.
 - the worker notes a gateway that died without detaching (``note_gateway_gone``), pauses the
   session while it is detached, gives its slot back after ``resume_slot_hold_s`` and ends it
   after ``resume_grace_s`` (``mark_ended``: a later resume gets ``resume_expired``).
@@ -43,6 +45,15 @@ end
 redis.call('HSET', KEYS[1], 'token', ARGV[2], 'gateway', ARGV[4], 'conn', ARGV[5],
   'detached_at', '')
 return 'ok'
+"""
+
+_RECLAIM = """
+-- KEYS: record   ARGV: conn, gateway
+-- Only a detached record that has not ended: a connection that resumed it meanwhile keeps it.
+local f = redis.call('HMGET', KEYS[1], 'conn', 'ended')
+if f[1] ~= '' or (f[2] and f[2] ~= '') then return 0 end
+redis.call('HSET', KEYS[1], 'gateway', ARGV[2], 'conn', ARGV[1], 'detached_at', '')
+return 1
 """
 
 _DETACH = """
@@ -102,6 +113,7 @@ class ResumeStore:
         self.keys = keys
         self._attach = client.register_script(_ATTACH)
         self._detach = client.register_script(_DETACH)
+        self._reclaim = client.register_script(_RECLAIM)
 
     async def create(
         self,
@@ -189,6 +201,12 @@ class ResumeStore:
         got = await self._detach(
             keys=[self.keys.session_resume(session_id)], args=[conn, time.time(), ""]
         )
+        return bool(got)
+
+    async def reclaim(self, session_id: str, conn: str, gateway: str) -> bool:
+        """Attach a detached session again to the connection that still relays it: its worker
+        took this gateway for gone (frozen past its lease) and would give the slot back."""
+        got = await self._reclaim(keys=[self.keys.session_resume(session_id)], args=[conn, gateway])
         return bool(got)
 
     async def mark_ended(self, session_id: str) -> None:

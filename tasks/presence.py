@@ -80,6 +80,11 @@ class PresenceWatch:
             self._away_since = None
             return Presence.ATTACHED
         if att.gateway:  # its gateway died without detaching: the grace starts now
+            log.info(
+                "session %s: gateway %s gone; waiting for a resume",
+                self.ctx.session_id,
+                att.gateway,
+            )
             self.record.note_gateway_gone(att.gateway)
             since = now
         else:

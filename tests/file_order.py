@@ -28,11 +28,13 @@ LONGEST = (
     "tests/test_spec_gaps.py",  # 58
     "tests/test_bench_check.py",  # 50
     "tests/test_bench_pocket.py",  # 50
+    "tests/faults/test_gateway_freeze.py",  # 48
     "tests/test_resume_chat.py",  # 47
     "tests/faults/test_start_elsewhere.py",  # 46
     "tests/test_official_protocol.py",  # 45
     "tests/test_ops.py",  # 45
     "tests/test_resume.py",  # 44
+    "tests/faults/test_redis_stall.py",  # 40
     "tests/test_pocket_llm.py",  # 37
     "tests/test_metrics.py",  # 36
     "tests/test_security_access.py",  # 34
@@ -40,7 +42,6 @@ LONGEST = (
     "tests/test_pocket_backend.py",  # 29
     "tests/test_relay_paths.py",  # 28
     "tests/test_cli_up.py",  # 28
-    "tests/faults/test_redis_stall.py",  # 26
     "tests/faults/test_worker_freeze.py",  # 23
 )
 

@@ -79,7 +79,7 @@ async def test_one_read_answers_every_watch(redis_server: str, keys: Keys) -> No
         live.start()
         got = [await w.next() for w in watches]
         # c2 asks about a session that c1 holds; "b" is detached; "gone" has no record
-        assert got == [True, False, False, True, False, False]
+        assert got == [True, False, False, True, liveness.DETACHED, False]
         assert CountingRedis.pipelines == 1
     finally:
         await live.stop()
