@@ -5,6 +5,7 @@ the link closed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -16,8 +17,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from omniserve.redis_server import free_port, start_embedded
-from streaming.input_link import InputBacklogFull, InputLink
+from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
+from streaming.input_link import MAX_OUTBOX_BYTES, InputBacklogFull, InputLink
 
 KEY = "link:test"
 
@@ -128,18 +129,33 @@ async def test_a_closed_link_fails_what_waits_and_takes_no_more(
         sync_redis.delete(KEY)
 
 
+@contextlib.asynccontextmanager
+async def private_redis(
+    name: str, max_outbox_bytes: int = MAX_OUTBOX_BYTES
+) -> AsyncIterator[tuple[EmbeddedRedis, InputLink, redis.Redis]]:
+    """A Redis of the test's own (to freeze with SIGSTOP), a link to it and a plain client."""
+    server = start_embedded()
+    client = aioredis.Redis.from_url(server.url)
+    link = InputLink(client.connection_pool, name, max_outbox_bytes=max_outbox_bytes)
+    sync = redis.Redis.from_url(server.url)
+    try:
+        yield server, link, sync
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        await link.aclose()
+        await client.aclose()
+        sync.close()
+        server.stop()
+
+
 async def test_a_frozen_redis_never_holds_a_caller_and_a_full_outbox_refuses_at_once() -> None:
     """Redis frozen (SIGSTOP): 64 KB writes queue until the socket and the outbox are full; the
     next write fails at once (``InputBacklogFull``), nothing waits. Redis thawed, every write
     queued before is answered on the same connection (nothing cut in half, nothing dropped),
     and the link takes writes again. A receive loop waiting here stopped reading its client's
     pongs, so a long stall dropped every client."""
-    server = start_embedded()
-    client = aioredis.Redis.from_url(server.url)
-    link = InputLink(client.connection_pool, "frozen-test", max_outbox_bytes=256 * 1024)
-    sync = redis.Redis.from_url(server.url)
     blob = b"x" * 65536
-    try:
+    async with private_redis("frozen-test", max_outbox_bytes=256 * 1024) as (server, link, sync):
         await answered(link.send(["PING"]))
         (before,) = [c["id"] for c in sync.client_list() if c["name"] == "frozen-test"]
         os.kill(server.process.pid, signal.SIGSTOP)
@@ -158,22 +174,12 @@ async def test_a_frozen_redis_never_holds_a_caller_and_a_full_outbox_refuses_at_
         assert sync.xlen(KEY) == len(written)
         await answered(link.send(["XADD", KEY, "*", "n", len(written), "b", blob]))
         assert [c["id"] for c in sync.client_list() if c["name"] == "frozen-test"] == [before]
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
-        await link.aclose()
-        await client.aclose()
-        sync.close()
-        server.stop()
 
 
 async def test_writes_queued_while_the_connection_opens_go_out_once_it_is_open() -> None:
     """The first write finds Redis frozen: it returns at once, waits for the connection, and is
     answered (after the link's own CLIENT SETNAME) once Redis is thawed."""
-    server = start_embedded()
-    client = aioredis.Redis.from_url(server.url)
-    link = InputLink(client.connection_pool, "opening-test")
-    sync = redis.Redis.from_url(server.url)
-    try:
+    async with private_redis("opening-test") as (server, link, sync):
         os.kill(server.process.pid, signal.SIGSTOP)
         written = [link.send(["XADD", KEY, "*", "n", n]) for n in range(3)]
         await asyncio.sleep(0.5)
@@ -182,12 +188,6 @@ async def test_writes_queued_while_the_connection_opens_go_out_once_it_is_open()
         await answered(*written)
         assert [int(f[b"n"]) for _, f in sync.xrange(KEY)] == [0, 1, 2]
         assert [c["name"] for c in sync.client_list()].count("opening-test") == 1
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
-        await link.aclose()
-        await client.aclose()
-        sync.close()
-        server.stop()
 
 
 async def test_a_redis_that_cannot_be_reached_fails_the_writes_queued_for_it() -> None:
