@@ -322,7 +322,14 @@ class DuplexSession(ResumableSession):
         match ev:
             case Closed():
                 self.closed_seq = seq
-                await self.finish(self.shutdown_reason or ev.reason or CloseReason.ERROR)
+                reason = self.shutdown_reason or ev.reason or CloseReason.ERROR
+                here = not (self.close_wanted.is_set() or self.gone.is_set())
+                if reason == CloseReason.CLIENT_CLOSED and here:
+                    # the worker took this gateway for gone (frozen past its lease), yet the
+                    # client is here: for it, the server failed (no client sees client_closed)
+                    log.warning("session %s: its worker took it for gone", self.session_id)
+                    reason = CloseReason.ERROR
+                await self.finish(reason)
                 return True
             case Created(recovered=True):
                 self.state = SessionState.ACTIVE

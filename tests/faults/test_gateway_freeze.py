@@ -4,7 +4,8 @@ Its workers take it for gone: a resumable session's record is noted detached, it
 a resume elsewhere (``resume_slot_hold_s``), then given back. The thawed gateway still holds the
 clients, yet each failover's new attempt read the record detached again and gave its slot back:
 an endless ``session.recovering`` loop every ~2.5 s. The gateway now attaches such a session
-again as soon as it reads its record detached (``ResumableConnection._reclaim``).
+again as soon as it reads its record detached (``ResumableConnection._reclaim``). A session
+without a record ends; its client, still there, is told ``error``, not ``client_closed``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from tests.faults.harness import DuplexProbe, log_text
+from tests.faults.harness import DuplexProbe, await_for, log_text
 from tests.stack import Stack
 
 LEASE_S = 2.0  # the gateway's alive key TTL in this test (default 6 s)
@@ -58,3 +59,32 @@ async def test_sessions_go_on_after_their_gateway_was_frozen(stack: Stack, hold_
 async def _first_deltas(probes: list[DuplexProbe]) -> None:
     while not all(p.deltas_after(0) > 0 for p in probes):
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.slow
+async def test_a_session_without_a_record_is_told_error_not_client_closed(stack: Stack) -> None:
+    """Resume and failover off: the worker ends the session (``client_closed``: its gateway is
+    gone) and the thawed gateway relays the end to a client that is still there, which must not
+    hear that it closed (``client_closed`` is never a client's to see): ``error``."""
+    stack.start_worker()
+    stack.start_gateway(
+        OMNISERVE_GATEWAY_LEASE_TTL_S=str(LEASE_S),
+        OMNISERVE_RESUME_GRACE_S="0",
+        OMNISERVE_FAILOVER_WAIT_S="0",
+    )
+    gateway = stack.gateways[0][0]
+    probe = await DuplexProbe.open(stack.url())
+    try:
+        await asyncio.wait_for(_first_deltas([probe]), 30)
+        os.killpg(gateway.popen.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(FROZEN_S)
+        finally:
+            os.killpg(gateway.popen.pid, signal.SIGCONT)
+        await await_for(lambda: probe.first("session.closed") is not None, 15, "the end")
+        [closed] = [f for _, f in probe.frames if f["type"] == "session.closed"]
+        assert closed["reason"] == "error", closed
+    finally:
+        await probe.close()
+    stack.wait_free(1, timeout=15)
+    assert "its worker took it for gone" in log_text(gateway)
