@@ -46,6 +46,8 @@ TURN_QUEUE_EVENTS = {
     "session.queue_update": "response.queue_update",
 }
 """The queue's own events -> the names a waiting chat turn hears them by."""
+# a turn its worker stopped while this connection still waits for it: no client sees client_closed
+TURN_INTERRUPTED = {CloseReason.CLIENT_CLOSED.value: "its worker took this gateway for gone"}
 CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
 
 
@@ -258,10 +260,9 @@ class ChatSession(ResumableChat):
                     if isinstance(ev, Closed):
                         # the worker ended the turn early (drain, deadline, cancel)
                         if not self.must_stop_turn():
+                            why = TURN_INTERRUPTED.get(ev.reason, ev.reason)
                             await self.emit(
-                                error_frame(
-                                    ErrorCode.INFERENCE_ERROR, f"turn interrupted: {ev.reason}"
-                                )
+                                error_frame(ErrorCode.INFERENCE_ERROR, f"turn interrupted: {why}")
                             )
                         continue
                     for frame in mapper.frames(ev):

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from tests.client import Client
 from tests.faults.harness import DuplexProbe, await_for, log_text
 from tests.stack import Stack
 
@@ -64,9 +65,10 @@ async def _first_deltas(probes: list[DuplexProbe]) -> None:
 @pytest.mark.slow
 async def test_a_session_without_a_record_is_told_error_not_client_closed(stack: Stack) -> None:
     """Resume and failover off: the worker ends the session (``client_closed``: its gateway is
-    gone) and the thawed gateway relays the end to a client that is still there, which must not
-    hear that it closed (``client_closed`` is never a client's to see): ``error``."""
-    stack.start_worker()
+    gone), and stops a chat turn, and the thawed gateway relays both to clients that are still
+    there, which must not hear that they closed (``client_closed`` is never a client's to see):
+    ``error``, and the turn's ``inference_error`` says why."""
+    stack.start_worker(slots=2, OMNISERVE_BACKEND_OPTIONS='{"token_delay_s": 0.3}')
     stack.start_gateway(
         OMNISERVE_GATEWAY_LEASE_TTL_S=str(LEASE_S),
         OMNISERVE_RESUME_GRACE_S="0",
@@ -74,7 +76,16 @@ async def test_a_session_without_a_record_is_told_error_not_client_closed(stack:
     )
     gateway = stack.gateways[0][0]
     probe = await DuplexProbe.open(stack.url())
+    chat = await Client.connect(stack.url(), query="?mode=chat")
     try:
+        await chat.until("session.queue_done")
+        await chat.send({"type": "session.init", "payload": {}})
+        await chat.until("session.created")
+        words = "Reply with exactly: " + " ".join(["word"] * 60)  # ~18 s
+        await chat.send(
+            {"type": "input.append", "input": {"messages": [{"role": "user", "content": words}]}}
+        )
+        await chat.until("response.output.delta", timeout=30)
         await asyncio.wait_for(_first_deltas([probe]), 30)
         os.killpg(gateway.popen.pid, signal.SIGSTOP)
         try:
@@ -84,7 +95,13 @@ async def test_a_session_without_a_record_is_told_error_not_client_closed(stack:
         await await_for(lambda: probe.first("session.closed") is not None, 15, "the end")
         [closed] = [f for _, f in probe.frames if f["type"] == "session.closed"]
         assert closed["reason"] == "error", closed
+        stopped = await chat.until("error", "response.done", timeout=15)
+        assert stopped["type"] == "error", stopped
+        assert (
+            stopped["error"]["message"] == "turn interrupted: its worker took this gateway for gone"
+        )
     finally:
         await probe.close()
-    stack.wait_free(1, timeout=15)
+        await chat.close()
+    stack.wait_free(2, timeout=15)
     assert "its worker took it for gone" in log_text(gateway)
