@@ -105,9 +105,7 @@ class ResumableSession(Resumable):
         the client asked to close while it waited for a slot (the session ends as asked; a
         client that left is not waited for: the session stays resumable meanwhile)."""
         self.state = SessionState.RECOVERING
-        if self._detached_seen:  # (read with the lapsed lease: attached before the new attempt)
-            self._detached_seen = False
-            await self._reclaim()
+        await self._reclaim()  # (a detached record read with the lapsed lease: before the attempt)
         relay = await self.failover.start(out, until=(self.close_wanted,))
         if relay is None and self.close_wanted.is_set():
             await self.finish(*self.end_reason())

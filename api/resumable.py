@@ -204,15 +204,16 @@ class Resumable(RealtimeSession):
         if self._replaced_watch != key:  # (a connection that resumed another session: its id)
             self._replaced_watch, self._replaced_seen = key, False
             self.gw.liveness.watch_replaced(*key, lambda answer: self._replaced_read(key, answer))
-        if self._detached_seen:
-            self._detached_seen = False
-            await self._reclaim()
+        await self._reclaim()
         return self._replaced_seen and await self._close_replaced()
 
     async def _reclaim(self) -> None:
-        """The record says nobody relays the session, yet this connection does: its worker took
-        this gateway for gone (frozen past its lease) and would give the slot back, and each
-        failover's new attempt would read the record detached again. Attach it again."""
+        """When the watch read that nobody relays the session, yet this connection does: its
+        worker took this gateway for gone (frozen past its lease) and would give the slot back,
+        and each failover's new attempt would read the record detached again. Attach it again."""
+        if not self._detached_seen:
+            return
+        self._detached_seen = False
         try:
             if await self.gw.resumes.reclaim(self.session_id, self.conn_id, self.gw.gateway_id):
                 log.warning(
