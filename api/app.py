@@ -127,10 +127,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             redis_ok = True
         except Exception:  # noqa: BLE001 - Redis unreachable: not ready
             slots, redis_ok = 0, False
-        ready = redis_ok and slots > 0 and not gw.shutting_down
+        writable = gw.writes_refused is None
+        ready = redis_ok and writable and slots > 0 and not gw.shutting_down
         body = {
             "ready": ready,
             "redis": redis_ok,
+            "redis_writable": writable,
             "live_slots": slots,
             "draining": gw.shutting_down,
         }
@@ -148,24 +150,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             cap, redis_ok, snap = None, False, None
         ready = cap.ready if cap else 0
         loading = cap.loading if cap else 0
-        if ready:
+        writable = gw.writes_refused is None
+        if not writable:
+            status = "degraded"  # Redis answers but takes no write: nothing can be admitted
+        elif ready:
             status = "ok"
         elif loading:
             status = "loading"  # clients are queued until a worker has loaded its model
         else:
             status = "degraded"
+        notes = list(cap.notes) if cap else []
+        if not writable:
+            notes.append(f"Redis refuses writes: {gw.writes_refused}")
         body = {
             "status": status,
             "gateway_id": gw.gateway_id,
             "redis": redis_ok,
+            "redis_writable": writable,
             "worker_slots": ready,
             "loading_slots": loading,
             "queue_length": snap.length if snap else None,
             "sessions": len(gw.sessions),
-            "notes": cap.notes if cap else [],
+            "notes": notes,
             "version": __version__,
         }
-        return JSONResponse(body, status_code=200 if redis_ok else 503)
+        return JSONResponse(body, status_code=200 if redis_ok and writable else 503)
 
     @app.get("/v1/workers", dependencies=[Depends(require_admin)])
     async def workers() -> JSONResponse:

@@ -51,6 +51,7 @@ class ResumableChat(Resumable):
         self.input_seq = 0  # accepted input.append events: input_1, input_2, ...
         self.detached = False
         self._logging: asyncio.Task[None] | None = None  # the last frame's log write
+        self._unlogged = 0  # frames Redis did not take since the last one it took
         self._turn_ends: set[asyncio.Task[None]] = set()  # lease hand-backs under way
         self._turns_held = 0  # the turn leases this connection took (each has its number)
 
@@ -96,10 +97,20 @@ class ResumableChat(Resumable):
                 self._logging = None
 
     async def _log(self, frames: ChatLog, seq: int, frame: Frame) -> None:
+        """Log one frame; a run of frames Redis refused (full, away) is logged once at each
+        end, not frame by frame."""
         try:
             await frames.append(seq, frame)
         except Exception:
-            log.warning("frame %d of %s not logged", seq, self.session_id, exc_info=True)
+            self._unlogged += 1
+            if self._unlogged == 1:
+                log.warning("frame %d of %s not logged", seq, self.session_id, exc_info=True)
+            return
+        if self._unlogged:
+            log.warning(
+                "%d frame(s) of %s before %d not logged", self._unlogged, self.session_id, seq
+            )
+            self._unlogged = 0
 
     def note_input(self) -> None:
         """Count one accepted ``input.append``: the resume record gets the count when the turn

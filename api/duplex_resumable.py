@@ -154,19 +154,25 @@ class ResumableSession(Resumable):
         close lost with the input streams a failover cleared, or not confirmed within
         ``CLOSE_GRACE_S``, or an attempt that started after its gateway gave up on it) reads
         that within ``DETACHED_CHECK_S`` and gives its slot back; a later resume gets
-        ``resume_expired``."""
+        ``resume_expired``. A record Redis would not end now is ended when it will
+        (``api/worker_stops.py``)."""
         if not self.closed_sent and self.resumable and not self.replaced:
-            try:
-                await self.gw.resumes.mark_ended(self.session_id)
-            except Exception:  # Redis away: the worker marks it when it ends
-                log.warning("could not end the record of %s", self.session_id, exc_info=True)
+            sid = self.session_id
+            await self.gw.stops.write(
+                f"ending the record of {sid}",
+                lambda: self.gw.resumes.mark_ended(sid),
+                self.deadline,
+            )
         await super().finish(reason, code)
 
-    async def _tell_worker(self, reason: CloseReason) -> None:
-        try:
-            await self.gw.inputs.control(self.session_id, CloseControl(reason=reason))
-        except Exception:
-            log.warning("could not stop %s", self.session_id, exc_info=True)
+    async def _tell_worker(self, reason: str | None) -> None:
+        """Ask the worker to end the session (until Redis takes it: ``api/worker_stops.py``)."""
+        sid = self.session_id
+        await self.gw.stops.write(
+            f"stopping {sid}",
+            lambda: self.gw.inputs.control(sid, CloseControl(reason=reason)),
+            self.deadline,
+        )
 
 
 def with_seq(frame: Frame, seq: int | None) -> Frame:

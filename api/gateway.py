@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from celery import Celery
+from redis.exceptions import ResponseError
 
 from api import task_submit
 from api.client_watch import ClientWatch
@@ -17,6 +18,7 @@ from api.liveness import Liveness
 from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
+from api.worker_stops import WorkerStops
 from omnicore.redact import redact_url
 from omnicore.settings import Settings
 from streaming.admission import Admission
@@ -96,11 +98,15 @@ class Gateway:
         self.recorder = Recorder(settings, self.gateway_id)  # recordings of every session
         self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler
         self.watch = ClientWatch()  # every connection's dead-client checks, in one task
+        self.stops = WorkerStops()  # telling workers of ended sessions, until Redis takes it
         self.started_at = time.time()
         self.shutting_down = False
         self._live_slots = 0
         self._slots_checked_at = 0.0
         self._lease_task: asyncio.Task[None] | None = None
+        # why Redis refuses this gateway's writes now (full, read-only), or None: leases read as
+        # held meanwhile (streaming/stalls.py), new clients are refused with it, /health says it
+        self.writes_refused: str | None = None
         self.metrics = GatewayMetrics()
 
     async def start(self) -> None:
@@ -152,6 +158,7 @@ class Gateway:
         await self.watch.stop()
         await self.liveness.stop()
         await self.bus.stop()
+        await self.stops.aclose()
         await self.inputs.aclose()
         try:
             await self.redis.delete(self.keys.gateway_alive(self.gateway_id))
@@ -173,6 +180,16 @@ class Gateway:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
                 await self._renew_lease()
+            except asyncio.CancelledError:
+                raise
+            except ResponseError as exc:  # Redis answers, but takes no write
+                self._note_refusal(exc)
+                continue
+            except Exception:
+                log.warning("gateway lease renewal failed", exc_info=True)
+                continue
+            self._note_accepted()
+            try:
                 await self._count_slots()  # admission then reads a fresh count, not Redis
                 n += 1
                 if n % reap_every == 0:
@@ -180,7 +197,27 @@ class Gateway:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.warning("gateway lease renewal failed", exc_info=True)
+                log.warning("could not count the worker slots", exc_info=True)
+
+    def _note_refusal(self, exc: ResponseError) -> None:
+        """Redis refused the lease's renewal (``maxmemory`` reached with ``noeviction``, or a
+        read-only replica): no lease anywhere can be renewed (``streaming/stalls.py``)."""
+        self.liveness.stalls.writes_refused()
+        if self.writes_refused is None:
+            log.error(
+                "Redis refuses writes (%s): leases read as held and new clients are refused "
+                "until it takes them again",
+                exc,
+            )
+        self.writes_refused = str(exc)
+
+    def _note_accepted(self) -> None:
+        self.liveness.stalls.writes_accepted()
+        if self.writes_refused is not None:
+            log.warning(
+                "Redis takes writes again; leases settle for %.1f s", self.liveness.stalls.settle_s
+            )
+            self.writes_refused = None
 
     async def submit(
         self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None

@@ -35,7 +35,6 @@ from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
 from api.task_retry import start_elsewhere
 from api.validation import DuplexInit, duplex_append, duplex_init
-from streaming.controls import CloseControl
 from streaming.events import (
     Closed,
     CloseReason,
@@ -67,6 +66,7 @@ class DuplexSession(ResumableSession):
         self.init_since: float | None = None
         self.pending_init: DuplexInit | None = None  # sent while queued; applied at admission
         self.input_failure: asyncio.Task[None] | None = None  # telling of a chunk not queued
+        self.unqueued = 0  # input chunks Redis did not take since the last one it took
 
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
@@ -78,9 +78,7 @@ class DuplexSession(ResumableSession):
             return
         if kind == CLOSE_EVENT:
             if self.state in (S.CONNECTED, S.INITIALIZING, S.ACTIVE):
-                await self.gw.inputs.control(
-                    self.session_id, CloseControl(reason=self.close_reason)
-                )
+                await self._tell_worker(self.close_reason)
             return
         if kind == "session.resume":
             started = self.init_since is not None or self.pending_init is not None
@@ -129,12 +127,23 @@ class DuplexSession(ResumableSession):
     def _input_written(self, input_id: str, written: asyncio.Future[None]) -> None:
         """Redis answered a chunk's write. The receive loop does not wait for that answer (the
         next frame is read meanwhile), so a chunk Redis did not take is reported here, as the
-        loop reports an event whose handling failed: logged, and ``inference_error`` naming it."""
+        loop reports an event whose handling failed: logged, and ``inference_error`` naming it,
+        once for a run of such chunks (a Redis stall fails every chunk sent meanwhile; a full
+        Redis refuses each one) that ends with the next chunk Redis takes."""
         exc = None if written.cancelled() else written.exception()
-        if exc is None or self.gone.is_set():
+        if exc is None:
+            if self.unqueued:
+                log.warning(
+                    "session %s: %d input chunk(s) before %s were not queued",
+                    self.session_id,
+                    self.unqueued,
+                    input_id,
+                )
+                self.unqueued = 0
             return
-        if self.failing or (self.input_failure is not None and not self.input_failure.done()):
-            return  # (one report at a time: a Redis stall fails every chunk sent meanwhile)
+        self.unqueued += 1
+        if self.unqueued > 1 or self.failing or self.gone.is_set():
+            return
         log.error("session %s: %s was not queued: %s", self.session_id, input_id, exc)
         self.input_failure = asyncio.create_task(
             self.send_error(ErrorCode.INFERENCE_ERROR, f"{input_id} was not queued: {exc}")
@@ -232,7 +241,7 @@ class DuplexSession(ResumableSession):
                 closing_since = time.monotonic()
                 reason, code = self.end_reason()
                 if reason != self.close_reason:  # a client's close went with its event
-                    await self.gw.inputs.control(self.session_id, CloseControl(reason=reason))
+                    await self._tell_worker(reason)
                 if self.shutdown_reason or not relay.started:
                     if not relay.started:
                         await self.gw.abandon(relay.claim_id, relay.slot_id)
@@ -369,6 +378,14 @@ class DuplexSession(ResumableSession):
         await super().on_evict(reason)
         if self.state is not SessionState.QUEUED:
             await self._tell_worker(reason)  # its slot is free within a step
+
+    async def on_failure(self) -> None:
+        """This handler failed: the client is told (``error``, ``session.closed``), and so is a
+        worker that may be running the session, which would otherwise go on until its deadline
+        with its slot held."""
+        await super().on_failure()
+        if self.slot_id is not None or self.created_seq is not None:
+            await self._tell_worker(CloseReason.ERROR)
 
     async def shutdown(self) -> None:
         await super().shutdown()

@@ -54,6 +54,9 @@ async def wait_for_slot(
     """
     gw = conn.gw
     since = time.monotonic()
+    if gw.writes_refused is not None:  # no ticket could be queued, no slot handed out
+        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gw.writes_refused}")
     try:
         ready = await gw.has_workers()
     except Exception as exc:  # noqa: BLE001 - Redis unreachable

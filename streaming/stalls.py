@@ -21,6 +21,12 @@ of the session's log then). So a reader that can, gives Redis's own clock with e
 ``STALL_S`` later, by its clock, than the reader's clock says it was sent, compared with the read
 before (the two clocks' offset cancels out); a first answer, with none before it, is judged by
 its round trip alone.
+
+Redis that answers but refuses writes (full: ``maxmemory`` with ``noeviction``; a replica
+promoted away from under its clients: read-only) lets the leases lapse the same way while every
+read comes on time. A reader that writes too (the gateway renews its own lease) says so
+(``writes_refused``); gone leases are then believed only once its writes have gone through again
+for ``settle_s``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class StallWatch:
         self._ok_at: float | None = None  # the last answer (monotonic)
         self._sent: tuple[float, float] | None = None  # the last answered (began, server_s)
         self._failed = False
+        self._refused = False  # the reader's own writes are refused now
         self._believe_from = 0.0
 
     def answered(self, began: float, server_s: float | None = None) -> bool:
@@ -69,6 +76,22 @@ class StallWatch:
         self._failed = True
         self._ok_at = self._sent = None
 
+    def writes_refused(self) -> None:
+        """Redis refused one of the reader's writes (out of memory, read-only): no lease can be
+        renewed, so none read gone is believed until ``writes_accepted``."""
+        self._refused = True
+
+    def writes_accepted(self) -> None:
+        """A write of the reader went through: after refusals, the leases settle from now."""
+        if self._refused:
+            self._refused = False
+            self._believe_from = max(self._believe_from, time.monotonic() + self.settle_s)
+
+    @property
+    def refusing(self) -> bool:
+        """Whether Redis refuses the reader's writes now (its last one was refused)."""
+        return self._refused
+
     def paused(self) -> None:
         """No round trip for a while on purpose (nothing to read): that gap is no stall."""
         self._ok_at = self._sent = None
@@ -78,4 +101,4 @@ class StallWatch:
         now = time.monotonic()
         last = self._ok_at
         on_time = last is not None and now - last <= self.every_s + STALL_S
-        return on_time and now >= self._believe_from
+        return on_time and now >= self._believe_from and not self._refused

@@ -42,6 +42,7 @@ LONGEST = (
     "tests/test_pocket_backend.py",  # 29
     "tests/test_relay_paths.py",  # 28
     "tests/test_cli_up.py",  # 28
+    "tests/faults/test_redis_full.py",  # 26
     "tests/faults/test_worker_freeze.py",  # 23
 )
 

@@ -65,6 +65,7 @@ async def test_healthz_alive_readyz_needs_redis_and_a_live_slot(stack: Stack) ->
         assert not_ready.json() == {
             "ready": False,
             "redis": True,
+            "redis_writable": True,
             "live_slots": 0,
             "draining": False,
         }

@@ -86,3 +86,21 @@ def test_redis_clock_tells_a_redis_stall_from_the_readers_own() -> None:
     # Redis ran the next read 4 s after it was sent: Redis stalled
     assert watch.answered(t + 6.0, server + 10.0) is True
     assert not watch.settled()
+
+
+def test_refused_writes_hold_every_lease_until_writes_go_through_and_settle() -> None:
+    """Redis full or read-only answers reads on time; no lease can be renewed meanwhile."""
+    watch = StallWatch(EVERY_S, SETTLE_S)
+    on_time(watch)
+    watch.writes_accepted()  # (a write that goes through with none refused changes nothing)
+    assert watch.settled() and not watch.refusing
+    watch.writes_refused()
+    assert watch.refusing
+    on_time(watch)  # the reads keep coming on time
+    assert not watch.settled()
+    watch.writes_accepted()
+    t0 = time.monotonic()
+    while not watch.settled():
+        time.sleep(EVERY_S / 2)
+        watch.answered(time.monotonic())
+    assert time.monotonic() - t0 >= SETTLE_S - 0.01

@@ -1,0 +1,99 @@
+"""Redis full (``maxmemory`` reached, ``noeviction``) for 8 s under running duplex sessions and a
+chat turn: Redis answers every read on time and refuses every write that could grow it.
+
+Before: within 1.6 s every duplex session ended with ``backend_error`` "internal gateway error":
+the workers could not renew their session leases, the gateway read them gone, took the workers
+for dead, and its failover's first write was refused. The workers never heard (their close and
+the record's end were refused too), so each went on with its slot held for the rest of its
+session's time: after Redis took writes again, three of four slots stayed busy.
+
+Now a gateway whose own lease renewal is refused reads leases as held until its writes go
+through again (``streaming/stalls.py``), refuses new clients with the reason, and says so on
+``/health``; a stop Redis refused is written again until it takes it (``api/worker_stops.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.client import Client
+from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
+from tests.faults.test_redis_stall import WORDS, start_chat_turn
+from tests.stack import Stack
+
+FULL_S = 8.0  # past the session leases (1.5 s) and the gateway's own (6 s)
+
+
+def health(stack: Stack) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/health", timeout=5)
+
+
+@pytest.mark.slow
+async def test_sessions_ride_through_a_full_redis(
+    own_redis: RestartableRedis, own_stack: Stack
+) -> None:
+    stack = own_stack
+    stack.start_worker(slots=5, OMNISERVE_BACKEND_OPTIONS='{"token_delay_s": 0.3}')  # (chat only)
+    stack.start_worker()
+    stack.start_gateway()
+    riders = [await DuplexProbe.open(stack.url()) for _ in range(3)]
+    closer = await DuplexProbe.open(stack.url())  # sends session.close while Redis is full
+    leaver = await DuplexProbe.open(stack.url())  # its connection drops while Redis is full
+    probes = [*riders, closer, leaver]
+    chat = await start_chat_turn(stack.url())  # 40 words, one every 0.3 s: across the refusals
+    r = stack.redis()
+    try:
+        await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
+        full = time.monotonic()
+        r.config_set("maxmemory", "1")  # (below what Redis uses already: every write refused)
+        try:
+            await await_for(lambda: health(stack).status_code == 503, 5, "/health to say 503")
+            body = health(stack).json()
+            assert body["redis_writable"] is False and body["status"] == "degraded", body
+            ready = httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/readyz", timeout=5)
+            assert ready.status_code == 503 and ready.json()["redis_writable"] is False
+            # a new client is refused with the reason, not told that no worker is up
+            late = await Client.connect(stack.url(), query="?mode=audio")
+            refusal = await late.until("error", timeout=10)
+            assert refusal["error"]["code"] == "service_unavailable", refusal
+            assert "Redis refuses writes" in refusal["error"]["message"], refusal
+            await late.close()
+            await closer.client.send({"type": "session.close"})
+            leaver.client.ws.transport.abort()
+            await asyncio.sleep(max(0.0, full + FULL_S - time.monotonic()))
+        finally:
+            r.config_set("maxmemory", "0")
+        refilled = time.monotonic()
+        # the chat turn's deltas wait for Redis, and the turn ends whole
+        frames = await chat.collect_until("response.done", "error", timeout=60)
+        deltas = "".join(f["text"] for f in chat.received if f["type"] == "response.output.delta")
+        assert frames[-1]["type"] == "response.done", frames[-1]
+        assert frames[-1]["text"] == deltas == " ".join(["word"] * WORDS)
+        # the two ended sessions' workers hear of it now and give their slots back (and the turn)
+        await await_for(lambda: stack.free_slots() == 3, 15, "the 2 ended sessions' slots")
+        await asyncio.sleep(max(0.0, refilled + 4.0 - time.monotonic()))
+        for p in riders:
+            seen = [(round(t - full, 2), f) for t, f in p.frames if t > full]
+            kinds = [f["type"] for _, f in seen]
+            assert p.closed_at is None, seen
+            assert "session.recovering" not in kinds and "session.closed" not in kinds, kinds
+            assert p.deltas_after(refilled + 2.0) > 0, kinds  # the session goes on answering
+            lost = [f["error"] for _, f in seen if f["type"] == "error"]
+            assert len(lost) == 1, lost  # one report for the run of chunks Redis refused
+            assert lost[0]["code"] == "inference_error", lost
+            assert "was not queued" in lost[0]["message"], lost
+        assert closer.closed_reason() == "user_stop", closer.frames[-3:]
+        assert health(stack).status_code == 200
+    finally:
+        for p in probes:
+            await p.close()
+        await chat.close()
+    wait_for(lambda: stack.live_slots() == 6, 15, "all slots registered")
+    stack.wait_free(6, timeout=15)
+    gateway_log = log_text(stack.gateways[0][0])
+    assert "Redis refuses writes" in gateway_log
+    assert "went through at try" in gateway_log  # the stops Redis refused at first
