@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 from pydantic import SecretStr
+from redis.exceptions import ResponseError
 from starlette.requests import HTTPConnection
 from starlette.status import (
     WS_1008_POLICY_VIOLATION,
@@ -258,12 +259,15 @@ async def admitted(
             WS_1013_TRY_AGAIN_LATER,
         )
         return
-    except Exception:  # Redis unreachable: nothing could be served
+    except Exception as exc:  # Redis unreachable, or refusing writes: nothing could be served
         log.warning("connection count of %s unavailable", address, exc_info=True)
+        why = (
+            f"Redis refuses writes: {exc}"
+            if isinstance(exc, ResponseError)
+            else "Redis is not reachable"
+        )
         yield Refusal(
-            ErrorCode.SERVICE_UNAVAILABLE,
-            "service unavailable: Redis is not reachable",
-            WS_1013_TRY_AGAIN_LATER,
+            ErrorCode.SERVICE_UNAVAILABLE, f"service unavailable: {why}", WS_1013_TRY_AGAIN_LATER
         )
         return
     try:

@@ -8,6 +8,7 @@ persistence, a failover) is rebuilt within one heartbeat interval.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -16,6 +17,8 @@ import redis
 from streaming import lua
 from streaming.codec import dumps
 from streaming.keys import Keys, slot_worker
+
+log = logging.getLogger("omniserve.worker")
 
 
 class WorkerRegistry:
@@ -109,11 +112,15 @@ class WorkerRegistry:
         forget_worker(self.client, self.keys, self.worker_id, slot_ids)
 
     def record_hold(self, seconds: float, alpha: float = 0.2) -> None:
-        """Fold one slot hold time into the moving average used for wait estimates."""
+        """Fold one slot hold time into the moving average used for wait estimates (an
+        estimate: one Redis did not take, full or away, is only logged)."""
         k = self.keys
-        old = self.client.hget(k.duration_stats, "ema_s")
-        ema = seconds if old is None else (1 - alpha) * float(old) + alpha * seconds
-        self.client.hset(k.duration_stats, mapping={"ema_s": ema, "last_s": seconds})
+        try:
+            old = self.client.hget(k.duration_stats, "ema_s")
+            ema = seconds if old is None else (1 - alpha) * float(old) + alpha * seconds
+            self.client.hset(k.duration_stats, mapping={"ema_s": ema, "last_s": seconds})
+        except redis.RedisError as exc:
+            log.warning("could not record a slot hold time (%s)", exc)
 
 
 def forget_worker(client: redis.Redis, keys: Keys, worker_id: str, slot_ids: list[str]) -> None:

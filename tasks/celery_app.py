@@ -34,6 +34,11 @@ def make_app() -> Celery:
         broker_transport_options={"ack_emulation": False},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives any Redis outage
+        # ... and any error reply to the consumer's own commands: kombu counts Redis's
+        # ResponseError (MISCONF: a failed save, the disk of Redis's host full; READONLY) as a
+        # channel error, which Celery took for fatal: the worker exited, taking its sessions
+        # with it. It reconnects every 0.5-2 s instead until Redis takes its BRPOP again.
+        broker_channel_error_retry=True,
         task_default_queue="omni.default",
         task_serializer="json",
         accept_content=["json"],

@@ -342,9 +342,9 @@ class WorkerRuntime:
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:
                 self.registry.release(slot_id)
-            self.registry.record_hold(held_s)
         except redis.RedisError:
             log.exception("could not release slot %s", slot_id)
+        self.registry.record_hold(held_s)
 
     def quarantine(self, slot_id: str, session_id: str) -> None:
         """A session's step hung: stop renewing its lease and never offer its slot meanwhile."""

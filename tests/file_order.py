@@ -28,6 +28,7 @@ LONGEST = (
     "tests/test_spec_gaps.py",  # 58
     "tests/test_bench_check.py",  # 50
     "tests/test_bench_pocket.py",  # 50
+    "tests/faults/test_redis_full.py",  # 50
     "tests/faults/test_gateway_freeze.py",  # 48
     "tests/test_resume_chat.py",  # 47
     "tests/faults/test_start_elsewhere.py",  # 46
@@ -42,7 +43,6 @@ LONGEST = (
     "tests/test_pocket_backend.py",  # 29
     "tests/test_relay_paths.py",  # 28
     "tests/test_cli_up.py",  # 28
-    "tests/faults/test_redis_full.py",  # 26
     "tests/faults/test_worker_freeze.py",  # 23
 )
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 import redis
 
+from omniserve.redis_server import start_embedded
 from streaming import lua
 from streaming.keys import Keys
 from streaming.slots import WorkerRegistry, withdraw_idle_of_node
@@ -103,3 +105,28 @@ def test_an_ending_session_drops_its_keys_unless_another_slot_holds_it(
     assert end(keys=keys_of("rt_9"), args=["w#5|0"]) == 1  # no lease (a quarantined step's)
     assert sync_redis.exists(*keys_of("rt_9")) == 0
     sync_redis.delete(*keys_of("rt_8"))
+
+
+def test_a_full_redis_still_takes_a_slot_back() -> None:
+    """Redis at ``maxmemory`` (``noeviction``) refuses writes that could grow it, yet the
+    ``RELEASE`` script still gives the slot back (its first write, ``SREM``, frees memory; a
+    script that has written may go on), and the hold time it cannot record is only logged:
+    a session ending while Redis is full frees its slot (tests/faults/test_redis_full.py)."""
+    server = start_embedded()
+    client = redis.Redis.from_url(server.url)
+    try:
+        keys = Keys("full")
+        reg = WorkerRegistry(client, keys, "w#1", lease_ttl_s=30)
+        reg.register({"slots": 1})
+        client.sadd(keys.busy_slots, "w#1|0")  # dispatched, its session running
+        client.set(keys.slot_hold("w#1|0"), "rt_1")
+        client.config_set("maxmemory", "1")
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("anything", "1")
+        assert reg.release("w#1|0") is True
+        reg.record_hold(10.0)  # (refused: logged, not raised)
+        assert client.lrange(keys.free_slots, 0, -1) == [b"w#1|0"]
+        assert not client.sismember(keys.busy_slots, "w#1|0")
+    finally:
+        client.close()
+        server.stop()

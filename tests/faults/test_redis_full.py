@@ -1,5 +1,7 @@
-"""Redis full (``maxmemory`` reached, ``noeviction``) for 8 s under running duplex sessions and a
-chat turn: Redis answers every read on time and refuses every write that could grow it.
+"""Redis refusing writes for 8 s under running duplex sessions and a chat turn: full
+(``maxmemory`` reached, ``noeviction``: every write that could grow it refused) or ``MISCONF``
+(an RDB save failed, as when the disk of Redis's host fills up: every write refused). Redis
+answers every read on time meanwhile.
 
 Before: within 1.6 s every duplex session ended with ``backend_error`` "internal gateway error":
 the workers could not renew their session leases, the gateway read them gone, took the workers
@@ -16,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.client import Client
 from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
@@ -32,13 +36,40 @@ def health(stack: Stack) -> httpx.Response:
     return httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/health", timeout=5)
 
 
+def refuse_writes(server: RestartableRedis, r: redis.Redis, refusal: str) -> None:
+    """Make Redis refuse writes: ``maxmemory`` below what it uses already (writes that could
+    grow it refused; ``DEL``, ``SREM`` still taken), or ``misconf``: an RDB save that failed
+    with save points set (``stop-writes-on-bgsave-error``, the default: every write and even
+    ``PING`` answered ``MISCONF``, as when the disk of Redis's host fills up)."""
+    if refusal == "maxmemory":
+        r.config_set("maxmemory", "1")
+        return
+    assert server.server is not None
+    target = Path(server.server.workdir) / r.config_get("dbfilename")["dbfilename"]
+    target.mkdir()  # the save's final rename onto a non-empty directory fails
+    (target / "in-the-way").touch()
+    r.config_set("save", "3600 1")
+    r.bgsave()
+    wait_for(lambda: r.info("persistence")["rdb_last_bgsave_status"] == "err", 10, "save fails")
+
+
+def take_writes(r: redis.Redis, refusal: str) -> None:
+    """Undo ``refuse_writes``: no memory limit; no save points (a failed save stops writes only
+    while some are set)."""
+    if refusal == "maxmemory":
+        r.config_set("maxmemory", "0")
+    else:
+        r.config_set("save", "")
+
+
 @pytest.mark.slow
-async def test_sessions_ride_through_a_full_redis(
-    own_redis: RestartableRedis, own_stack: Stack
+@pytest.mark.parametrize("refusal", ["maxmemory", "misconf"])
+async def test_sessions_ride_through_a_redis_refusing_writes(
+    own_redis: RestartableRedis, own_stack: Stack, refusal: str
 ) -> None:
     stack = own_stack
-    stack.start_worker(slots=5, OMNISERVE_BACKEND_OPTIONS='{"token_delay_s": 0.3}')  # (chat only)
-    stack.start_worker()
+    options = '{"token_delay_s": 0.3}'  # (chat turns only)
+    workers = [stack.start_worker(slots=5, OMNISERVE_BACKEND_OPTIONS=options), stack.start_worker()]
     stack.start_gateway()
     riders = [await DuplexProbe.open(stack.url()) for _ in range(3)]
     closer = await DuplexProbe.open(stack.url())  # sends session.close while Redis is full
@@ -49,24 +80,28 @@ async def test_sessions_ride_through_a_full_redis(
     try:
         await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
         full = time.monotonic()
-        r.config_set("maxmemory", "1")  # (below what Redis uses already: every write refused)
+        refuse_writes(own_redis, r, refusal)
         try:
-            await await_for(lambda: health(stack).status_code == 503, 5, "/health to say 503")
-            body = health(stack).json()
-            assert body["redis_writable"] is False and body["status"] == "degraded", body
+            await await_for(
+                lambda: health(stack).json()["redis_writable"] is False, 5, "/health to say it"
+            )
+            answer = health(stack)
+            body = answer.json()
+            assert answer.status_code == 503 and body["status"] == "degraded", body
+            assert any("Redis refuses writes" in note for note in body["notes"]), body
             ready = httpx.get(f"http://127.0.0.1:{stack.gateways[0][1]}/readyz", timeout=5)
             assert ready.status_code == 503 and ready.json()["redis_writable"] is False
             # a new client is refused with the reason, not told that no worker is up
             late = await Client.connect(stack.url(), query="?mode=audio")
-            refusal = await late.until("error", timeout=10)
-            assert refusal["error"]["code"] == "service_unavailable", refusal
-            assert "Redis refuses writes" in refusal["error"]["message"], refusal
+            refused = await late.until("error", timeout=10)
+            assert refused["error"]["code"] == "service_unavailable", refused
+            assert "Redis refuses writes" in refused["error"]["message"], refused
             await late.close()
             await closer.client.send({"type": "session.close"})
             leaver.client.ws.transport.abort()
             await asyncio.sleep(max(0.0, full + FULL_S - time.monotonic()))
         finally:
-            r.config_set("maxmemory", "0")
+            take_writes(r, refusal)
         refilled = time.monotonic()
         # the chat turn's deltas wait for Redis, and the turn ends whole
         frames = await chat.collect_until("response.done", "error", timeout=60)
@@ -94,6 +129,9 @@ async def test_sessions_ride_through_a_full_redis(
         await chat.close()
     wait_for(lambda: stack.live_slots() == 6, 15, "all slots registered")
     stack.wait_free(6, timeout=15)
+    # (MISCONF answers the consumer's BRPOP too: Celery took that error for fatal, and each
+    # worker exited with its sessions)
+    assert all(worker.alive() for worker in workers)
     gateway_log = log_text(stack.gateways[0][0])
     assert "Redis refuses writes" in gateway_log
     assert "went through at try" in gateway_log  # the stops Redis refused at first
