@@ -104,8 +104,9 @@ class Gateway:
         self._live_slots = 0
         self._slots_checked_at = 0.0
         self._lease_task: asyncio.Task[None] | None = None
-        # why Redis refuses this gateway's writes now (full, read-only), or None: leases read as
-        # held meanwhile (streaming/stalls.py), new clients are refused with it, /health says it
+        # why Redis refuses this gateway's writes now (full, MISCONF, read-only), or None: leases
+        # read as held meanwhile (streaming/stalls.py), new clients are refused with it, /health
+        # says it
         self.writes_refused: str | None = None
         self.metrics = GatewayMetrics()
 
@@ -200,8 +201,9 @@ class Gateway:
                 log.warning("could not count the worker slots", exc_info=True)
 
     def _note_refusal(self, exc: ResponseError) -> None:
-        """Redis refused the lease's renewal (``maxmemory`` reached with ``noeviction``, or a
-        read-only replica): no lease anywhere can be renewed (``streaming/stalls.py``)."""
+        """Redis refused the lease's renewal (``maxmemory`` reached with ``noeviction``; a failed
+        save: ``MISCONF``; a replica: ``READONLY``): no lease anywhere can be renewed
+        (``streaming/stalls.py``)."""
         self.liveness.stalls.writes_refused()
         if self.writes_refused is None:
             log.error(

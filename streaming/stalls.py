@@ -22,11 +22,11 @@ of the session's log then). So a reader that can, gives Redis's own clock with e
 before (the two clocks' offset cancels out); a first answer, with none before it, is judged by
 its round trip alone.
 
-Redis that answers but refuses writes (full: ``maxmemory`` with ``noeviction``; a replica
-promoted away from under its clients: read-only) lets the leases lapse the same way while every
-read comes on time. A reader that writes too (the gateway renews its own lease) says so
-(``writes_refused``); gone leases are then believed only once its writes have gone through again
-for ``settle_s``.
+Redis that answers but refuses writes (full: ``maxmemory`` with ``noeviction``; a failed save:
+``MISCONF``; a former primary that is a replica now: ``READONLY``) lets the leases lapse the
+same way while every read comes on time. A reader that writes too (the gateway renews its own
+lease) says so (``writes_refused``); gone leases are then believed only once its writes have
+gone through again for ``settle_s``.
 """
 
 from __future__ import annotations

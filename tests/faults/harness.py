@@ -82,6 +82,12 @@ async def await_for(predicate: Any, timeout: float, what: str) -> float:
         await asyncio.sleep(0.05)
 
 
+def all_slots_back(stack: Stack, slots: int, timeout: float = 15) -> None:
+    """Every one of ``slots`` is registered by a live worker and idle in the pool again."""
+    wait_for(lambda: stack.live_slots() == slots, timeout, f"all {slots} slots registered")
+    stack.wait_free(slots, timeout=timeout)
+
+
 def registry(stack: Stack) -> dict[str, dict[str, Any]]:
     """The worker registry as stored in Redis (worker id -> entry)."""
     raw = stack.redis().hgetall(stack.keys.workers)

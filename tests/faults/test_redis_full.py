@@ -25,7 +25,14 @@ import pytest
 import redis
 
 from tests.client import Client
-from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
+from tests.faults.harness import (
+    DuplexProbe,
+    RestartableRedis,
+    all_slots_back,
+    await_for,
+    log_text,
+    wait_for,
+)
 from tests.faults.test_redis_stall import WORDS, start_chat_turn
 from tests.stack import Stack
 
@@ -127,8 +134,7 @@ async def test_sessions_ride_through_a_redis_refusing_writes(
         for p in probes:
             await p.close()
         await chat.close()
-    wait_for(lambda: stack.live_slots() == 6, 15, "all slots registered")
-    stack.wait_free(6, timeout=15)
+    all_slots_back(stack, 6)
     # (MISCONF answers the consumer's BRPOP too: Celery took that error for fatal, and each
     # worker exited with its sessions)
     assert all(worker.alive() for worker in workers)

@@ -17,10 +17,10 @@ from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
     RestartableRedis,
+    all_slots_back,
     await_for,
     log_text,
     served_end_to_end,
-    wait_for,
 )
 from tests.stack import Stack
 
@@ -86,8 +86,7 @@ async def test_redis_restart_empty_while_sessions_run(
             await p.close()
         await waiting.close()
     # the workers registered again, with every slot, and their heartbeats go on
-    wait_for(lambda: stack.live_slots() == 3, 15, "all slots registered again")
-    stack.wait_free(3, timeout=15)
+    all_slots_back(stack, 3)
     r = stack.redis()
     alive = [k for k in r.scan_iter(stack.keys.worker_alive("*"))]
     ttl_before = {k: r.pttl(k) for k in alive}

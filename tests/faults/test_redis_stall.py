@@ -22,7 +22,13 @@ import time
 import pytest
 
 from tests.client import Client
-from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
+from tests.faults.harness import (
+    DuplexProbe,
+    RestartableRedis,
+    all_slots_back,
+    await_for,
+    log_text,
+)
 from tests.stack import Stack
 
 # past the leases (1.5 s; the gateway's 6 s) and twice past the 5 s socket timeout: the input
@@ -87,8 +93,7 @@ async def test_sessions_go_on_through_a_redis_stall(
             await p.close()
         await chat.close()
     # every slot comes back, and the workers noticed the stall and went on
-    wait_for(lambda: stack.live_slots() == 4, 15, "all slots registered")
-    stack.wait_free(4, timeout=15)
+    all_slots_back(stack, 4)
     for worker in workers:
         assert worker.alive()
         assert "Redis answers again" in log_text(worker)

@@ -19,7 +19,13 @@ import time
 
 import pytest
 
-from tests.faults.harness import DuplexProbe, RestartableRedis, await_for, log_text, wait_for
+from tests.faults.harness import (
+    DuplexProbe,
+    RestartableRedis,
+    all_slots_back,
+    await_for,
+    log_text,
+)
 from tests.stack import Stack
 
 FROZEN_S = 5.0  # past the lease (1.5 s): the session is restarted on the other worker
@@ -56,6 +62,5 @@ async def test_a_thawed_worker_gives_way_to_the_new_attempt(
         assert "outcome=taken" in log_text(first)
     finally:
         await probe.close()
-    wait_for(lambda: stack.live_slots() == 2, 15, "both slots registered")
-    stack.wait_free(2, timeout=20)
+    all_slots_back(stack, 2, timeout=20)
     assert first.alive() and other.alive()
