@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from celery import Celery
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from api import task_submit
 from api.client_watch import ClientWatch
@@ -108,11 +108,22 @@ class Gateway:
         # read as held meanwhile (streaming/stalls.py), new clients are refused with it, /health
         # says it
         self.writes_refused: str | None = None
+        self.redis_unreachable: str | None = None  # why the last lease renewal failed, if it did
         self.metrics = GatewayMetrics()
 
     async def start(self) -> None:
-        """Take the gateway lease, start the output bus and the queue manager."""
-        await self._renew_lease()
+        """Take the gateway lease, start the output bus and the queue manager.
+
+        Redis may be away or refuse writes now (a gateway started before its Redis, or rolled
+        out while Redis is full): the gateway starts all the same, answers ``/readyz`` with 503
+        and refuses clients, and its loops take the lease and subscribe once Redis answers.
+        """
+        try:
+            await self._renew_lease()
+        except ResponseError as exc:
+            self._note_refusal(exc)
+        except (RedisError, OSError) as exc:
+            self._note_unreachable(exc)
         await self.bus.start()
         await self.queue.start()
         self.liveness.start()
@@ -167,6 +178,18 @@ class Gateway:
             log.warning("could not delete the alive key of gateway %s", self.gateway_id)
         await self.redis.aclose()
 
+    async def ensure_lease(self) -> None:
+        """Take the lease at once when the last renewal failed (raises when it fails again): a
+        worker ends a session whose gateway holds no lease, so none may start before it."""
+        if self.redis_unreachable is None:
+            return
+        try:
+            await self._renew_lease()
+        except ResponseError as exc:
+            self._note_refusal(exc)
+            raise
+        self._note_accepted()
+
     async def _renew_lease(self) -> None:
         await self.redis.set(
             self.keys.gateway_alive(self.gateway_id),
@@ -186,8 +209,8 @@ class Gateway:
             except ResponseError as exc:  # Redis answers, but takes no write
                 self._note_refusal(exc)
                 continue
-            except Exception:
-                log.warning("gateway lease renewal failed", exc_info=True)
+            except (RedisError, OSError) as exc:
+                self._note_unreachable(exc)
                 continue
             self._note_accepted()
             try:
@@ -213,7 +236,24 @@ class Gateway:
             )
         self.writes_refused = str(exc)
 
+    def _note_unreachable(self, exc: Exception) -> None:
+        """The lease could not be renewed: Redis is away (or the renewal timed out). Logged
+        once per outage, not at every heartbeat; sessions' leases are judged as always
+        (``api/liveness.py``)."""
+        if self.redis_unreachable is None:
+            log.warning(
+                "gateway %s cannot reach Redis %s (%s); retrying every %.1f s",
+                self.gateway_id,
+                redact_url(self.settings.redis_url),
+                exc,
+                self.settings.heartbeat_interval_s,
+            )
+        self.redis_unreachable = str(exc)
+
     def _note_accepted(self) -> None:
+        if self.redis_unreachable is not None:
+            log.warning("gateway %s reaches Redis again", self.gateway_id)
+            self.redis_unreachable = None
         self.liveness.stalls.writes_accepted()
         if self.writes_refused is not None:
             log.warning(

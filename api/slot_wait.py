@@ -13,6 +13,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from redis.exceptions import ResponseError
+
 from api import telemetry
 from api.connection import Connection
 from api.gateway import Gateway
@@ -58,10 +60,15 @@ async def wait_for_slot(
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gw.writes_refused}")
     try:
+        await gw.ensure_lease()
         ready = await gw.has_workers()
+    except ResponseError as exc:  # (ensure_lease noted it)
+        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {exc}")
     except Exception as exc:  # noqa: BLE001 - Redis unreachable
         log.warning("cannot count the worker slots: %s", exc)
-        ready = False
+        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return Refused(ErrorCode.SERVICE_UNAVAILABLE, "the gateway cannot reach Redis")
     if not ready:
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")

@@ -251,12 +251,23 @@ class OutputBus:
         )
         self.sessions: dict[str, SessionOutput] = {}
         self._task: asyncio.Task[None] | None = None
+        self._queue_subscribed = False
         self.messages = 0
 
     async def start(self) -> None:
-        """Subscribe to the queue channel and start the reader."""
-        await self.pubsub.subscribe(self.keys.queue_events)
+        """Subscribe to the queue channel and start the reader (which subscribes once Redis
+        answers, when it does not now)."""
+        try:
+            await self._subscribe_queue()
+        except (redis.RedisError, OSError) as exc:
+            log.warning("output bus: no subscription yet (%s); retrying", exc)
         self._task = asyncio.create_task(self._reader(), name="output-bus")
+
+    async def _subscribe_queue(self) -> None:
+        # redis-py subscribes again on each reconnection, to the channels once subscribed;
+        # a first subscribe that failed left none (nor a connection to read from)
+        await self.pubsub.subscribe(self.keys.queue_events)
+        self._queue_subscribed = True
 
     async def stop(self) -> None:
         """Stop the reader and close the connection."""
@@ -295,15 +306,23 @@ class OutputBus:
 
     async def _reader(self) -> None:
         queue_channel = self.keys.queue_events
+        failing = False
         while True:
             try:
+                if not self._queue_subscribed:
+                    await self._subscribe_queue()
                 msg = await self.pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - lost connection: retry; seq finds gaps
-                log.warning("output bus read failed (%s); reconnecting", exc)
+                if not failing:  # once per outage, not five times a second
+                    log.warning("output bus read failed (%s); reconnecting", exc)
+                failing = True
                 await asyncio.sleep(0.2)
                 continue
+            if failing:
+                log.warning("output bus reads again")
+                failing = False
             if msg is None or msg.get("type") != "message":
                 continue
             self.messages += 1

@@ -110,8 +110,9 @@ class Stack:
         return Proc(popen, log, name)
 
     # ------------------------------------------------------------------ parts
-    def start_gateway(self, **env: str) -> int:
-        """Start a gateway on a free port; returns the port once /health answers."""
+    def start_gateway(self, ready_path: str = "/health", **env: str) -> int:
+        """Start a gateway on a free port; returns the port once ``ready_path`` answers 200
+        (``/healthz``: the process serves, whether or not Redis does)."""
         port = free_port()
         proc = self._spawn(
             f"gateway{len(self.gateways)}", ["gateway", "--port", str(port)], self.base_env(**env)
@@ -122,7 +123,7 @@ class Stack:
             if not proc.alive():
                 raise RuntimeError(f"gateway exited:\n{proc.tail()}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
                     return port
             except httpx.HTTPError:
                 pass
