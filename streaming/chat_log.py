@@ -16,10 +16,12 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
 from streaming import lua
 from streaming.keys import Keys
+from streaming.redis_connection import unblocked
 
 Frame = dict[str, Any]
 EXPIRE_EVERY = 32  # frames per renewal of the log's TTL (see ChatLog.append)
@@ -88,9 +90,14 @@ class ChatLog:
 
     async def wait_after(self, seq: int, timeout_s: float) -> list[tuple[int, Frame]]:
         """Frames above ``seq``, waiting up to ``timeout_s`` for the first one."""
-        got: Any = await self.redis.xread(
-            {self.key: f"{seq}-1"}, block=max(1, int(timeout_s * 1000))
-        )
+        try:
+            got: Any = await self.redis.xread(
+                {self.key: f"{seq}-1"}, block=max(1, int(timeout_s * 1000))
+            )
+        except ResponseError as exc:
+            if not unblocked(exc):
+                raise
+            return []  # nothing read: the caller waits again
         return _entries(got[0][1]) if got else []  # RESP2: [[key, entries]]
 
     async def take_turn(

@@ -28,6 +28,7 @@ from streaming.controls import (
 )
 from streaming.input_link import Command, InputLink
 from streaming.keys import Keys
+from streaming.redis_connection import unblocked
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,10 @@ class InputReader:
         except redis.TimeoutError as exc:
             self._stalled(exc)
             return InputBatch(controls=[], chunks=[], dropped=0)
+        except redis.ResponseError as exc:
+            if not unblocked(exc):
+                raise
+            return InputBatch(controls=[], chunks=[], dropped=0)  # read again at the next step
         self._answered()
         got = _stream_reply(reply)
         controls: list[Control] = []

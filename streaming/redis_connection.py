@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -74,3 +75,10 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     client = aioredis.Redis(connection_pool=timed_writes(pool))
     client.auto_close_connection_pool = True
     return client
+
+
+def unblocked(exc: ResponseError) -> bool:
+    """Whether Redis ended a blocking read (``XREAD BLOCK``) without an answer because its role
+    changed (a primary made a replica: Sentinel, ``REPLICAOF``): nothing was read, and the read
+    may simply be made again (it is then refused or served as any other command)."""
+    return str(exc).startswith("UNBLOCKED")

@@ -21,6 +21,7 @@ LONGEST = (
     "tests/test_bench_smoke.py",  # 91
     "tests/faults/test_clients_leaving.py",  # 90
     "tests/test_web_client.py",  # 84, and installing chromium on a fresh machine
+    "tests/faults/test_redis_full.py",  # 75
     "tests/faults/test_soak.py",  # 74
     "tests/test_fuzz_protocol.py",  # 68
     "tests/faults/test_dead_clients.py",  # 64
@@ -28,7 +29,6 @@ LONGEST = (
     "tests/test_spec_gaps.py",  # 58
     "tests/test_bench_check.py",  # 50
     "tests/test_bench_pocket.py",  # 50
-    "tests/faults/test_redis_full.py",  # 50
     "tests/faults/test_gateway_freeze.py",  # 48
     "tests/test_resume_chat.py",  # 47
     "tests/faults/test_start_elsewhere.py",  # 46

@@ -1,13 +1,18 @@
 """Redis refusing writes for 8 s under running duplex sessions and a chat turn: full
-(``maxmemory`` reached, ``noeviction``: every write that could grow it refused) or ``MISCONF``
-(an RDB save failed, as when the disk of Redis's host fills up: every write refused). Redis
-answers every read on time meanwhile.
+(``maxmemory`` reached, ``noeviction``: every write that could grow it refused), ``MISCONF``
+(an RDB save failed, as when the disk of Redis's host fills up: every write refused) or
+``READONLY`` (made a replica of a primary nobody runs: Sentinel demoting it, an operator's
+``REPLICAOF``). Redis answers every read on time meanwhile.
 
 Before: within 1.6 s every duplex session ended with ``backend_error`` "internal gateway error":
 the workers could not renew their session leases, the gateway read them gone, took the workers
 for dead, and its failover's first write was refused. The workers never heard (their close and
 the record's end were refused too), so each went on with its slot held for the rest of its
 session's time: after Redis took writes again, three of four slots stayed busy.
+
+The role change of ``readonly`` also ends every blocking read with ``UNBLOCKED``: each worker's
+``XREAD BLOCK`` of its sessions' input raised it, and every duplex session failed at once
+(``backend_error``). Such a read is now made again (``streaming/redis_connection.unblocked``).
 
 Now a gateway whose own lease renewal is refused reads leases as held until its writes go
 through again (``streaming/stalls.py``), refuses new clients with the reason, and says so on
@@ -24,6 +29,7 @@ import httpx
 import pytest
 import redis
 
+from omniserve.redis_server import free_port
 from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
@@ -47,9 +53,14 @@ def refuse_writes(server: RestartableRedis, r: redis.Redis, refusal: str) -> Non
     """Make Redis refuse writes: ``maxmemory`` below what it uses already (writes that could
     grow it refused; ``DEL``, ``SREM`` still taken), or ``misconf``: an RDB save that failed
     with save points set (``stop-writes-on-bgsave-error``, the default: every write and even
-    ``PING`` answered ``MISCONF``, as when the disk of Redis's host fills up)."""
+    ``PING`` answered ``MISCONF``, as when the disk of Redis's host fills up), or ``readonly``:
+    a replica of a primary that does not answer (it keeps its data, serves reads, refuses writes
+    with ``READONLY``)."""
     if refusal == "maxmemory":
         r.config_set("maxmemory", "1")
+        return
+    if refusal == "readonly":
+        r.replicaof("127.0.0.1", str(free_port()))  # a master nobody runs: its data kept
         return
     assert server.server is not None
     target = Path(server.server.workdir) / r.config_get("dbfilename")["dbfilename"]
@@ -62,15 +73,17 @@ def refuse_writes(server: RestartableRedis, r: redis.Redis, refusal: str) -> Non
 
 def take_writes(r: redis.Redis, refusal: str) -> None:
     """Undo ``refuse_writes``: no memory limit; no save points (a failed save stops writes only
-    while some are set)."""
+    while some are set); a primary again."""
     if refusal == "maxmemory":
         r.config_set("maxmemory", "0")
+    elif refusal == "readonly":
+        r.replicaof("NO", "ONE")
     else:
         r.config_set("save", "")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("refusal", ["maxmemory", "misconf"])
+@pytest.mark.parametrize("refusal", ["maxmemory", "misconf", "readonly"])
 async def test_sessions_ride_through_a_redis_refusing_writes(
     own_redis: RestartableRedis, own_stack: Stack, refusal: str
 ) -> None:
