@@ -24,6 +24,7 @@ LONGEST = (
     "tests/faults/test_redis_full.py",  # 75
     "tests/faults/test_soak.py",  # 74
     "tests/test_fuzz_protocol.py",  # 68
+    "tests/faults/test_partition.py",  # 66
     "tests/faults/test_dead_clients.py",  # 64
     "tests/test_relay_gap.py",  # 60
     "tests/test_spec_gaps.py",  # 58
