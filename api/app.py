@@ -162,6 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         notes = list(cap.notes) if cap else []
         if not writable:
             notes.append(f"Redis refuses writes: {gw.writes_refused}")
+        notes.extend(gw.redis_unmet)
         body = {
             "status": status,
             "gateway_id": gw.gateway_id,

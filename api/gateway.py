@@ -21,6 +21,7 @@ from api.recordings.recorder import Recorder
 from api.worker_stops import WorkerStops
 from omnicore.redact import redact_url
 from omnicore.settings import Settings
+from streaming import redis_requirements
 from streaming.admission import Admission
 from streaming.input import InputWriter
 from streaming.jobs import Job
@@ -30,6 +31,8 @@ from streaming.redis_connection import gateway_client
 from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
+
+REQUIREMENTS_EVERY_S = 60.0  # how often Redis's configuration is read again
 
 
 class LiveSession(Protocol):
@@ -109,6 +112,8 @@ class Gateway:
         # says it
         self.writes_refused: str | None = None
         self.redis_unreachable: str | None = None  # why the last lease renewal failed, if it did
+        self.redis_unmet: list[str] = []  # what Redis lacks (streaming/redis_requirements.py)
+        self._requirements_read_at = 0.0  # monotonic; 0: at the next renewal that goes through
         self.metrics = GatewayMetrics()
 
     async def start(self) -> None:
@@ -124,6 +129,8 @@ class Gateway:
             self._note_refusal(exc)
         except (RedisError, OSError) as exc:
             self._note_unreachable(exc)
+        if self.redis_unreachable is None:
+            await self._check_redis()
         await self.bus.start()
         await self.queue.start()
         self.liveness.start()
@@ -208,11 +215,13 @@ class Gateway:
                 raise
             except ResponseError as exc:  # Redis answers, but takes no write
                 self._note_refusal(exc)
+                await self._check_redis()  # (a replica, say)
                 continue
             except (RedisError, OSError) as exc:
                 self._note_unreachable(exc)
                 continue
             self._note_accepted()
+            await self._check_redis()
             try:
                 await self._count_slots()  # admission then reads a fresh count, not Redis
                 n += 1
@@ -236,6 +245,22 @@ class Gateway:
             )
         self.writes_refused = str(exc)
 
+    async def _check_redis(self) -> None:
+        """Read what Redis lacks of omniserve's requirements once a minute (and at once after
+        an outage: it may be another server now); each newly unmet one is logged."""
+        if time.monotonic() - self._requirements_read_at < REQUIREMENTS_EVERY_S:
+            return
+        self._requirements_read_at = time.monotonic()
+        try:
+            unmet = await redis_requirements.check(self.redis)
+        except (RedisError, OSError) as exc:  # (INFO disabled, say: read again in a minute)
+            log.warning("could not read Redis's configuration: %s", exc)
+            return
+        for note in unmet:
+            if note not in self.redis_unmet:
+                log.error("%s (README: Redis requirements)", note)
+        self.redis_unmet = unmet
+
     def _note_unreachable(self, exc: Exception) -> None:
         """The lease could not be renewed: Redis is away (or the renewal timed out). Logged
         once per outage, not at every heartbeat; sessions' leases are judged as always
@@ -249,6 +274,7 @@ class Gateway:
                 self.settings.heartbeat_interval_s,
             )
         self.redis_unreachable = str(exc)
+        self._requirements_read_at = 0.0
 
     def _note_accepted(self) -> None:
         if self.redis_unreachable is not None:
@@ -260,6 +286,7 @@ class Gateway:
                 "Redis takes writes again; leases settle for %.1f s", self.liveness.stalls.settle_s
             )
             self.writes_refused = None
+            self._requirements_read_at = 0.0  # (a replica made primary again, say)
 
     async def submit(
         self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None

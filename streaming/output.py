@@ -252,6 +252,9 @@ class OutputBus:
         self.sessions: dict[str, SessionOutput] = {}
         self._task: asyncio.Task[None] | None = None
         self._queue_subscribed = False
+        # held by each subscribe: the first one opens the connection, and two at once would
+        # open two, one of them read by nobody (a gateway started while Redis was away)
+        self._first_subscribe = asyncio.Lock()
         self.messages = 0
 
     async def start(self) -> None:
@@ -266,8 +269,10 @@ class OutputBus:
     async def _subscribe_queue(self) -> None:
         # redis-py subscribes again on each reconnection, to the channels once subscribed;
         # a first subscribe that failed left none (nor a connection to read from)
-        await self.pubsub.subscribe(self.keys.queue_events)
-        self._queue_subscribed = True
+        async with self._first_subscribe:
+            if not self._queue_subscribed:
+                await self.pubsub.subscribe(self.keys.queue_events)
+                self._queue_subscribed = True
 
     async def stop(self) -> None:
         """Stop the reader and close the connection."""
@@ -285,7 +290,8 @@ class OutputBus:
         """
         out = SessionOutput(self, session_id, after, on_overflow)
         self.sessions[self.keys.output_channel(session_id)] = out
-        await self.pubsub.subscribe(self.keys.output_channel(session_id))
+        async with self._first_subscribe:
+            await self.pubsub.subscribe(self.keys.output_channel(session_id))
         return out
 
     async def close(self, session_id: str, reader: SessionOutput | None = None) -> None:

@@ -45,7 +45,7 @@ LONGEST = (
     "tests/test_relay_paths.py",  # 28
     "tests/test_cli_up.py",  # 28
     "tests/faults/test_worker_freeze.py",  # 23
-    "tests/faults/test_gateway_start.py",  # 17
+    "tests/faults/test_gateway_start.py",  # 30
 )
 
 

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from omniserve.redis_server import free_port
 from tests.client import Client
 from tests.faults.harness import RestartableRedis, log_text, served_end_to_end, wait_for
 from tests.stack import Stack
@@ -38,15 +39,17 @@ async def refused_with(url: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("redis_state", ["away", "refusing"])
+@pytest.mark.parametrize("redis_state", ["away", "refusing", "replica"])
 async def test_a_gateway_started_without_a_usable_redis_serves_once_it_is(
     own_redis: RestartableRedis, own_stack: Stack, redis_state: str
 ) -> None:
     stack = own_stack
     if redis_state == "away":
         own_redis.stop()
-    else:
+    elif redis_state == "refusing":
         stack.redis().config_set("maxmemory", "1")  # full: every write that could grow it refused
+    else:
+        stack.redis().replicaof("127.0.0.1", str(free_port()))  # of a primary nobody runs
     port = stack.start_gateway(ready_path="/healthz")
     gateway = stack.gateways[0][0]
     time.sleep(2.5)  # a few lease renewals fail meanwhile
@@ -63,14 +66,20 @@ async def test_a_gateway_started_without_a_usable_redis_serves_once_it_is(
         assert ready.json()["redis_writable"] is False, ready.json()
         assert any("Redis refuses writes" in n for n in health.json()["notes"]), health.json()
         assert "Redis refuses writes" in await refused_with(stack.url())
+    if redis_state == "replica":  # and what Redis lacks is named (streaming/redis_requirements)
+        assert any("Redis is a replica" in n for n in health.json()["notes"]), health.json()
 
     if redis_state == "away":
         own_redis.start()  # the same port, empty
-    else:
+    elif redis_state == "refusing":
         stack.redis().config_set("maxmemory", "0")
+    else:
+        stack.redis().replicaof("NO", "ONE")
     stack.start_worker()
     wait_for(lambda: get(port, "/readyz").status_code == 200, 15, "/readyz to say ready")
-    assert get(port, "/health").json()["status"] == "ok"
+    health = get(port, "/health")
+    assert health.json()["status"] == "ok", health.json()
+    assert not any("replica" in n for n in health.json()["notes"]), health.json()
     frames = await served_end_to_end(stack.url())
     assert any(f["type"] == "response.output.delta" for f in frames)
     assert gateway.alive(), gateway.tail()
@@ -90,3 +99,23 @@ async def test_a_gateway_started_without_a_usable_redis_serves_once_it_is(
     else:
         assert text.count("Redis refuses writes (") == 1, text
         assert "Redis takes writes again" in text
+
+
+@pytest.mark.slow
+async def test_a_redis_that_evicts_keys_is_named_on_health(
+    own_redis: RestartableRedis, own_stack: Stack
+) -> None:
+    """An evicting ``maxmemory-policy`` (the default of several managed services) works until
+    memory fills, then drops queue, lease and stream keys without an error: the gateway says so
+    in its log and on ``/health`` from its start, and the service serves meanwhile."""
+    stack = own_stack
+    stack.redis().config_set("maxmemory-policy", "allkeys-lru")
+    port = stack.start_gateway()
+    stack.start_worker()
+    body = get(port, "/health").json()
+    assert body["status"] == "ok", body
+    assert any("maxmemory-policy is allkeys-lru" in n for n in body["notes"]), body
+    frames = await served_end_to_end(stack.url())
+    assert any(f["type"] == "response.output.delta" for f in frames)
+    text = log_text(stack.gateways[0][0])
+    assert text.count("maxmemory-policy is allkeys-lru") == 1, text  # (once, not every minute)
