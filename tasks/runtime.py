@@ -293,8 +293,8 @@ class WorkerRuntime:
         self.beats += 1
         if rewritten and self.beats > 1:
             log.warning(
-                "registry entry of %s was gone (Redis restarted empty?): registered again, "
-                "%d idle slot(s) offered, %d session lease(s) renewed",
+                "registry entry of %s was gone (Redis restarted empty, or was out of reach past "
+                "its TTL): registered again, %d idle slot(s) offered, %d session lease(s) renewed",
                 self.worker_id,
                 len(idle) if self.ready.is_set() else 0,
                 len(active),
