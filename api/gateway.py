@@ -220,6 +220,9 @@ class Gateway:
             except (RedisError, OSError) as exc:
                 self._note_unreachable(exc)
                 continue
+            except Exception:  # anything else: the loop must go on (it keeps the lease)
+                log.warning("gateway lease renewal failed", exc_info=True)
+                continue
             self._note_accepted()
             await self._check_redis()
             try:
