@@ -19,8 +19,11 @@ Every relay needs the same three guarantees, so they live here once:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
+
+from redis.exceptions import ResponseError
 
 from api.gateway import Gateway
 from api.liveness import Answer
@@ -29,6 +32,8 @@ from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
 from streaming.keys import slot_worker
 from streaming.output import SessionOutput
+
+log = logging.getLogger("omniserve.gateway")
 
 LEASE_MISSES = 1  # the lease TTL is the grace period; one miss means the worker stopped renewing
 
@@ -181,10 +186,20 @@ class TaskRelay:
         return float("inf") if self.started or self._claimed else self._start_by - now
 
     async def stop(self, reason: str | None) -> None:
-        """Ask the worker to end the task; one that has not started is abandoned (never runs)."""
-        await self.gw.inputs.control(self.task_id, CloseControl(reason=reason))
+        """Ask the worker to end the task, until Redis takes it (``api/worker_stops.py``); one
+        that has not started is abandoned (never runs)."""
+        gw, task_id = self.gw, self.task_id
+        until = self.job.deadline_ts if self.job else time.time() + gw.settings.session_ttl_s
+        await gw.stops.write(
+            f"stopping {task_id}",
+            lambda: gw.inputs.control(task_id, CloseControl(reason=reason)),
+            until,
+        )
         if not self.started:
-            await self.gw.abandon(self.claim_id, self.slot_id)
+            try:
+                await self.gw.abandon(self.claim_id, self.slot_id)
+            except ResponseError as exc:  # the close above reaches the task when it starts
+                log.warning("%s %s not abandoned: %s", self.what, task_id, exc)
 
     def _consume_started(self, events: list[Event]) -> list[Event]:
         if not self.started and any(isinstance(ev, Created) and ev.recovered for ev in events):

@@ -1,10 +1,11 @@
 """Telling a worker that the gateway ended a session, until Redis takes it.
 
-A duplex session runs on its worker until the worker hears that it is over: the close control
-in the session's input stream, or, once resumable, its resume record marked ended. When Redis
-refuses that write (full: ``maxmemory`` with ``noeviction``; read-only; away for a moment), the
-worker never hears: the session goes on there for its whole time, holding a slot nobody is
-listening to (a 10 s Redis OOM left three of four slots held for the rest of their sessions).
+A duplex session (or a chat turn) runs on its worker until the worker hears that it is over:
+the close control in its input stream, or, once resumable, its resume record marked ended.
+When Redis refuses that write (full: ``maxmemory`` with ``noeviction``; read-only; away for a
+moment), the worker never hears: the session goes on there for its whole time, holding a slot
+nobody is listening to (a 10 s Redis OOM left three of four slots held for the rest of their
+sessions).
 
 So a write that tells a worker to stop is tried again every ``RETRY_S`` in the background until
 Redis takes it, or until the session's deadline, after which its worker ends it by itself. A

@@ -88,14 +88,17 @@ async def test_sessions_ride_through_a_redis_refusing_writes(
     own_redis: RestartableRedis, own_stack: Stack, refusal: str
 ) -> None:
     stack = own_stack
-    options = '{"token_delay_s": 0.3}'  # (chat turns only)
-    workers = [stack.start_worker(slots=5, OMNISERVE_BACKEND_OPTIONS=options), stack.start_worker()]
+    slow = {"OMNISERVE_BACKEND_OPTIONS": '{"token_delay_s": 0.3}'}  # (chat turns only)
+    workers = [stack.start_worker(slots=6, **slow), stack.start_worker(**slow)]
     stack.start_gateway()
     riders = [await DuplexProbe.open(stack.url()) for _ in range(3)]
     closer = await DuplexProbe.open(stack.url())  # sends session.close while Redis is full
     leaver = await DuplexProbe.open(stack.url())  # its connection drops while Redis is full
     probes = [*riders, closer, leaver]
     chat = await start_chat_turn(stack.url())  # 40 words, one every 0.3 s: across the refusals
+    # a 60 s turn whose client closes while Redis refuses writes: its worker must stop it once
+    # Redis takes the close, not generate on for nobody with the slot held
+    quitter = await start_chat_turn(stack.url(), words=200)
     r = stack.redis()
     try:
         await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
@@ -119,6 +122,7 @@ async def test_sessions_ride_through_a_redis_refusing_writes(
             await late.close()
             await closer.client.send({"type": "session.close"})
             leaver.client.ws.transport.abort()
+            await quitter.send({"type": "session.close"})
             await asyncio.sleep(max(0.0, full + FULL_S - time.monotonic()))
         finally:
             take_writes(r, refusal)
@@ -128,8 +132,9 @@ async def test_sessions_ride_through_a_redis_refusing_writes(
         deltas = "".join(f["text"] for f in chat.received if f["type"] == "response.output.delta")
         assert frames[-1]["type"] == "response.done", frames[-1]
         assert frames[-1]["text"] == deltas == " ".join(["word"] * WORDS)
-        # the two ended sessions' workers hear of it now and give their slots back (and the turn)
-        await await_for(lambda: stack.free_slots() == 3, 15, "the 2 ended sessions' slots")
+        # the two ended sessions' and the closed turn's workers hear of it now and give their
+        # slots back (and the other turn, done)
+        await await_for(lambda: stack.free_slots() == 4, 15, "the ended sessions' and turn's slots")
         await asyncio.sleep(max(0.0, refilled + 4.0 - time.monotonic()))
         for p in riders:
             seen = [(round(t - full, 2), f) for t, f in p.frames if t > full]
@@ -147,7 +152,8 @@ async def test_sessions_ride_through_a_redis_refusing_writes(
         for p in probes:
             await p.close()
         await chat.close()
-    all_slots_back(stack, 6)
+        await quitter.close()
+    all_slots_back(stack, 7)
     # (MISCONF answers the consumer's BRPOP too: Celery took that error for fatal, and each
     # worker exited with its sessions)
     assert all(worker.alive() for worker in workers)

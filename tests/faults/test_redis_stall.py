@@ -39,13 +39,13 @@ FROZEN_S = 15.0
 WORDS = 40  # a chat turn's reply, one word every 0.3 s: generated before, during and after
 
 
-async def start_chat_turn(url: str) -> Client:
-    """A chat client whose turn has begun answering."""
+async def start_chat_turn(url: str, words: int = WORDS) -> Client:
+    """A chat client whose turn (``words`` words long) has begun answering."""
     chat = await Client.connect(url, query="?mode=chat")
     await chat.until("session.queue_done")
     await chat.send({"type": "session.init", "payload": {}})
     await chat.until("session.created")
-    content = "Reply with exactly: " + " ".join(["word"] * WORDS)
+    content = "Reply with exactly: " + " ".join(["word"] * words)
     await chat.send(
         {"type": "input.append", "input": {"messages": [{"role": "user", "content": content}]}}
     )
