@@ -287,10 +287,11 @@ class ResumableChat(Resumable):
         await super().finish(reason, code)
 
     async def end_record(self) -> None:
-        """The session is over: its record says so."""
+        """The session is over: its record says so (until Redis takes it, as a duplex
+        session's: ``api/worker_stops.py``; else a resume of the closed session would be let in)."""
         if not self.resumable:
             return
-        try:
-            await self.gw.resumes.mark_ended(self.session_id)
-        except Exception:
-            log.warning("could not end the record of %s", self.session_id, exc_info=True)
+        sid = self.session_id
+        await self.gw.stops.write(
+            f"ending the record of {sid}", lambda: self.gw.resumes.mark_ended(sid), self.deadline
+        )

@@ -135,6 +135,12 @@ async def test_sessions_ride_through_a_redis_refusing_writes(
         # the two ended sessions' and the closed turn's workers hear of it now and give their
         # slots back (and the other turn, done)
         await await_for(lambda: stack.free_slots() == 4, 15, "the ended sessions' and turn's slots")
+        # and the closed chat session's record says so: no resume lets it in again
+        created = next(f for f in quitter.received if f["type"] == "session.created")
+        sid, token = created["session_id"], created["resume_token"]
+        late = await Client.resume(stack.url(), sid, token, 0, mode="chat")
+        assert (await late.until("error"))["error"]["code"] == "resume_expired"
+        await late.close()
         await asyncio.sleep(max(0.0, refilled + 4.0 - time.monotonic()))
         for p in riders:
             seen = [(round(t - full, 2), f) for t, f in p.frames if t > full]
