@@ -291,7 +291,4 @@ class ResumableChat(Resumable):
         session's: ``api/worker_stops.py``; else a resume of the closed session would be let in)."""
         if not self.resumable:
             return
-        sid = self.session_id
-        await self.gw.stops.write(
-            f"ending the record of {sid}", lambda: self.gw.resumes.mark_ended(sid), self.deadline
-        )
+        await self.gw.stops.end_record(self.session_id, self.deadline)

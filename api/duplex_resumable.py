@@ -25,7 +25,7 @@ from api.gateway import Gateway
 from api.realtime import SessionState
 from api.resumable import Resumable, resync_frame
 from api.task_relay import TaskRelay
-from streaming.controls import CloseControl, InitControl, encode_control
+from streaming.controls import InitControl, encode_control
 from streaming.events import CloseReason, Created, ErrorCode, Event, Gap
 from streaming.output import SessionOutput
 
@@ -157,22 +157,12 @@ class ResumableSession(Resumable):
         ``resume_expired``. A record Redis would not end now is ended when it will
         (``api/worker_stops.py``)."""
         if not self.closed_sent and self.resumable and not self.replaced:
-            sid = self.session_id
-            await self.gw.stops.write(
-                f"ending the record of {sid}",
-                lambda: self.gw.resumes.mark_ended(sid),
-                self.deadline,
-            )
+            await self.gw.stops.end_record(self.session_id, self.deadline)
         await super().finish(reason, code)
 
     async def _tell_worker(self, reason: str | None) -> None:
         """Ask the worker to end the session (until Redis takes it: ``api/worker_stops.py``)."""
-        sid = self.session_id
-        await self.gw.stops.write(
-            f"stopping {sid}",
-            lambda: self.gw.inputs.control(sid, CloseControl(reason=reason)),
-            self.deadline,
-        )
+        await self.gw.stops.close(self.session_id, reason, self.deadline)
 
 
 def with_seq(frame: Frame, seq: int | None) -> Frame:

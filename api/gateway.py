@@ -101,7 +101,8 @@ class Gateway:
         self.recorder = Recorder(settings, self.gateway_id)  # recordings of every session
         self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler
         self.watch = ClientWatch()  # every connection's dead-client checks, in one task
-        self.stops = WorkerStops()  # telling workers of ended sessions, until Redis takes it
+        # telling workers of ended sessions, until Redis takes it
+        self.stops = WorkerStops(self.inputs, self.resumes)
         self.started_at = time.time()
         self.shutting_down = False
         self._live_slots = 0

@@ -27,7 +27,6 @@ from redis.exceptions import ResponseError
 
 from api.gateway import Gateway
 from api.liveness import Answer
-from streaming.controls import CloseControl
 from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
 from streaming.keys import slot_worker
@@ -190,11 +189,7 @@ class TaskRelay:
         that has not started is abandoned (never runs)."""
         gw, task_id = self.gw, self.task_id
         until = self.job.deadline_ts if self.job else time.time() + gw.settings.session_ttl_s
-        await gw.stops.write(
-            f"stopping {task_id}",
-            lambda: gw.inputs.control(task_id, CloseControl(reason=reason)),
-            until,
-        )
+        await gw.stops.close(task_id, reason, until)
         if not self.started:
             try:
                 await self.gw.abandon(self.claim_id, self.slot_id)

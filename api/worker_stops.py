@@ -21,6 +21,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from omnicore.aio import cancel_and_wait
+from streaming.controls import CloseControl
+from streaming.input import InputWriter
+from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -32,9 +35,32 @@ Write = Callable[[], Awaitable[object]]
 class WorkerStops:
     """Writes that stop a worker's session, retried until taken (see the module docstring)."""
 
-    def __init__(self, retry_s: float = RETRY_S) -> None:
+    def __init__(
+        self,
+        inputs: InputWriter | None = None,
+        resumes: ResumeStore | None = None,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self.inputs, self.resumes = inputs, resumes
         self.retry_s = retry_s
         self._pending: set[asyncio.Task[None]] = set()
+
+    async def close(self, session_id: str, reason: str | None, until: float) -> bool:
+        """The close control into the input stream of a session (or a chat turn's task)."""
+        inputs = self.inputs
+        assert inputs is not None, "WorkerStops without an InputWriter"
+        control = CloseControl(reason=reason)
+        return await self.write(
+            f"stopping {session_id}", lambda: inputs.control(session_id, control), until
+        )
+
+    async def end_record(self, session_id: str, until: float) -> bool:
+        """A resumable session's record marked ended (its worker, detached, gives up on it)."""
+        resumes = self.resumes
+        assert resumes is not None, "WorkerStops without a ResumeStore"
+        return await self.write(
+            f"ending the record of {session_id}", lambda: resumes.mark_ended(session_id), until
+        )
 
     @property
     def pending(self) -> int:

@@ -9,9 +9,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+import redis
+import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
 
 from api.worker_stops import WorkerStops
+from streaming.controls import CloseControl
+from streaming.input import InputReader, InputWriter
+from streaming.keys import Keys
+from streaming.resume import ResumeStore, WorkerResume
 
 
 class Refusing:
@@ -62,3 +68,28 @@ async def test_closing_drops_what_is_pending() -> None:
     tries = write.tries
     await asyncio.sleep(0.05)
     assert write.tries == tries
+
+
+async def test_the_close_and_the_end_of_the_record_reach_the_worker(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """The two writes the gateway retries, on a real Redis, read back as a worker reads them."""
+    inputs = InputWriter(async_redis, keys, max_pending=8, ttl_s=60)
+    resumes = ResumeStore(async_redis, keys)
+    stops = WorkerStops(inputs, resumes, retry_s=0.01)
+    try:
+        assert await stops.close("rt_s1", "client_closed", time.time() + 5)
+        controls = InputReader(sync_redis, keys, "rt_s1").read(block_ms=100).controls
+        assert controls == [CloseControl(reason="client_closed")]
+        await resumes.create(
+            "rt_s2", token="t", mode="audio", gateway="gw1", conn="c1",
+            created_seq=1, deadline=0.0, init=b"{}", ttl_s=60,
+        )  # fmt: skip
+        worker = WorkerResume(sync_redis, keys, "rt_s2")
+        before = worker.attachment()
+        assert before is not None and not before.ended
+        assert await stops.end_record("rt_s2", time.time() + 5)
+        after = worker.attachment()
+        assert after is not None and after.ended and stops.pending == 0
+    finally:
+        await inputs.aclose()
