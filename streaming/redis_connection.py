@@ -1,10 +1,24 @@
-"""redis-py's asyncio connections, with the socket timeout of a write kept without a task.
+"""redis-py's connections as omniserve opens them: dead peers found by TCP itself, and the
+socket timeout of an asyncio write kept without a task.
+
+A Redis host that goes dark, or a network that drops packets, leaves every open connection
+waiting: no reset comes. A command times out (``socket_timeout``), but a connection that only
+reads (the gateway's pub/sub, a pooled one at rest) waits on, and once the network heals, TCP's
+retransmission backoff keeps it silent for seconds more (8.5 s after a 30 s cut, measured by
+``tests/faults/test_dropped_packets.py``; up to two minutes after longer ones). ``TCP_OPTIONS``
+has the kernel probe a silent connection and drop one nothing acknowledges for
+``DEAD_PEER_S``; a Redis that is merely stalled (a long fork, SIGSTOP) still has its kernel
+acknowledge, and is waited for as before. redis-py does not see such a drop for what it is: the
+reader's error is ``ETIMEDOUT``, which it takes for a read timeout (a pub/sub read then returns
+nothing, again and again, until its next health check), and the next write raises uvloop's
+``RuntimeError`` (no retry). ``ReopensDropped`` has a connection whose transport the kernel
+closed read as not connected, so redis-py opens a new one (and a pub/sub subscribes again).
 
 redis-py applies ``socket_timeout`` to each command it writes with ``asyncio.wait_for``. Under
 Python 3.11 ``wait_for`` runs the write in a task of its own: a task, its scheduling and its
 wake-up for every command, when the write almost never waits at all (``drain`` returns at once
 unless the socket's buffer is full). On the gateway, whose every chunk of input is a command,
-that was ~3 % of its CPU (docs/BENCHMARKS.md). ``timed_writes`` keeps the same limit with
+that was ~3 % of its CPU (docs/BENCHMARKS.md). ``TimedWrites`` keeps the same limit with
 ``asyncio.timeout`` around the write instead: one timer in the caller's own task. What a
 timeout does is unchanged: the connection is dropped and redis-py's ``TimeoutError`` raised.
 """
@@ -12,6 +26,7 @@ timeout does is unchanged: the connection is dropped and redis-py's ``TimeoutErr
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +35,41 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+DEAD_PEER_S = 10  # a connection nothing acknowledges for this long is dropped
+
+
+def _tcp_options() -> dict[int, int]:
+    """Keepalive probes from 3 s of silence on, every second; TCP_USER_TIMEOUT bounds both the
+    probes and unacknowledged writes (Linux; elsewhere the options it lacks are left out)."""
+    wanted = {
+        "TCP_KEEPIDLE": 3,
+        "TCP_KEEPINTVL": 1,
+        "TCP_KEEPCNT": DEAD_PEER_S,
+        "TCP_USER_TIMEOUT": DEAD_PEER_S * 1000,
+    }
+    return {getattr(socket, n): v for n, v in wanted.items() if hasattr(socket, n)}
+
+
+TCP_OPTIONS: dict[str, Any] = {
+    "socket_keepalive": True,
+    "socket_keepalive_options": _tcp_options(),
+    "socket_connect_timeout": 5,
+}
+
+
+class ReopensDropped:
+    """Mixin for a redis-py asyncio ``Connection`` class: a connection whose transport was
+    closed under it (the kernel dropped a dead peer) is not connected (see the module
+    docstring)."""
+
+    _reader: asyncio.StreamReader | None
+    _writer: asyncio.StreamWriter | None
+
+    @property
+    def is_connected(self) -> bool:
+        writer = self._writer
+        return self._reader is not None and writer is not None and not writer.is_closing()
 
 
 class TimedWrites:
@@ -46,12 +96,13 @@ class TimedWrites:
             self.socket_timeout = limit
 
 
-def timed_writes(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
-    """Make ``pool`` open its connections with ``TimedWrites``, whatever class the URL chose
-    (TCP, TLS or a Unix socket); returns the pool."""
+def tuned(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
+    """Make ``pool`` open its connections with ``TimedWrites`` and ``ReopensDropped``, whatever
+    class the URL chose (TCP, TLS or a Unix socket); returns the pool."""
     base: Any = pool.connection_class
     if not issubclass(base, TimedWrites):
-        pool.connection_class = type(f"Timed{base.__name__}", (TimedWrites, base), {})
+        mixins = (TimedWrites, ReopensDropped, base)
+        pool.connection_class = type(f"Tuned{base.__name__}", mixins, {})
     return pool
 
 
@@ -63,7 +114,8 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     at its next use ("Connection closed by server"); redis-py's pools retry nothing unless told,
     so a client admitted just after the restart was refused. Two retries on a fresh connection
     serve such a command; a Redis that is really away still fails within a fraction of a second.
-    Its writes keep their timeout without a task per command (``timed_writes``).
+    Its writes keep their timeout without a task per command, and a dead peer is found by TCP
+    and reopened (``tuned``, ``TCP_OPTIONS``). The URL's own options (``?socket_timeout=``) win.
     """
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
@@ -71,8 +123,10 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
         timeout=20,
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
+        socket_timeout=5,  # (redis-py's default since 6; none before)
+        **TCP_OPTIONS,
     )
-    client = aioredis.Redis(connection_pool=timed_writes(pool))
+    client = aioredis.Redis(connection_pool=tuned(pool))
     client.auto_close_connection_pool = True
     return client
 

@@ -30,6 +30,7 @@ LONGEST = (
     "tests/test_spec_gaps.py",  # 58
     "tests/test_bench_check.py",  # 50
     "tests/test_bench_pocket.py",  # 50
+    "tests/faults/test_dropped_packets.py",  # 55
     "tests/faults/test_gateway_freeze.py",  # 48
     "tests/test_resume_chat.py",  # 47
     "tests/faults/test_start_elsewhere.py",  # 46

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from omniserve.redis_server import start_embedded
-from streaming.redis_connection import TimedWrites, timed_writes
+from streaming.redis_connection import TimedWrites, gateway_client, tuned
 
 
 async def _commands(client: aioredis.Redis) -> int:
@@ -55,9 +56,7 @@ async def _commands(client: aioredis.Redis) -> int:
 
 
 async def test_commands_are_written_without_a_task_of_their_own(redis_server: str) -> None:
-    timed = aioredis.Redis(
-        connection_pool=timed_writes(aioredis.ConnectionPool.from_url(redis_server))
-    )
+    timed = aioredis.Redis(connection_pool=tuned(aioredis.ConnectionPool.from_url(redis_server)))
     plain = aioredis.Redis.from_url(redis_server)
     try:
         assert await _commands(timed) == 0
@@ -70,7 +69,7 @@ async def test_commands_are_written_without_a_task_of_their_own(redis_server: st
 
 async def test_a_write_to_a_frozen_redis_times_out_and_the_next_command_reconnects() -> None:
     server = start_embedded()
-    pool = timed_writes(aioredis.ConnectionPool.from_url(server.url, socket_timeout=0.5))
+    pool = tuned(aioredis.ConnectionPool.from_url(server.url, socket_timeout=0.5))
     client = aioredis.Redis(connection_pool=pool)
     try:
         await client.ping()  # connected (and its handshake done) before the freeze
@@ -98,7 +97,40 @@ def test_the_urls_connection_class_is_kept() -> None:
         ("rediss://127.0.0.1:1/0", aioredis.SSLConnection),
         ("unix:///tmp/omniserve-none.sock", aioredis.UnixDomainSocketConnection),
     ):
-        pool = timed_writes(aioredis.ConnectionPool.from_url(url))
+        pool = tuned(aioredis.ConnectionPool.from_url(url))
         assert issubclass(pool.connection_class, TimedWrites)
         assert issubclass(pool.connection_class, base)
-        assert timed_writes(pool).connection_class is pool.connection_class  # applied once
+        assert tuned(pool).connection_class is pool.connection_class  # applied once
+
+
+def test_a_connection_whose_transport_was_closed_under_it_is_opened_again(
+    redis_server: str,
+) -> None:
+    """As the kernel closes a connection to a dead peer (``TCP_USER_TIMEOUT``, keepalive):
+    under uvloop, the gateway's loop, a command on it raised ``RuntimeError`` (no retry), and a
+    pub/sub read on it returned nothing until its next health check."""
+
+    async def main() -> None:
+        client = gateway_client(redis_server, max_connections=4)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await client.ping()
+            await pubsub.subscribe("reopens-dropped")
+            pool = client.connection_pool
+            conn = await pool.get_connection()
+            for dropped in (conn, pubsub.connection):
+                assert dropped is not None and dropped._writer is not None
+                dropped._writer.transport.abort()  # closed under redis-py, as by the kernel
+            await asyncio.sleep(0.01)
+            assert not conn.is_connected
+            await pool.release(conn)
+            assert await client.ping()  # a new connection, where a RuntimeError was
+            assert await pubsub.get_message(timeout=0.2) is None  # (it subscribed again)
+            await client.publish("reopens-dropped", b"m")
+            msg = await pubsub.get_message(timeout=2.0)
+            assert msg is not None and msg["data"] == b"m"
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await client.aclose()
+
+    uvloop.run(main())

@@ -1,6 +1,7 @@
 """A loopback TCP proxy, run as a process of its own so that a test can cut the link it carries
 (SIGSTOP: connections stay open, nothing passes either way, as in a network partition) and heal
-it (SIGCONT). ``python -m tests.faults.tcp_proxy LISTEN_PORT TARGET_PORT``; prints ``ready``.
+it (SIGCONT). ``python -m tests.faults.tcp_proxy LISTEN_PORT TARGET_PORT [LISTEN_HOST]``; prints
+``ready``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     writer.close()
 
 
-async def _serve(listen: int, target: int) -> None:
+async def _serve(listen: int, target: int, host: str) -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
@@ -31,7 +32,7 @@ async def _serve(listen: int, target: int) -> None:
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
-    server = await asyncio.start_server(handle, "127.0.0.1", listen)
+    server = await asyncio.start_server(handle, host, listen)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
@@ -40,10 +41,10 @@ async def _serve(listen: int, target: int) -> None:
 class Link:
     """A proxy process between a component and the test's Redis."""
 
-    def __init__(self, listen: int, target: int) -> None:
-        self.port = listen
+    def __init__(self, listen: int, target: int, host: str = "127.0.0.1") -> None:
+        self.port, self.host = listen, host
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.tcp_proxy", str(listen), str(target)],
+            [sys.executable, "-m", "tests.faults.tcp_proxy", str(listen), str(target), host],
             stdout=subprocess.PIPE,
         )
         assert self.proc.stdout is not None
@@ -65,4 +66,5 @@ class Link:
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve(int(sys.argv[1]), int(sys.argv[2])))
+    host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
+    asyncio.run(_serve(int(sys.argv[1]), int(sys.argv[2]), host))

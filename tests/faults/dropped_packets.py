@@ -1,0 +1,137 @@
+"""A partition that drops packets between the gateway and Redis, run inside a network namespace of
+its own (``unshare -rn``: root there, nothing outside touched), where routes can drop packets.
+
+The gateway reaches Redis through ``ADDR`` (a TEST-NET-1 address on the namespace's loopback,
+served by ``tests/faults/tcp_proxy.py`` forwarding to the Redis on 127.0.0.1); the worker reaches
+Redis directly. ``cut`` routes the address to a TUN device nobody reads: every packet to or from
+it is dropped without a word (no reset, no ICMP error), as when Redis's host goes dark or a switch
+fails, unlike the frozen proxy of ``test_partition.py`` whose kernel still acknowledges what it is
+sent. ``heal`` gives the address its local route back.
+
+``unshare -rn python -m tests.faults.dropped_packets CUT_S`` prints one JSON object: what each
+client saw, and whether the service came back (``tests/faults/test_dropped_packets.py`` asserts
+on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from omniserve.redis_server import free_port
+from tests.faults.harness import (
+    DuplexProbe,
+    RestartableRedis,
+    all_slots_back,
+    await_for,
+    log_text,
+    served_end_to_end,
+)
+from tests.faults.tcp_proxy import Link
+from tests.stack import Stack
+
+ADDR = "192.0.2.7"
+AFTER_S = 20.0  # watched after the heal
+
+
+def _ip(*commands: str) -> None:
+    for command in commands:
+        subprocess.run(["ip", *command.split()], check=True)
+
+
+def set_up() -> None:
+    """The namespace's loopback up with ``ADDR``, and the TUN device a cut routes it to."""
+    _ip("link set lo up", f"addr add {ADDR}/32 dev lo", "tuntap add dev cut0 mode tun")
+    _ip("link set cut0 up")
+
+
+def cut() -> None:
+    """Every packet to or from ``ADDR`` dropped from now on."""
+    _ip(f"route del local {ADDR} dev lo table local", f"route add {ADDR}/32 dev cut0")
+
+
+def heal() -> None:
+    _ip(f"route del {ADDR}/32 dev cut0", f"route add local {ADDR} dev lo table local")
+
+
+def _seen(probe: DuplexProbe, since: float) -> dict[str, Any]:
+    """What the client saw from ``since`` (monotonic) on."""
+    frames = [(t, f) for t, f in probe.frames if t > since]
+    first_delta = next((t for t, f in frames if f["type"] == "response.output.delta"), None)
+    return {
+        "kinds": [f["type"] for _, f in frames if "delta" not in f["type"]],
+        "errors": [f["error"]["code"] for _, f in frames if f["type"] == "error"],
+        "closed": probe.closed_at is not None,
+        "first_delta_after_heal_s": None if first_delta is None else round(first_delta - since, 2),
+        "deltas_in_last_5_s": probe.deltas_after(time.monotonic() - 5.0),
+    }
+
+
+def logged_at(log: str, text: str) -> list[float]:
+    """Unix times of the log lines that contain ``text`` (the stack's format: local time)."""
+    times = []
+    for line in log.splitlines():
+        if text in line:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            times.append(stamp.timestamp())
+    return times
+
+
+async def scenario(cut_s: float) -> dict[str, Any]:
+    set_up()
+    redis_server = RestartableRedis()
+    redis_server.start()
+    link = Link(free_port(), redis_server.port, host=ADDR)
+    stack = Stack(redis_server.url)
+    out: dict[str, Any] = {}
+    try:
+        stack.start_worker(slots=4)
+        stack.start_gateway(OMNISERVE_REDIS_URL=f"redis://{ADDR}:{link.port}/0")
+        probes = [await DuplexProbe.open(stack.url()) for _ in range(2)]
+        try:
+            await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
+            began, cut_at = time.monotonic(), time.time()
+            cut()
+            try:
+                await asyncio.sleep(cut_s)
+            finally:
+                heal()
+            healed, healed_at = time.monotonic(), time.time()
+            await asyncio.sleep(AFTER_S)
+            out["probes"] = [_seen(p, healed) for p in probes]
+            out["from_cut"] = [_seen(p, began) for p in probes]
+        finally:
+            for p in probes:
+                await p.close()
+        try:
+            all_slots_back(stack, 4, timeout=30)
+            out["slots_back"] = True
+        except AssertionError as exc:
+            out["slots_back"] = str(exc)
+        t0 = time.monotonic()
+        frames = await served_end_to_end(stack.url(), timeout=60)
+        out["new_session_served_s"] = round(time.monotonic() - t0, 2)
+        out["new_session_answered"] = any(f["type"] == "response.output.delta" for f in frames)
+        out["gateway_alive"] = all(p.alive() for p, _ in stack.gateways)
+        log = log_text(stack.gateways[0][0])
+        # when the gateway found its pub/sub connection dead, and read again, from the heal on
+        out["bus_failed_s"] = [round(t - healed_at, 2) for t in logged_at(log, "bus read failed")]
+        out["bus_back_s"] = [round(t - healed_at, 2) for t in logged_at(log, "bus reads again")]
+        out["cut_s"] = round(healed_at - cut_at, 2)
+        out["gateway_log"] = log[-6000:]
+    finally:
+        stack.stop()
+        link.close()
+        redis_server.stop()
+    return out
+
+
+if __name__ == "__main__":
+    result = asyncio.run(scenario(float(sys.argv[1])))
+    sys.stdout.buffer.write(orjson.dumps(result) + b"\n")
