@@ -280,15 +280,16 @@ class WorkerRuntime:
             rewritten, taken = self.registry.heartbeat([], active)
         else:
             rewritten, taken = self.registry.heartbeat(idle if self.ready.is_set() else [], active)
-        for slot in set(taken) - self.taken:
+        with self.lock:  # (a session that ended during the beat leaves no mark on its slot)
+            fresh = {s for s in taken if s not in self.taken and self.active.get(s) == active[s]}
+            self.taken |= fresh
+        for slot in fresh:
             log.warning(
                 "session %s runs on another slot now (this process was taken for lost): "
                 "ending it on %s without a word to its client",
                 active[slot],
                 slot,
             )
-        with self.lock:
-            self.taken.update(taken)
         self.beats += 1
         if rewritten and self.beats > 1:
             log.warning(
