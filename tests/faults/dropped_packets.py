@@ -1,16 +1,19 @@
-"""A partition that drops packets between the gateway and Redis, run inside a network namespace of
-its own (``unshare -rn``: root there, nothing outside touched), where routes can drop packets.
+"""A partition that drops packets between one component (the gateway or a worker) and Redis, run
+inside a network namespace of its own (``unshare -rn``: root there, nothing outside touched),
+where routes can drop packets.
 
-The gateway reaches Redis through ``ADDR`` (a TEST-NET-1 address on the namespace's loopback,
-served by ``tests/faults/tcp_proxy.py`` forwarding to the Redis on 127.0.0.1); the worker reaches
-Redis directly. ``cut`` routes the address to a TUN device nobody reads: every packet to or from
+The component cut off reaches Redis through ``ADDR`` (a TEST-NET-1 address on the namespace's
+loopback, served by ``tests/faults/tcp_proxy.py`` forwarding to the Redis on 127.0.0.1); the
+rest reach Redis directly. ``cut`` routes the address to a TUN device nobody reads: every packet to or from
 it is dropped without a word (no reset, no ICMP error), as when Redis's host goes dark or a switch
 fails, unlike the frozen proxy of ``test_partition.py`` whose kernel still acknowledges what it is
 sent. ``heal`` gives the address its local route back.
 
-``unshare -rn python -m tests.faults.dropped_packets CUT_S`` prints one JSON object: what each
-client saw, and whether the service came back (``tests/faults/test_dropped_packets.py`` asserts
-on it).
+``unshare -rn python -m tests.faults.dropped_packets gateway|worker CUT_S`` prints one JSON
+object: what each client saw, and whether the service came back
+(``tests/faults/test_dropped_packets.py`` asserts on the gateway's case; the worker's, by hand on
+2026-11-28: its sessions failed over to a spare, and after the heal it served again, its Celery
+consumer dropping its silent ``BRPOP`` connection by itself).
 """
 
 from __future__ import annotations
@@ -83,17 +86,26 @@ def logged_at(log: str, text: str) -> list[float]:
     return times
 
 
-async def scenario(cut_s: float) -> dict[str, Any]:
+async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
+    """``cut_off``: ``gateway`` or ``worker``, the component whose packets to Redis are dropped."""
     set_up()
     redis_server = RestartableRedis()
     redis_server.start()
     link = Link(free_port(), redis_server.port, host=ADDR)
     stack = Stack(redis_server.url)
     out: dict[str, Any] = {}
+    through_link = {"OMNISERVE_REDIS_URL": f"redis://{ADDR}:{link.port}/0"}
     try:
-        stack.start_worker(slots=4)
-        stack.start_gateway(OMNISERVE_REDIS_URL=f"redis://{ADDR}:{link.port}/0")
+        if cut_off == "gateway":
+            stack.start_worker(slots=4)
+            stack.start_gateway(**through_link)
+        else:
+            stack.start_worker(slots=2, **through_link)  # the sessions below run here
+            stack.start_gateway()
         probes = [await DuplexProbe.open(stack.url()) for _ in range(2)]
+        if cut_off == "worker":  # the spare the sessions fail over to
+            spare = stack.start_worker(slots=2, wait=False)
+            await await_for(lambda: stack.live_slots() == 4, 60, "the spare worker's slots")
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
             began, cut_at = time.monotonic(), time.time()
@@ -114,12 +126,15 @@ async def scenario(cut_s: float) -> dict[str, Any]:
             out["slots_back"] = True
         except AssertionError as exc:
             out["slots_back"] = str(exc)
+        if cut_off == "worker":
+            spare.stop()  # the next session can only run on the worker that was cut off
+            await await_for(lambda: stack.live_slots() == 2, 30, "the spare's slots withdrawn")
         t0 = time.monotonic()
         frames = await served_end_to_end(stack.url(), timeout=60)
         out["new_session_served_s"] = round(time.monotonic() - t0, 2)
         out["new_session_answered"] = any(f["type"] == "response.output.delta" for f in frames)
         out["gateway_alive"] = all(p.alive() for p, _ in stack.gateways)
-        log = log_text(stack.gateways[0][0])
+        log = log_text(stack.gateways[0][0] if cut_off == "gateway" else stack.workers[0])
         # when the gateway found its pub/sub connection dead, and read again, from the heal on
         out["bus_failed_s"] = [round(t - healed_at, 2) for t in logged_at(log, "bus read failed")]
         out["bus_back_s"] = [round(t - healed_at, 2) for t in logged_at(log, "bus reads again")]
@@ -133,5 +148,5 @@ async def scenario(cut_s: float) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(scenario(float(sys.argv[1])))
+    result = asyncio.run(scenario(sys.argv[1], float(sys.argv[2])))
     sys.stdout.buffer.write(orjson.dumps(result) + b"\n")

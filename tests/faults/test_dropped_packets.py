@@ -46,7 +46,15 @@ def test_a_gateway_cut_off_by_dropped_packets_reopens_its_connections() -> None:
     if why:
         pytest.skip(why)
     run = subprocess.run(
-        ["unshare", "-rn", sys.executable, "-m", "tests.faults.dropped_packets", str(CUT_S)],
+        [
+            "unshare",
+            "-rn",
+            sys.executable,
+            "-m",
+            "tests.faults.dropped_packets",
+            "gateway",
+            str(CUT_S),
+        ],
         capture_output=True,
         cwd=ROOT,
         timeout=300,
