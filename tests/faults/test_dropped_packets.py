@@ -1,5 +1,5 @@
 """A partition that drops packets between the gateway and Redis (Redis's host gone dark, a switch
-failing), 25 s, then healed: run in a network namespace by ``tests/faults/dropped_packets.py``.
+failing), 15 s, then healed: run in a network namespace by ``tests/faults/dropped_packets.py``.
 
 Nothing answers a dropped packet, so no connection learns that it is dead: a command times out,
 but the gateway's pub/sub connection waited on in silence, and after the heal TCP's
@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CUT_S = 25.0  # past DEAD_PEER_S (10 s), past the gateway's lease (6 s)
+CUT_S = 15.0  # past DEAD_PEER_S (10 s), past the gateway's lease (6 s)
 
 
 def _namespace_with_tun() -> str | None:
@@ -61,17 +61,16 @@ def test_a_gateway_cut_off_by_dropped_packets_reopens_its_connections() -> None:
     )
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-6000:]
     out = orjson.loads(run.stdout.splitlines()[-1])
-    log = out.pop("gateway_log")
+    log = out.pop("log")
     for seen in out["probes"]:
         assert not seen["closed"], (seen, out)
         assert set(seen["errors"]) <= {"inference_error"}, seen
         assert set(seen["kinds"]) <= {"error", "session.recovering", "session.recovered"}, seen
         assert seen["first_delta_after_heal_s"] is not None and seen["deltas_in_last_5_s"] > 0
-    # the dead pub/sub connection was given up on (its kernel dropped it during the cut; the new
-    # ones it tried meanwhile could not connect) and a new one read once the network let it;
-    # before, nothing failed: the old connection came back with TCP's next retransmission
-    bus_failed = [t for t in out["bus_failed_s"] if -out["cut_s"] < t < 5.0]
-    assert bus_failed and any(t >= bus_failed[0] for t in out["bus_back_s"]), (out, log[-3000:])
+    # the gateway's pub/sub connection is a new one: the old was dropped as dead and replaced
+    # (before, the old one came back with TCP's next retransmission, seconds after the heal)
+    before, after = out["subscribers_before"], out["subscribers_after"]
+    assert len(before) == 1 and after and min(after) > before[0], (out, log[-3000:])
     assert out["slots_back"] is True, out
     assert out["new_session_answered"] and out["gateway_alive"], out
     print(orjson.dumps(out).decode())  # the figures, with -s
