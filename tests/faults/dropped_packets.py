@@ -34,6 +34,7 @@ from tests.faults.harness import (
     all_slots_back,
     await_for,
     log_text,
+    open_with_one_link_apart,
     served_end_to_end,
 )
 from tests.faults.tcp_proxy import Link
@@ -94,18 +95,9 @@ async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
     link = Link(free_port(), redis_server.port, host=ADDR)
     stack = Stack(redis_server.url)
     out: dict[str, Any] = {}
-    through_link = {"OMNISERVE_REDIS_URL": f"redis://{ADDR}:{link.port}/0"}
     try:
-        if cut_off == "gateway":
-            stack.start_worker(slots=4)
-            stack.start_gateway(**through_link)
-        else:
-            stack.start_worker(slots=2, **through_link)  # the sessions below run here
-            stack.start_gateway()
-        probes = [await DuplexProbe.open(stack.url()) for _ in range(2)]
-        if cut_off == "worker":  # the spare the sessions fail over to
-            spare = stack.start_worker(slots=2, wait=False)
-            await await_for(lambda: stack.live_slots() == 4, 60, "the spare worker's slots")
+        url = f"redis://{ADDR}:{link.port}/0"
+        probes, spare = await open_with_one_link_apart(stack, cut_off, url)
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
             out["subscribers_before"] = subscribers(redis_server)
@@ -128,7 +120,7 @@ async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
             out["slots_back"] = True
         except AssertionError as exc:
             out["slots_back"] = str(exc)
-        if cut_off == "worker":
+        if spare is not None:
             spare.stop()  # the next session can only run on the worker that was cut off
             await await_for(lambda: stack.live_slots() == 2, 30, "the spare's slots withdrawn")
         t0 = time.monotonic()

@@ -221,6 +221,27 @@ class DuplexProbe:
             await self.client.close()
 
 
+async def open_with_one_link_apart(
+    stack: Stack, cut: str, redis_url: str
+) -> tuple[list[DuplexProbe], Proc | None]:
+    """Start a gateway and workers where ``cut`` (``gateway`` or ``worker``) alone reaches Redis
+    at ``redis_url`` (a link the test can cut), and two duplex probes streaming to them. A cut
+    worker's sessions run on it, with a spare worker started afterwards to fail over to (returned,
+    else None)."""
+    if cut == "gateway":
+        stack.start_worker(slots=4)
+        stack.start_gateway(OMNISERVE_REDIS_URL=redis_url)
+    else:
+        stack.start_worker(slots=2, OMNISERVE_REDIS_URL=redis_url)  # the sessions run here
+        stack.start_gateway()
+    probes = [await DuplexProbe.open(stack.url()) for _ in range(2)]
+    spare = None
+    if cut == "worker":
+        spare = stack.start_worker(slots=2, wait=False)
+        await await_for(lambda: stack.live_slots() == 4, 60, "the spare worker's slots")
+    return probes, spare
+
+
 async def admitted_to_a_dying_worker(
     stack: Stack, claimed: bool = False, **gateway_env: str
 ) -> tuple[Client, Proc, int]:

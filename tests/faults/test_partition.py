@@ -22,11 +22,11 @@ import pytest
 
 from omniserve.redis_server import free_port
 from tests.faults.harness import (
-    DuplexProbe,
     RestartableRedis,
     all_slots_back,
     await_for,
     log_text,
+    open_with_one_link_apart,
     served_end_to_end,
 )
 from tests.faults.tcp_proxy import Link
@@ -42,18 +42,9 @@ async def test_sessions_outlive_a_partition_from_redis(
 ) -> None:
     stack = own_stack
     link = Link(free_port(), own_redis.port)
-    through_link = {"OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{link.port}/0"}
     try:
-        if cut == "gateway":
-            stack.start_worker(slots=4)
-            stack.start_gateway(**through_link)
-        else:
-            stack.start_worker(slots=2, **through_link)  # the sessions below run here
-            stack.start_gateway()
-        probes = [await DuplexProbe.open(stack.url()) for _ in range(2)]
-        if cut == "worker":  # the spare the sessions fail over to
-            spare = stack.start_worker(slots=2, wait=False)
-            await await_for(lambda: stack.live_slots() == 4, 60, "the spare worker's slots")
+        url = f"redis://127.0.0.1:{link.port}/0"
+        probes, spare = await open_with_one_link_apart(stack, cut, url)
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
             began = time.monotonic()
@@ -77,7 +68,7 @@ async def test_sessions_outlive_a_partition_from_redis(
             for p in probes:
                 await p.close()
         all_slots_back(stack, 4)
-        if cut == "worker":
+        if spare is not None:
             assert "runs on another slot now" in log_text(stack.workers[0])
             spare.stop()  # the next session can only run on the worker that was cut off
             await await_for(lambda: stack.live_slots() == 2, 30, "the spare's slots withdrawn")
