@@ -30,11 +30,13 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry as SyncRetry
 
 DEAD_PEER_S = 10  # a connection nothing acknowledges for this long is dropped
 
@@ -129,6 +131,38 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     client = aioredis.Redis(connection_pool=tuned(pool))
     client.auto_close_connection_pool = True
     return client
+
+
+def worker_client(url: str, max_connections: int | None) -> redis.Redis:
+    """A worker's synchronous client: with ``max_connections``, a blocking pool its session
+    threads share (each may hold a connection in ``XREAD BLOCK``); without, the heartbeat's own
+    (a busy pool never starves it; redis-py's default retries). Socket timeouts: a Redis that
+    vanished mid-command never hangs a thread for good. The pool retries a command on a fresh
+    connection after a connection error (a timeout still reaches the caller at once, which
+    waits out a stalled Redis its own way): a pooled connection the kernel dropped during a
+    partition (``TCP_OPTIONS``) failed the first command after the heal, its health-check
+    ``PING`` (``EPIPE``), and with it the claim of the first session given to the worker.
+    """
+    if max_connections is None:
+        return redis.Redis.from_url(
+            url,
+            health_check_interval=30,
+            socket_timeout=5,
+            **{**TCP_OPTIONS, "socket_connect_timeout": 2},
+        )
+    retry = SyncRetry(
+        ExponentialBackoff(cap=0.2, base=0.02), retries=2, supported_errors=(redis.ConnectionError,)
+    )
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=20,
+        health_check_interval=30,
+        socket_timeout=10,  # longer than any XREAD BLOCK (250 ms)
+        retry=retry,
+        **TCP_OPTIONS,
+    )
+    return redis.Redis(connection_pool=pool)
 
 
 def unblocked(exc: ResponseError) -> bool:

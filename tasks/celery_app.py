@@ -6,6 +6,7 @@ from celery import Celery
 
 from omnicore.settings import get_settings
 from streaming.jobs import CHAT_TASK, DUPLEX_TASK
+from streaming.redis_connection import TCP_OPTIONS
 
 __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 
@@ -31,7 +32,11 @@ def make_app() -> Celery:
         # (about a third of a chat turn's pickup, issue #16) to re-deliver a message whose worker
         # died between taking and acking it, which a session must never be anyway (the
         # gateway's task_start_timeout_s reports a task that did not start).
-        broker_transport_options={"ack_emulation": False},
+        # The consumer's connection finds a dead peer as every other one does: its BRPOP, cut
+        # off by a network dropping packets, otherwise came back minutes after the heal, and
+        # meanwhile every session handed to this worker's free slots failed to start
+        # (tests/faults/test_dropped_packets.py, streaming/redis_connection.py).
+        broker_transport_options={"ack_emulation": False, **TCP_OPTIONS},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives any Redis outage
         # ... and any error reply to the consumer's own commands: kombu counts Redis's

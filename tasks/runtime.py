@@ -17,7 +17,7 @@ from omnicore.settings import Settings, get_settings
 from streaming import lua
 from streaming.keys import Keys, worker_queue
 from streaming.output_writer import OutputWriter
-from streaming.redis_connection import TCP_OPTIONS
+from streaming.redis_connection import worker_client
 from streaming.session_claim import Claimed, SessionClaimer
 from streaming.slots import WorkerRegistry, expected_load_s, forget_worker, record_load_time
 from streaming.stalls import STALL_S, StallWatch
@@ -64,23 +64,10 @@ class WorkerRuntime:
         self.queue = worker_queue(self.worker_id)
         self.keys = Keys(self.settings.key_prefix)
         self.backend_name, self.backend_note = choose_backend(self.settings.backend)
-        # Every session thread may hold a connection in XREAD BLOCK: a pool for all of them, and
-        # the heartbeat's own client (a busy pool never starves it); timeouts: never hung forever
-        pool = redis.BlockingConnectionPool.from_url(
-            self.settings.redis_url,
-            max_connections=slots + 8,
-            timeout=20,
-            health_check_interval=30,
-            socket_timeout=10,  # longer than any XREAD BLOCK (250 ms)
-            **TCP_OPTIONS,  # a dead peer dropped by TCP (streaming/redis_connection.py)
-        )
-        self.redis = redis.Redis(connection_pool=pool)
-        self.beat_redis = redis.Redis.from_url(
-            self.settings.redis_url,
-            health_check_interval=30,
-            socket_timeout=5,
-            **{**TCP_OPTIONS, "socket_connect_timeout": 2},
-        )
+        # every session thread's connection, and the heartbeat's own (a busy pool never starves
+        # it): streaming/redis_connection.py
+        self.redis = worker_client(self.settings.redis_url, slots + 8)
+        self.beat_redis = worker_client(self.settings.redis_url, None)
         self.registry = WorkerRegistry(
             self.beat_redis, self.keys, self.worker_id, self.settings.lease_ttl_s
         )

@@ -30,6 +30,7 @@ LONGEST = (
     "tests/test_spec_gaps.py",  # 58
     "tests/test_bench_check.py",  # 50
     "tests/test_bench_pocket.py",  # 50
+    "tests/faults/test_dropped_packets.py",  # 75
     "tests/faults/test_gateway_freeze.py",  # 48
     "tests/test_resume_chat.py",  # 47
     "tests/faults/test_start_elsewhere.py",  # 46
@@ -38,7 +39,6 @@ LONGEST = (
     "tests/test_resume.py",  # 44
     "tests/faults/test_redis_stall.py",  # 40
     "tests/test_pocket_llm.py",  # 37
-    "tests/faults/test_dropped_packets.py",  # 35
     "tests/test_metrics.py",  # 36
     "tests/test_security_access.py",  # 34
     "tests/test_recordings.py",  # 32

@@ -11,9 +11,7 @@ acknowledges what it is sent. ``heal`` gives the address its local route back.
 
 ``unshare -rn python -m tests.faults.dropped_packets gateway|worker CUT_S`` prints one JSON
 object: what each client saw, and whether the service came back
-(``tests/faults/test_dropped_packets.py`` asserts on the gateway's case; the worker's, by hand on
-2026-11-28: its sessions failed over to a spare, and after the heal it served again, its Celery
-consumer dropping its silent ``BRPOP`` connection by itself).
+(``tests/faults/test_dropped_packets.py`` asserts on it).
 """
 
 from __future__ import annotations
@@ -87,8 +85,8 @@ def subscribers(server: RestartableRedis) -> list[int]:
         client.close()
 
 
-async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
-    """``cut_off``: ``gateway`` or ``worker``, the component whose packets to Redis are dropped."""
+async def gateway_cut(cut_s: float) -> dict[str, Any]:
+    """The gateway's packets to Redis dropped while two duplex sessions run."""
     set_up()
     redis_server = RestartableRedis()
     redis_server.start()
@@ -97,7 +95,7 @@ async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         url = f"redis://{ADDR}:{link.port}/0"
-        probes, spare = await open_with_one_link_apart(stack, cut_off, url)
+        probes, _ = await open_with_one_link_apart(stack, "gateway", url)
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
             out["subscribers_before"] = subscribers(redis_server)
@@ -120,16 +118,50 @@ async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
             out["slots_back"] = True
         except AssertionError as exc:
             out["slots_back"] = str(exc)
-        if spare is not None:
-            spare.stop()  # the next session can only run on the worker that was cut off
-            await await_for(lambda: stack.live_slots() == 2, 30, "the spare's slots withdrawn")
         t0 = time.monotonic()
         frames = await served_end_to_end(stack.url(), timeout=60)
         out["new_session_served_s"] = round(time.monotonic() - t0, 2)
         out["new_session_answered"] = any(f["type"] == "response.output.delta" for f in frames)
         out["gateway_alive"] = all(p.alive() for p, _ in stack.gateways)
-        log = log_text(stack.gateways[0][0] if cut_off == "gateway" else stack.workers[0])
-        out["log"] = log[-6000:]  # the component's that was cut off
+        out["log"] = log_text(stack.gateways[0][0])[-6000:]
+    finally:
+        stack.stop()
+        link.close()
+        redis_server.stop()
+    return out
+
+
+async def worker_cut(cut_s: float) -> dict[str, Any]:
+    """The packets of the only worker to Redis dropped while it is idle; then, as soon as it
+    offers its slots again, new sessions: what each client got (``served``, or the error it
+    ended with)."""
+    set_up()
+    redis_server = RestartableRedis()
+    redis_server.start()
+    link = Link(free_port(), redis_server.port, host=ADDR)
+    stack = Stack(redis_server.url)
+    out: dict[str, Any] = {"sessions": []}
+    try:
+        stack.start_worker(slots=2, OMNISERVE_REDIS_URL=f"redis://{ADDR}:{link.port}/0")
+        stack.start_gateway()
+        await served_end_to_end(stack.url())  # every connection of the worker in use once
+        cut()
+        try:
+            await asyncio.sleep(cut_s)
+        finally:
+            heal()
+        # its heartbeat offers its slots again (until then a client is told no worker is up)
+        out["slots_back_s"] = await await_for(lambda: stack.live_slots() == 2, 30, "its slots")
+        for _ in range(2):
+            t0 = time.monotonic()
+            try:
+                await served_end_to_end(stack.url(), timeout=60)
+                got = "served"
+            except Exception as exc:
+                got = repr(exc)[:300]
+            out["sessions"].append({"got": got, "s": round(time.monotonic() - t0, 2)})
+        out["worker_alive"] = stack.workers[0].alive()
+        out["log"] = log_text(stack.workers[0])[-6000:]
     finally:
         stack.stop()
         link.close()
@@ -138,5 +170,6 @@ async def scenario(cut_off: str, cut_s: float) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(scenario(sys.argv[1], float(sys.argv[2])))
+    cases = {"gateway": gateway_cut, "worker": worker_cut}
+    result = asyncio.run(cases[sys.argv[1]](float(sys.argv[2])))
     sys.stdout.buffer.write(orjson.dumps(result) + b"\n")

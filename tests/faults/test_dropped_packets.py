@@ -1,5 +1,6 @@
-"""A partition that drops packets between the gateway and Redis (Redis's host gone dark, a switch
-failing), 15 s, then healed: run in a network namespace by ``tests/faults/dropped_packets.py``.
+"""A partition that drops packets between the gateway, or a worker, and Redis (Redis's host gone
+dark, a switch failing), then healed: run in a network namespace by
+``tests/faults/dropped_packets.py``.
 
 Nothing answers a dropped packet, so no connection learns that it is dead: a command times out,
 but the gateway's pub/sub connection waited on in silence, and after the heal TCP's
@@ -8,6 +9,13 @@ quiet meanwhile). The gateway's connections now have the kernel probe them and d
 (``streaming/redis_connection.py``): the gateway finds its pub/sub connection dead during the
 cut, opens a new one as soon as the network lets it, and its sessions answer again once their
 workers take them back (about 2 s after the heal, measured, against 4.5-8.5 s before).
+
+A worker cut off for 30 s, idle: its heartbeat offered its slots again at once after the heal,
+but its Celery consumer's connection stayed silent in TCP's backoff, so every session given to it
+failed to start (``worker_connect_failed`` after ``task_start_timeout_s``, three in a row over
+45 s, measured); with the consumer's connection probed too, the first session still failed, its
+claim sent on a pooled connection the kernel had dropped (``EPIPE``, no retry). Now the first
+session after the heal is served (in 0.4 s, measured).
 
 What a client must see: its session goes on (``session.recovering``/``session.recovered`` at
 most, an ``inference_error`` for input the gateway could not queue); every slot comes back; a new
@@ -20,12 +28,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CUT_S = 15.0  # past DEAD_PEER_S (10 s), past the gateway's lease (6 s)
+WORKER_CUT_S = 30.0  # past TCP's retransmission at ~25 s: the consumer's next one comes at ~51 s
 
 
 def _namespace_with_tun() -> str | None:
@@ -40,27 +50,21 @@ def _namespace_with_tun() -> str | None:
     return None if tried.returncode == 0 else f"no namespace with a TUN device: {tried.stderr}"
 
 
-@pytest.mark.slow
-def test_a_gateway_cut_off_by_dropped_packets_reopens_its_connections() -> None:
+def _run(case: str, cut_s: float) -> dict[str, Any]:
+    """The case run in a network namespace of its own; its JSON result."""
     why = _namespace_with_tun()
     if why:
         pytest.skip(why)
-    run = subprocess.run(
-        [
-            "unshare",
-            "-rn",
-            sys.executable,
-            "-m",
-            "tests.faults.dropped_packets",
-            "gateway",
-            str(CUT_S),
-        ],
-        capture_output=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    scenario = [sys.executable, "-m", "tests.faults.dropped_packets", case, str(cut_s)]
+    run = subprocess.run(["unshare", "-rn", *scenario], capture_output=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-6000:]
-    out = orjson.loads(run.stdout.splitlines()[-1])
+    out: dict[str, Any] = orjson.loads(run.stdout.splitlines()[-1])
+    return out
+
+
+@pytest.mark.slow
+def test_a_gateway_cut_off_by_dropped_packets_reopens_its_connections() -> None:
+    out = _run("gateway", CUT_S)
     log = out.pop("log")
     for seen in out["probes"]:
         assert not seen["closed"], (seen, out)
@@ -74,3 +78,12 @@ def test_a_gateway_cut_off_by_dropped_packets_reopens_its_connections() -> None:
     assert out["slots_back"] is True, out
     assert out["new_session_answered"] and out["gateway_alive"], out
     print(orjson.dumps(out).decode())  # the figures, with -s
+
+
+@pytest.mark.slow
+def test_a_worker_cut_off_by_dropped_packets_serves_at_once_after_the_heal() -> None:
+    out = _run("worker", WORKER_CUT_S)
+    log = out.pop("log")
+    assert [s["got"] for s in out["sessions"]] == ["served", "served"], (out, log[-3000:])
+    assert out["worker_alive"], out
+    print(orjson.dumps(out).decode())
