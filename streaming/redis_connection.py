@@ -1,11 +1,13 @@
-"""redis-py's connections as omniserve opens them: dead peers found by TCP itself, and the
-socket timeout of an asyncio write kept without a task.
+"""redis-py's connections as omniserve opens them (the gateway's, a worker's, and the options of
+its Celery consumer's): dead peers found by TCP itself, and the socket timeout of an asyncio write
+kept without a task.
 
 A Redis host that goes dark, or a network that drops packets, leaves every open connection
 waiting: no reset comes. A command times out (``socket_timeout``), but a connection that only
-reads (the gateway's pub/sub, a pooled one at rest) waits on, and once the network heals, TCP's
-retransmission backoff keeps it silent for seconds more (8.5 s after a 30 s cut, measured by
-``tests/faults/test_dropped_packets.py``; up to two minutes after longer ones). ``TCP_OPTIONS``
+reads (the gateway's pub/sub, a pooled one at rest, a Celery consumer's ``BRPOP``) waits on,
+and once the network heals, TCP's retransmission backoff keeps it silent for seconds more (8.5 s
+after a 30 s cut; a worker's consumer 20-45 s, every session handed to it meanwhile failing to
+start: ``tests/faults/test_dropped_packets.py``). ``TCP_OPTIONS``
 has the kernel probe a silent connection and drop one nothing acknowledges for
 ``DEAD_PEER_S``; a Redis that is merely stalled (a long fork, SIGSTOP) still has its kernel
 acknowledge, and is waited for as before. redis-py does not see such a drop for what it is: the
