@@ -4,17 +4,18 @@ kept without a task.
 
 A Redis host that goes dark, or a network that drops packets, leaves every open connection
 waiting: no reset comes. A command times out (``socket_timeout``), but a connection that only
-reads (the gateway's pub/sub, a pooled one at rest, a Celery consumer's ``BRPOP``) waits on,
-and once the network heals, TCP's retransmission backoff keeps it silent for seconds more (8.5 s
-after a 30 s cut; a worker's consumer 20-45 s, every session handed to it meanwhile failing to
-start: ``tests/faults/test_dropped_packets.py``). ``TCP_OPTIONS``
-has the kernel probe a silent connection and drop one nothing acknowledges for
-``DEAD_PEER_S``; a Redis that is merely stalled (a long fork, SIGSTOP) still has its kernel
-acknowledge, and is waited for as before. redis-py does not see such a drop for what it is: the
-reader's error is ``ETIMEDOUT``, which it takes for a read timeout (a pub/sub read then returns
-nothing, again and again, until its next health check), and the next write raises uvloop's
-``RuntimeError`` (no retry). ``ReopensDropped`` has a connection whose transport the kernel
-closed read as not connected, so redis-py opens a new one (and a pub/sub subscribes again).
+reads (the gateway's pub/sub, a pooled one at rest, a Celery consumer's ``BRPOP``) waits on, and
+once the network heals, TCP's retransmission backoff keeps it silent for seconds more (8.5 s
+after a 30 s cut; a worker's consumer ~23 s after a 30 s cut and over 45 s after a 60 s one,
+every session handed to it meanwhile failing to start:
+``tests/faults/test_dropped_packets.py``). ``TCP_OPTIONS`` has the kernel probe a silent
+connection and drop one nothing acknowledges for ``DEAD_PEER_S``; a Redis that is merely stalled
+(a long fork, SIGSTOP) still has its kernel acknowledge, and is waited for as before. redis-py
+does not see such a drop for what it is: the reader's error is ``ETIMEDOUT``, which it takes for
+a read timeout (a pub/sub read then returns nothing, again and again, until its next health
+check), and the next write raises uvloop's ``RuntimeError`` (no retry). ``ReopensDropped`` has a
+connection whose transport the kernel closed read as not connected, so redis-py opens a new one
+(and a pub/sub subscribes again).
 
 redis-py applies ``socket_timeout`` to each command it writes with ``asyncio.wait_for``. Under
 Python 3.11 ``wait_for`` runs the write in a task of its own: a task, its scheduling and its
