@@ -17,9 +17,11 @@ object: what each client saw, and whether the service came back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -62,6 +64,32 @@ def heal() -> None:
     _ip(f"route del {ADDR}/32 dev cut0", f"route add local {ADDR} dev lo table local")
 
 
+async def cut_for(seconds: float) -> None:
+    """Packets to and from ``ADDR`` dropped for ``seconds``, then the network heals."""
+    cut()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        heal()
+
+
+@contextlib.contextmanager
+def stack_with_a_link() -> Iterator[tuple[RestartableRedis, Stack, str]]:
+    """This namespace set up, a Redis, the proxy on ``ADDR`` in front of it and an empty stack;
+    yields them with the Redis URL through the link. Everything is stopped after."""
+    set_up()
+    redis_server = RestartableRedis()
+    redis_server.start()
+    link = Link(free_port(), redis_server.port, host=ADDR)
+    stack = Stack(redis_server.url)
+    try:
+        yield redis_server, stack, f"redis://{ADDR}:{link.port}/0"
+    finally:
+        stack.stop()
+        link.close()
+        redis_server.stop()
+
+
 def _seen(probe: DuplexProbe, since: float) -> dict[str, Any]:
     """What the client saw from ``since`` (monotonic) on."""
     frames = [(t, f) for t, f in probe.frames if t > since]
@@ -70,7 +98,7 @@ def _seen(probe: DuplexProbe, since: float) -> dict[str, Any]:
         "kinds": [f["type"] for _, f in frames if "delta" not in f["type"]],
         "errors": [f["error"]["code"] for _, f in frames if f["type"] == "error"],
         "closed": probe.closed_at is not None,
-        "first_delta_after_heal_s": None if first_delta is None else round(first_delta - since, 2),
+        "first_delta_s": None if first_delta is None else round(first_delta - since, 2),
         "deltas_in_last_5_s": probe.deltas_after(time.monotonic() - 5.0),
     }
 
@@ -87,24 +115,14 @@ def subscribers(server: RestartableRedis) -> list[int]:
 
 async def gateway_cut(cut_s: float) -> dict[str, Any]:
     """The gateway's packets to Redis dropped while two duplex sessions run."""
-    set_up()
-    redis_server = RestartableRedis()
-    redis_server.start()
-    link = Link(free_port(), redis_server.port, host=ADDR)
-    stack = Stack(redis_server.url)
     out: dict[str, Any] = {}
-    try:
-        url = f"redis://{ADDR}:{link.port}/0"
+    with stack_with_a_link() as (redis_server, stack, url):
         probes, _ = await open_with_one_link_apart(stack, "gateway", url)
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
             out["subscribers_before"] = subscribers(redis_server)
             began = time.monotonic()
-            cut()
-            try:
-                await asyncio.sleep(cut_s)
-            finally:
-                heal()
+            await cut_for(cut_s)
             healed = time.monotonic()
             await asyncio.sleep(AFTER_S)
             out["subscribers_after"] = subscribers(redis_server)
@@ -124,10 +142,6 @@ async def gateway_cut(cut_s: float) -> dict[str, Any]:
         out["new_session_answered"] = any(f["type"] == "response.output.delta" for f in frames)
         out["gateway_alive"] = all(p.alive() for p, _ in stack.gateways)
         out["log"] = log_text(stack.gateways[0][0])[-6000:]
-    finally:
-        stack.stop()
-        link.close()
-        redis_server.stop()
     return out
 
 
@@ -135,21 +149,12 @@ async def worker_cut(cut_s: float) -> dict[str, Any]:
     """The packets of the only worker to Redis dropped while it is idle; then, as soon as it
     offers its slots again, new sessions: what each client got (``served``, or the error it
     ended with)."""
-    set_up()
-    redis_server = RestartableRedis()
-    redis_server.start()
-    link = Link(free_port(), redis_server.port, host=ADDR)
-    stack = Stack(redis_server.url)
     out: dict[str, Any] = {"sessions": []}
-    try:
-        stack.start_worker(slots=2, OMNISERVE_REDIS_URL=f"redis://{ADDR}:{link.port}/0")
+    with stack_with_a_link() as (_, stack, url):
+        stack.start_worker(slots=2, OMNISERVE_REDIS_URL=url)
         stack.start_gateway()
         await served_end_to_end(stack.url())  # every connection of the worker in use once
-        cut()
-        try:
-            await asyncio.sleep(cut_s)
-        finally:
-            heal()
+        await cut_for(cut_s)
         # its heartbeat offers its slots again (until then a client is told no worker is up)
         out["slots_back_s"] = await await_for(lambda: stack.live_slots() == 2, 30, "its slots")
         for _ in range(2):
@@ -162,10 +167,6 @@ async def worker_cut(cut_s: float) -> dict[str, Any]:
             out["sessions"].append({"got": got, "s": round(time.monotonic() - t0, 2)})
         out["worker_alive"] = stack.workers[0].alive()
         out["log"] = log_text(stack.workers[0])[-6000:]
-    finally:
-        stack.stop()
-        link.close()
-        redis_server.stop()
     return out
 
 
