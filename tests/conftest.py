@@ -56,8 +56,14 @@ def service(stack: Stack) -> Stack:
 
 @pytest.fixture(scope="module")
 def shared_service(redis_server: str) -> Iterator[Stack]:
-    """One gateway and one scripted worker with four slots, shared by a test module."""
+    """One gateway and one scripted worker with four slots, shared by a test module.
+
+    Its clients mostly leave without ``session.close``, and a duplex session left that way keeps
+    its slot for a resume (``resume_slot_hold_s``, 5 s by default): every fifth test of a module
+    waited that long for a slot. A short hold keeps the detach-then-give-back path in every
+    test (``tests/test_resume.py`` and the fault tests run the default)."""
     s = Stack(redis_server)
+    s.env["OMNISERVE_RESUME_SLOT_HOLD_S"] = "0.5"
     try:
         s.start_worker(slots=4)
         s.start_gateway()
