@@ -43,12 +43,12 @@ def test_omniserve_bench_hands_on_its_options() -> None:
     assert "--smoke" in done.stdout  # the benchmarks' own help, not omniserve's
 
 
-def test_the_suite_runs_in_two_workers_unless_told_otherwise() -> None:
+def test_the_suite_runs_in_three_workers_unless_told_otherwise() -> None:
     from omniserve.cli import xdist_args
 
-    two = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
-    assert xdist_args([]) == two
-    assert xdist_args(["tests/test_structure.py", "-x"]) == two
+    three = ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
+    assert xdist_args([]) == three
+    assert xdist_args(["tests/test_structure.py", "-x"]) == three
     for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["-p", "no:xdist"], ["--dist=no"]):
         assert xdist_args(chosen) == [], chosen
 
