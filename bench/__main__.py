@@ -125,7 +125,9 @@ def run_relay_capacity(
                 lv = relay.stack_level(stack, n, cfg.seconds, cfg.warmup)
                 _progress(
                     f"relay {n:>4} sessions: p50 {lv['latency_ms']['p50']} "
-                    f"p99 {lv['latency_ms']['p99']} ms, dropped {lv['dropped_chunks']}, "
+                    f"p99 {lv['latency_ms']['p99']} ms (from the worker's emit: "
+                    f"{lv['emit_latency_ms'].get('p50')} / {lv['emit_latency_ms'].get('p99')}), "
+                    f"dropped {lv['dropped_chunks']}, "
                     f"gateway cpu {lv['procs']['gateway']['cpu_pct']}%"
                 )
                 return lv

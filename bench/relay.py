@@ -1,8 +1,11 @@
 """Relay overhead: worker emit -> client receive for every duplex delta, at a given concurrency.
 
-Through the stack, "worker emit" is the Redis publish as stamped by the tap process (bench/tap.py);
-for the baseline it is the server's own stamp in the frame. Both clocks are this machine's wall
-clock, so the difference is the delivery time the client sees.
+Through the stack, two starting points, both the step's first event (its text; the audio that
+follows is timed from it, as the baseline times both frames from the step's output): the Redis
+publish as stamped by the tap process (bench/tap.py), ``latency_ms``, the gateway's part; and
+the worker's own emit stamp in the event, ``emit_latency_ms``, the whole relay (the worker's
+write to Redis included). For the baseline it is the server's own stamp in the frame. All
+clocks are this machine's wall clock, so the difference is the delivery time the client sees.
 """
 
 from __future__ import annotations
@@ -24,13 +27,19 @@ STEP_EVENTS = {tag(Speak), tag(Listen)}  # the worker events that answer one inp
 TAP_DIR = Path("/tmp/omniserve-bench-tap")
 
 
-def _emit_times(rows: list[list[Any]]) -> dict[tuple[str, str], float]:
-    """(session_id, input_id) -> publish time of the worker event answering that input."""
+def _emit_times(rows: list[list[Any]], column: int = 0) -> dict[tuple[str, str], float]:
+    """(session_id, input_id) -> when the first worker event answering that input was published
+    (``column`` 0, the tap's stamp) or emitted (5, the worker's)."""
     out: dict[tuple[str, str], float] = {}
     for row in rows:
-        if len(row) == 5 and row[2] in STEP_EVENTS and row[3]:
-            out.setdefault((row[1], row[3]), row[0])
+        if len(row) == 6 and row[2] in STEP_EVENTS and row[3] and row[column]:
+            out.setdefault((row[1], row[3]), row[column])
     return out
+
+
+def _by_kind(lat: list[tuple[str, float]]) -> dict[str, dict[str, float | int | None]]:
+    """Percentiles of each kind of delta (text, audio, listen)."""
+    return {k: percentiles([x[1] for x in lat if x[0] == k]) for k in sorted({x[0] for x in lat})}
 
 
 def _summary(
@@ -48,9 +57,7 @@ def _summary(
         "errors": len(res.errors),
         "error_samples": res.errors[:3],
         "latency_ms": percentiles(lat_ms),
-        "latency_ms_by_kind": {
-            k: percentiles([x[1] for x in lat if x[0] == k]) for k in sorted({x[0] for x in lat})
-        },
+        "latency_ms_by_kind": _by_kind(lat),
     }
 
 
@@ -68,15 +75,18 @@ def stack_level(stack: Stack, n: int, seconds: float, warmup: float) -> dict[str
         idle = sampler  # samples before the load starts give the idle RSS
         res = asyncio.run(run_load(stack.url, n, seconds, warmup))
     rows = tap.rows()
-    emit = _emit_times(rows)
-    lat, unmatched = [], 0
+    published, emitted = _emit_times(rows), _emit_times(rows, column=5)
+    lat, from_emit, unmatched = [], [], 0
     for t_recv, sid, kind, input_id, _ in in_window(res):
-        t = emit.get((sid, input_id))
-        if t is None:
+        t, t_emit = published.get((sid, input_id)), emitted.get((sid, input_id))
+        if t is None or t_emit is None:
             unmatched += 1
         else:
             lat.append((kind, (t_recv - t) * 1000))
+            from_emit.append((kind, (t_recv - t_emit) * 1000))
     out = _summary(n, res, lat, unmatched)
+    out["emit_latency_ms"] = percentiles([x[1] for x in from_emit])
+    out["emit_latency_ms_by_kind"] = _by_kind(from_emit)
     a, b = res.window
     procs = {name: sampler.window(name, a, b) for name in pids}
     workers = [v for k, v in procs.items() if k.startswith("worker")]

@@ -171,12 +171,15 @@ def render(out: dict[str, Any]) -> str:
         rows = []
         for lv in relay["levels"]:
             s, b = lv["latency_ms"], base.get(lv["sessions"], {}).get("latency_ms", {})
+            e = lv.get("emit_latency_ms", {})  # (not in results written before it was measured)
             ratio = round(s["p50"] / b["p50"], 2) if s.get("p50") and b.get("p50") else None
             gw = lv["procs"]["gateway"]
             rows.append(
                 [
                     lv["sessions"],
                     s["n"],
+                    e.get("p50"),
+                    e.get("p99"),
                     s["p50"],
                     s["p99"],
                     s["max"],
@@ -192,10 +195,13 @@ def render(out: dict[str, Any]) -> str:
             )
         parts.append(
             table(
-                "Relay: worker emit -> client receive per delta (ms); baseline = in-process server",
+                "Relay per delta (ms): worker emit -> client receive (emit), Redis publish ->"
+                " client receive (p50, p99, max, p50 x); baseline = in-process server",
                 [
                     "sessions",
                     "deltas",
+                    "emit p50",
+                    "emit p99",
                     "p50",
                     "p99",
                     "max",

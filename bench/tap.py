@@ -1,12 +1,14 @@
 """A Redis pub/sub tap: stamps the moment each worker event (and queue event) is published.
 
-Internal worker events carry a per-session ``seq`` but no timestamp, so the benchmarks take
-"worker emit" as "Redis publish seen by a separate subscriber process on the same machine" (same
-wall clock as the client). The tap runs in its own process so the client's event loop cannot
+Each worker event carries ``emitted_at``, the worker's clock when it emitted it; the tap adds
+the moment a separate subscriber process on the same machine (the same wall clock as the
+client) saw Redis publish it. The relay benchmark times deltas from both: from the publish (the
+gateway's part) and from the worker's emit (the whole relay, the worker's write to Redis
+included: bench/relay.py). The tap runs in its own process so the client's event loop cannot
 delay its stamps. It writes one JSON line per message:
 
-    [t, session_id, type, input_id, seq]      a session event
-    [t, "queue", message]                     an admission event (release, dispatch, ...)
+    [t, session_id, type, input_id, seq, emitted_at]   a session event
+    [t, "queue", message]                              an admission event (release, dispatch, ...)
 
     python -m bench.tap REDIS_URL PREFIX OUTFILE
 """
@@ -68,7 +70,16 @@ def run(url: str, prefix: str, outfile: Path) -> None:
                 sid = channel[len(out_head) : len(channel) - len(out_tail)].decode()
                 ev = _head(data)
                 rows.append(
-                    orjson.dumps([t, sid, ev.get("type"), ev.get("input_id"), ev.get("seq")])
+                    orjson.dumps(
+                        [
+                            t,
+                            sid,
+                            ev.get("type"),
+                            ev.get("input_id"),
+                            ev.get("seq"),
+                            ev.get("emitted_at"),
+                        ]
+                    )
                 )
             else:
                 rows.append(orjson.dumps([t, "queue", data.decode()[:64]]))

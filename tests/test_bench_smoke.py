@@ -38,6 +38,11 @@ def test_bench_smoke_reports_every_figure() -> None:
     for level in relay["levels"]:
         assert {"p50", "p99", "max"} <= level["latency_ms"].keys()
         assert level["latency_ms"]["n"] > 0
+        # timed from the worker's emit too: the same deltas, each from an earlier moment
+        from_emit = level["emit_latency_ms"]
+        assert from_emit["n"] == level["latency_ms"]["n"]
+        assert from_emit["p50"] >= level["latency_ms"]["p50"]
+        assert from_emit["max"] >= level["latency_ms"]["max"]
         assert level["dropped_chunks"] == 0
         assert {"cpu_pct", "rss_mib"} <= level["procs"]["gateway"].keys()
     assert relay["ratio"] and "p50_ratio" in relay["ratio"][0]
