@@ -24,6 +24,12 @@ unless the socket's buffer is full). On the gateway, whose every chunk of input 
 that was ~3 % of its CPU (docs/BENCHMARKS.md). ``TimedWrites`` keeps the same limit with
 ``asyncio.timeout`` around the write instead: one timer in the caller's own task. What a
 timeout does is unchanged: the connection is dropped and redis-py's ``TimeoutError`` raised.
+
+A worker's synchronous connections write a pipeline with one ``sendmsg`` (``GathersWrites``):
+redis-py's ``sendall`` per piece (the small commands, then each 128 KB audio value on its own)
+gave up and took back the GIL around every piece, and in a worker of many session threads each
+taking back waited its turn: a step's audio reached Redis ~0.7 ms after its text at 100 sessions
+(docs/BENCHMARKS.md, "a worker's write in one system call").
 """
 
 from __future__ import annotations
@@ -101,6 +107,53 @@ class TimedWrites:
             self.socket_timeout = limit
 
 
+class GathersWrites:
+    """Mixin for a redis-py synchronous ``Connection`` class: a command packed in several pieces
+    goes out in one ``sendmsg`` (see the module docstring); errors as redis-py raises them."""
+
+    _sock: socket.socket | None
+    MAX_PIECES = 512  # per call, under the kernel's IOV_MAX (1024)
+
+    def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        if isinstance(command, bytes | str):
+            super().send_packed_command(command, check_health)  # type: ignore[misc]
+            return
+        # (nothing to send: redis-py connects and checks the connection's health, as before)
+        super().send_packed_command([], check_health)  # type: ignore[misc]
+        pieces = [memoryview(piece) for piece in command]
+        sock = self._sock
+        assert sock is not None
+        try:
+            while pieces:
+                sent = sock.sendmsg(pieces[: self.MAX_PIECES])
+                while pieces and sent >= len(pieces[0]):
+                    sent -= len(pieces.pop(0))
+                if sent:
+                    pieces[0] = pieces[0][sent:]
+        except TimeoutError:  # (socket.timeout)
+            self.disconnect()  # type: ignore[attr-defined]
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            self.disconnect()  # type: ignore[attr-defined]
+            raise redis.ConnectionError(
+                f"Error {exc.errno} while writing to socket. {exc}."
+            ) from exc
+        except BaseException:  # an interrupted write leaves the stream unusable
+            self.disconnect()  # type: ignore[attr-defined]
+            raise
+
+
+def gathered(pool: redis.ConnectionPool) -> redis.ConnectionPool:
+    """Make ``pool`` open its connections with ``GathersWrites`` (TCP and Unix sockets; a TLS
+    socket has no ``sendmsg`` and keeps redis-py's writes); returns the pool."""
+    base: Any = pool.connection_class
+    if not issubclass(base, GathersWrites | redis.SSLConnection):
+        pool.connection_class = type(f"Gathered{base.__name__}", (GathersWrites, base), {})
+    return pool
+
+
 def tuned(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
     """Make ``pool`` open its connections with ``TimedWrites`` and ``ReopensDropped``, whatever
     class the URL chose (TCP, TLS or a Unix socket); returns the pool."""
@@ -145,14 +198,17 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
     waits out a stalled Redis its own way): a pooled connection the kernel dropped during a
     partition (``TCP_OPTIONS``) failed the first command after the heal, its health-check
     ``PING`` (``EPIPE``), and with it the claim of the first session given to the worker.
+    A pipeline goes out in one system call (``GathersWrites``).
     """
     if max_connections is None:
-        return redis.Redis.from_url(
+        client = redis.Redis.from_url(
             url,
             health_check_interval=30,
             socket_timeout=5,
             **{**TCP_OPTIONS, "socket_connect_timeout": 2},
         )
+        gathered(client.connection_pool)
+        return client
     retry = SyncRetry(
         ExponentialBackoff(cap=0.2, base=0.02), retries=2, supported_errors=(redis.ConnectionError,)
     )
@@ -165,7 +221,7 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
         retry=retry,
         **TCP_OPTIONS,
     )
-    return redis.Redis(connection_pool=pool)
+    return redis.Redis(connection_pool=gathered(pool))
 
 
 def unblocked(exc: ResponseError) -> bool:
