@@ -68,12 +68,14 @@ class OutputPublisher:
         return self.seq
 
     @contextmanager
-    def together(self) -> Iterator[None]:
+    def together(self, now: bool = False) -> Iterator[None]:
         """Queue the events emitted inside as one batch: one duplex step's text and audio.
 
         Queued one by one, the writer woke for the text and wrote it alone, and the audio,
         emitted microseconds later, waited for that round trip: it reached the client ~1 ms
         after the text (docs/BENCHMARKS.md). Nested uses join the outer batch.
+        ``now``: when the writer has nothing queued, this thread writes the batch itself before
+        it goes on (``OutputWriter.write_now``): for a caller with nothing else to do meanwhile.
         """
         if self._held is not None:
             yield
@@ -83,7 +85,7 @@ class OutputPublisher:
             yield
         finally:
             held, self._held = self._held, None
-            if held:
+            if held and not (now and self.writer.write_now(self, held)):
                 self.writer.put(self, held)
 
     def flush(self, timeout: float = 10.0) -> bool:

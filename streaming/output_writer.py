@@ -4,6 +4,12 @@ A worker keeps one writer per slot and hands it from session to session: startin
 every session cost each chat turn ~0.5 ms before its first event (issue #16), since the new
 thread must win the GIL from Celery's consumer, which is busy at that moment with the task's
 own events. Sessions on one writer stay in order, each as its own ``Target``.
+
+A batch whose emitter has nothing else to do meanwhile (a duplex step's output, at the step's
+end) may be written by the emitting thread itself when the writer has nothing queued
+(``write_now``): handing it to the writer cost a thread wake-up, ~1 ms at the median and up to
+~9 ms at p99 in a worker of many sessions on a busy core (docs/BENCHMARKS.md, "the worker's side
+of the relay").
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ class OutputWriter:
         self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # ``_pending``: batches queued and not yet written; ``_order`` is held while one is
+        # counted in, and by a caller's own write (``write_now``): a batch queued meanwhile
+        # waits for that write, so batches reach Redis in the order they were handed over
+        self._order = threading.Lock()
+        self._pending = 0
 
     def start(self) -> None:
         """Start the thread (once; ``put`` starts it too)."""
@@ -46,7 +57,18 @@ class OutputWriter:
         """Queue encoded ``(seq, event)`` pairs of ``target``, to be written in one batch."""
         if self._thread is None:
             self.start()
-        self._queue.put((target, events))
+        with self._order:
+            self._pending += 1
+            self._queue.put((target, events))
+
+    def write_now(self, target: Target, events: list[tuple[int, bytes]]) -> bool:
+        """Write ``events`` on the calling thread if nothing is queued or being written (True);
+        otherwise do nothing (False: ``put`` them, behind what is queued)."""
+        with self._order:
+            if self._pending:
+                return False
+            target.write(events)
+        return True
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is written."""
@@ -71,6 +93,7 @@ class OutputWriter:
             target: Target | None = None
             markers: list[threading.Event] = []
             stop = False
+            taken = 0  # batches taken off the queue
             while True:
                 if item is None:
                     stop = True
@@ -78,6 +101,7 @@ class OutputWriter:
                     markers.append(item)
                 else:
                     owner, events = item
+                    taken += 1
                     if owner is not target and batch:
                         assert target is not None
                         target.write(batch)  # another session's events: one batch each
@@ -92,6 +116,8 @@ class OutputWriter:
                     break
             if batch and target is not None:
                 target.write(batch)
+            with self._order:
+                self._pending -= taken
             for marker in markers:
                 marker.set()
             if stop:

@@ -272,7 +272,9 @@ class DuplexRunner:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
             self.conversation.heard(result.heard)
-        with ctx.out.together():  # the step's text and audio in one round trip
+        # the step's text and audio in one round trip, written by this thread (the next step
+        # waits for the next input anyway)
+        with ctx.out.together(now=True):
             if result.listen:
                 self.end_response(interrupted=True)
                 ctx.emit(
