@@ -75,11 +75,15 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                     )
                 )
             elif isinstance(ev, ChatDelta):
-                if first_delta_s is None:
+                first = first_delta_s is None
+                if first:
                     first_delta_s = time.perf_counter() - t0
                 if not req.streaming:
                     continue
-                with ctx.out.together():  # the step's text and audio in one round trip
+                # the step's text and audio in one round trip; the turn's first written by this
+                # thread when the writer is idle (one round trip's wait for the model, against a
+                # thread hand-off for the client's first delta: docs/BENCHMARKS.md)
+                with ctx.out.together(now=first):
                     if ev.text:
                         ctx.emit(TextDelta(text=ev.text))
                     for piece in chunker.push(ev.audio):
