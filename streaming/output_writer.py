@@ -6,10 +6,10 @@ thread must win the GIL from Celery's consumer, which is busy at that moment wit
 own events. Sessions on one writer stay in order, each as its own ``Target``.
 
 A batch whose emitter has nothing else to do meanwhile (a duplex step's output, at the step's
-end; a chat turn's first delta, which the client waits for) may be written by the emitting thread itself when the writer has nothing queued
-(``write_now``): handing it to the writer cost a thread wake-up, ~1 ms at the median and up to
-~9 ms at p99 in a worker of many sessions on a busy core (docs/BENCHMARKS.md, "the worker's side
-of the relay").
+end; a chat turn's first delta, which the client waits for) may be written by the emitting
+thread itself when the writer has nothing queued (``write_now``): handing it to the writer cost
+a thread wake-up, ~1 ms at the median and up to ~9 ms at p99 in a worker of many sessions on a
+busy core (docs/BENCHMARKS.md, "the worker's side of the relay").
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ A worker's synchronous connections write a pipeline with one ``sendmsg`` (``Gath
 redis-py's ``sendall`` per piece (the small commands, then each 128 KB audio value on its own)
 gave up and took back the GIL around every piece, and in a worker of many session threads each
 taking back waited its turn: a step's audio reached Redis ~0.7 ms after its text at 100 sessions
-(docs/BENCHMARKS.md, "a worker's write in one system call").
+(docs/BENCHMARKS.md, "the worker's side of the relay").
 """
 
 from __future__ import annotations
@@ -125,13 +125,15 @@ class GathersWrites:
         pieces = [memoryview(piece) for piece in command]
         sock = self._sock
         assert sock is not None
+        first = 0  # the first piece not wholly sent
         try:
-            while pieces:
-                sent = sock.sendmsg(pieces[: self.MAX_PIECES])
-                while pieces and sent >= len(pieces[0]):
-                    sent -= len(pieces.pop(0))
+            while first < len(pieces):
+                sent = sock.sendmsg(pieces[first : first + self.MAX_PIECES])
+                while first < len(pieces) and sent >= len(pieces[first]):
+                    sent -= len(pieces[first])
+                    first += 1
                 if sent:
-                    pieces[0] = pieces[0][sent:]
+                    pieces[first] = pieces[first][sent:]
         except TimeoutError:  # (socket.timeout)
             self.disconnect()  # type: ignore[attr-defined]
             raise RedisTimeoutError("Timeout writing to socket") from None
