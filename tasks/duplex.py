@@ -272,9 +272,7 @@ class DuplexRunner:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
             self.conversation.heard(result.heard)
-        # the step's text and audio in one round trip, written by this thread (the next step
-        # waits for the next input anyway)
-        with ctx.out.together(now=True):
+        with ctx.out.together(now=True):  # text and audio in one round trip, by this thread
             if result.listen:
                 self.end_response(interrupted=True)
                 ctx.emit(
