@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--format",
                         "raw",
                         "--nonblocking",
+                        *(["--gil"] if name == "worker" else []),
                         "-o",
                         str(OUT / f"{name}.txt"),
                     ],
