@@ -100,6 +100,21 @@ def test_bench_publish_path_times_both_ways_of_writing_an_event() -> None:
         assert float(redis_us) >= 0, proc.stdout
 
 
+def test_bench_hops_times_each_path_from_process_to_process() -> None:
+    """``python -m bench.hops``: every path's messages arrive and its delays are in order."""
+    proc = run_module("bench.hops", "--messages", "40", "--gap-ms", "2")
+    rows = [line.rsplit(None, 3) for line in proc.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == [
+        "socket, one core",
+        "socket, two cores",
+        "redis pub/sub",
+        "pub/sub, raw RESP",
+        "redis round trip",
+    ], proc.stdout
+    for _path, p50, p90, p99 in rows:
+        assert 0 < float(p50) <= float(p90) <= float(p99), proc.stdout
+
+
 def test_bench_input_path_costs_both_ways_of_writing_a_chunk() -> None:
     """``python -m bench.input_path``: both ways write every chunk and print their CPU cost."""
     proc = run_module("bench.input_path", "--chunks", "50", "--rounds", "1")
