@@ -53,47 +53,6 @@ DISPATCH = """
 -- through LEAVE, which finds it there. The event names `by` so that gateway skips the claim.
 local prefix = ARGV[1]
 local out = {}
--- Each ticket gets the longest idle slot of the worker with the most idle slots: sessions
--- spread over the workers, and a worker that just joined takes the next one. The pool is read
--- once (only when a ticket waits); a dead worker's slots and malformed ids are dropped from it.
-local free, workers, live = nil, {}, {}
-local function read_pool()
-  free = {}
-  local all = redis.call('LRANGE', KEYS[2], 0, -1)
-  for i = #all, 1, -1 do
-    local s = all[i]
-    local wid = string.match(s, '^(.*)|[^|]*$')
-    if not wid then
-      redis.call('LREM', KEYS[2], 0, s)
-    else
-      if not free[wid] then
-        free[wid] = {}
-        table.insert(workers, wid)
-      end
-      table.insert(free[wid], s)
-    end
-  end
-end
-local function take_slot()
-  if not free then read_pool() end
-  while true do
-    local best, most = nil, 0
-    for _, wid in ipairs(workers) do
-      if #free[wid] > most then best, most = wid, #free[wid] end
-    end
-    if not best then return false end
-    if live[best] == nil then
-      live[best] = redis.call('EXISTS', prefix .. ':wk:' .. best .. ':alive') == 1
-    end
-    if live[best] then
-      local s = table.remove(free[best], 1)
-      redis.call('LREM', KEYS[2], 0, s)
-      return s
-    end
-    for _, s in ipairs(free[best]) do redis.call('LREM', KEYS[2], 0, s) end
-    free[best] = {}
-  end
-end
 while true do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if not head then break end
@@ -101,7 +60,16 @@ while true do
   if (not gw) or redis.call('EXISTS', prefix .. ':gw:' .. gw .. ':alive') == 0 then
     redis.call('ZREM', KEYS[1], head)
   else
-    local slot = take_slot()
+    local slot = false
+    while true do
+      local s = redis.call('RPOP', KEYS[2])
+      if not s then break end
+      local wid = string.match(s, '^(.*)|[^|]*$')
+      if wid and redis.call('EXISTS', prefix .. ':wk:' .. wid .. ':alive') == 1 then
+        slot = s
+        break
+      end
+    end
     if not slot then break end
     redis.call('ZREM', KEYS[1], head)
     redis.call('SADD', KEYS[3], slot)

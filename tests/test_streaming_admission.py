@@ -165,37 +165,3 @@ async def test_dispatch_and_snapshot_in_one_pipeline_survives_a_flushed_script_c
 
     snap = await admission.dispatch_and_snapshot(GW, nobody_left)
     assert snap is None and got[-1] == [(ticket(2), "w#1|0")]  # nobody needs the rest
-
-
-async def test_sessions_spread_over_workers_and_a_new_worker_takes_the_next(
-    admission: Admission, sync_redis: redis.Redis, keys: Keys
-) -> None:
-    """Each ticket gets a slot of the least loaded worker (the most idle slots), its longest idle
-    one: the pool's plain FIFO filled one worker before the next and left a worker that joined
-    later idle until every older slot was busy."""
-    worker(sync_redis, keys, "w#a", 3)
-    worker(sync_redis, keys, "w#b", 3)
-    for n in range(1, 5):
-        await admission.enqueue(ticket(n), max_queue=10)
-    assert [slot for _, slot in await admission.dispatch()] == ["w#a|0", "w#b|0", "w#a|1", "w#b|1"]
-    worker(sync_redis, keys, "w#new", 2)  # joins with 2 idle slots, against 1 and 1
-    assert await admission.enqueue(ticket(5), max_queue=10) == 1
-    assert await admission.dispatch() == [(ticket(5), "w#new|0")]
-    await admission.enqueue(ticket(6), max_queue=10)
-    # one idle slot each: a tie goes to the slot idle longest (w#a's: offered first)
-    assert await admission.dispatch() == [(ticket(6), "w#a|2")]
-    for slot in ("w#a|0", "w#a|1"):  # w#a the least loaded again
-        assert await admission.release(slot) is True
-    await admission.enqueue(ticket(7), max_queue=10)
-    assert await admission.dispatch() == [(ticket(7), "w#a|0")]  # released first
-
-
-async def test_a_dead_workers_idle_slots_are_dropped_when_it_would_be_chosen(
-    admission: Admission, sync_redis: redis.Redis, keys: Keys
-) -> None:
-    worker(sync_redis, keys, "w#live", 1)
-    worker(sync_redis, keys, "w#dead", 3)  # the most idle slots, but its alive key is gone
-    sync_redis.delete(keys.worker_alive("w#dead"))
-    await admission.enqueue(ticket(1), max_queue=10)
-    assert await admission.dispatch() == [(ticket(1), "w#live|0")]
-    assert sync_redis.llen(keys.free_slots) == 0  # the dead worker's three are gone from the pool
