@@ -12,7 +12,7 @@ one message every ``--gap-ms`` (the processes sleep between, as a session's do b
 
 Paths, pinned as the benchmarks pin (the gateway's core, and the rest's):
 
-- ``socket, one core``: a Unix socket from a process on the rest's core to another there;
+- ``socket, one core``: a Unix socket between two processes on one of the rest's cores;
 - ``socket, two cores``: from the rest's core to the gateway's;
 - ``redis pub/sub``: ``PUBLISH`` from the rest's core through the benchmarks' Redis (there
   too) to a subscriber on the gateway's core, with the clients the stack uses there (a worker's
@@ -178,22 +178,27 @@ def main(argv: list[str] | None = None) -> int:
     url = shared_redis()
     print(plan.describe() if plan else "not pinned (fewer than two cores)")
     print("path                p50 ms  p90 ms  p99 ms")
-    sock = str(Path(tempfile.mkdtemp(prefix="omniserve-bench-hops-")) / "hop.sock")
-    paths = [
-        ("socket, one core", "socket", sock, rest),
-        ("socket, two cores", "socket", sock, server),
-        ("redis pub/sub", "redis", url, server),
-        ("pub/sub, raw RESP", "resp", url, server),
-        ("redis round trip", "roundtrip", url, server),
+    one = {min(rest)} if rest else None  # the one-core path: sender and receiver there
+    tmp = tempfile.TemporaryDirectory(prefix="omniserve-bench-hops-")
+    sock = str(Path(tmp.name) / "hop.sock")
+    paths = [  # label, kind, where, the sender's cores, the receiver's
+        ("socket, one core", "socket", sock, one, one),
+        ("socket, two cores", "socket", sock, rest, server),
+        ("redis pub/sub", "redis", url, rest, server),
+        ("pub/sub, raw RESP", "resp", url, rest, server),
+        ("redis round trip", "roundtrip", url, rest, server),
     ]
     try:
-        for label, kind, where, cores in paths:
+        for label, kind, where, sender, receiver in paths:
             Path(sock).unlink(missing_ok=True)
-            delays = one_path(kind, where, args.messages, args.gap_ms / 1000, args.bytes, cores)
+            if sender:
+                os.sched_setaffinity(0, sender)
+            delays = one_path(kind, where, args.messages, args.gap_ms / 1000, args.bytes, receiver)
             got = quantiles(delays)
             print(f"{label:18}  {got['p50']:6.3f}  {got['p90']:6.3f}  {got['p99']:6.3f}")
     finally:
         kill_all()
+        tmp.cleanup()
     return 0
 
 
