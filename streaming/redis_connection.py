@@ -25,6 +25,14 @@ that was ~3 % of its CPU (docs/BENCHMARKS.md). ``TimedWrites`` keeps the same li
 ``asyncio.timeout`` around the write instead: one timer in the caller's own task. What a
 timeout does is unchanged: the connection is dropped and redis-py's ``TimeoutError`` raised.
 
+Every connection opened (and every one idle past ``health_check_interval``) is checked with a
+``PING`` first. A Redis refusing writes because an RDB save failed (``MISCONF``: its disk full)
+refuses ``PING`` too, so each new connection failed before its command, reads included: a chat
+turn whose worker opened one ended in ``inference_error`` where it should have waited for
+Redis (``tests/faults/test_redis_full.py``). That answer proves the connection alive;
+``RefusalIsAlive`` (and ``AsyncRefusalIsAlive``) let the check pass on it, and the command
+itself meets the refusal, or not, as a read.
+
 A worker's synchronous connections write a pipeline with one ``sendmsg`` (``GathersWrites``):
 redis-py's ``sendall`` per piece (the small commands, then each 128 KB audio value on its own)
 gave up and took back the GIL around every piece, and in a worker of many session threads each
@@ -107,6 +115,34 @@ class TimedWrites:
             self.socket_timeout = limit
 
 
+def _refused_writes(exc: ResponseError) -> bool:
+    """Whether an error reply is Redis refusing writes after a failed RDB save (``MISCONF``)."""
+    return str(exc).startswith("MISCONF")
+
+
+class RefusalIsAlive:
+    """Mixin for a redis-py synchronous connection: a health-check ``PING`` answered with
+    ``MISCONF`` passes (the server answered; see the module docstring)."""
+
+    def check_health(self) -> None:
+        try:
+            super().check_health()  # type: ignore[misc]
+        except ResponseError as exc:
+            if not _refused_writes(exc):
+                raise
+
+
+class AsyncRefusalIsAlive:
+    """``RefusalIsAlive`` for a redis-py asyncio connection."""
+
+    async def check_health(self) -> None:
+        try:
+            await super().check_health()  # type: ignore[misc]
+        except ResponseError as exc:
+            if not _refused_writes(exc):
+                raise
+
+
 class GathersWrites:
     """Mixin for a redis-py synchronous ``Connection`` class: a command packed in several pieces
     goes out in one ``sendmsg`` (see the module docstring); errors as redis-py raises them."""
@@ -149,19 +185,30 @@ class GathersWrites:
 
 def gathered(pool: redis.ConnectionPool) -> redis.ConnectionPool:
     """Make ``pool`` open its connections with ``GathersWrites`` (TCP and Unix sockets; a TLS
-    socket has no ``sendmsg`` and keeps redis-py's writes); returns the pool."""
+    socket has no ``sendmsg`` and keeps redis-py's writes) and ``RefusalIsAlive`` (all);
+    returns the pool."""
     base: Any = pool.connection_class
-    if not issubclass(base, GathersWrites | redis.SSLConnection):
-        pool.connection_class = type(f"Gathered{base.__name__}", (GathersWrites, base), {})
+    if issubclass(base, RefusalIsAlive):
+        return pool
+    mixins = (
+        (RefusalIsAlive,)
+        if issubclass(base, redis.SSLConnection)
+        else (
+            RefusalIsAlive,
+            GathersWrites,
+        )
+    )
+    pool.connection_class = type(f"Gathered{base.__name__}", (*mixins, base), {})
     return pool
 
 
 def tuned(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
-    """Make ``pool`` open its connections with ``TimedWrites`` and ``ReopensDropped``, whatever
-    class the URL chose (TCP, TLS or a Unix socket); returns the pool."""
+    """Make ``pool`` open its connections with ``TimedWrites``, ``ReopensDropped`` and
+    ``AsyncRefusalIsAlive``, whatever class the URL chose (TCP, TLS or a Unix socket); returns
+    the pool."""
     base: Any = pool.connection_class
     if not issubclass(base, TimedWrites):
-        mixins = (TimedWrites, ReopensDropped, base)
+        mixins = (TimedWrites, ReopensDropped, AsyncRefusalIsAlive, base)
         pool.connection_class = type(f"Tuned{base.__name__}", mixins, {})
     return pool
 

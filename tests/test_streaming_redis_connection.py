@@ -10,16 +10,20 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 import uvloop
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from omniserve.redis_server import start_embedded
-from streaming.redis_connection import TimedWrites, gateway_client, tuned
+from streaming.redis_connection import TimedWrites, gateway_client, tuned, worker_client
 
 
 async def _commands(client: aioredis.Redis) -> int:
@@ -134,3 +138,48 @@ def test_a_connection_whose_transport_was_closed_under_it_is_opened_again(
             await client.aclose()
 
     uvloop.run(main())
+
+
+def test_a_connection_opened_while_redis_refuses_writes_still_reads() -> None:
+    """An RDB save failed (``MISCONF``: Redis refuses writes, and ``PING`` with them). redis-py
+    checks each new connection with a ``PING`` first, so every connection opened meanwhile
+    failed, reads included: a chat turn's worker, opening one for its cancellation check, ended
+    the turn in ``inference_error`` (tests/faults/test_redis_full.py, a flaky run)."""
+    server = start_embedded()
+    r = redis.Redis.from_url(server.url)
+    try:
+        r.set("refusal:key", b"v")
+        target = Path(server.workdir) / str(r.config_get("dbfilename")["dbfilename"])
+        target.mkdir()  # the save's final rename onto a non-empty directory fails
+        (target / "in-the-way").touch()
+        r.config_set("save", "3600 1")
+        r.bgsave()
+        deadline = time.monotonic() + 10
+        while r.info("persistence")["rdb_last_bgsave_status"] != "err":
+            assert time.monotonic() < deadline, "the save did not fail"
+            time.sleep(0.05)
+        plain = redis.Redis.from_url(server.url, health_check_interval=30)
+        with pytest.raises(ResponseError, match="MISCONF"):
+            plain.get("refusal:key")  # the new connection's PING refused: the read never ran
+        plain.close()
+        for client in (worker_client(server.url, 4), worker_client(server.url, None)):
+            assert client.get("refusal:key") == b"v"  # a new connection, its check passed
+            with pytest.raises(ResponseError, match="MISCONF"):
+                client.set("refusal:key", b"w")  # the write itself still refused
+            client.close()
+
+        async def gateway_side() -> None:
+            client = gateway_client(server.url, max_connections=4)
+            try:
+                assert await client.get("refusal:key") == b"v"
+                with pytest.raises(ResponseError, match="MISCONF"):
+                    await client.set("refusal:key", b"w")
+            finally:
+                await client.aclose()
+
+        uvloop.run(gateway_side())
+        r.config_set("save", "")  # writes taken again
+        assert r.set("refusal:key", b"w")
+    finally:
+        r.close()
+        server.stop()
