@@ -190,14 +190,9 @@ def gathered(pool: redis.ConnectionPool) -> redis.ConnectionPool:
     base: Any = pool.connection_class
     if issubclass(base, RefusalIsAlive):
         return pool
-    mixins = (
-        (RefusalIsAlive,)
-        if issubclass(base, redis.SSLConnection)
-        else (
-            RefusalIsAlive,
-            GathersWrites,
-        )
-    )
+    mixins: tuple[type, ...] = (RefusalIsAlive,)
+    if not issubclass(base, redis.SSLConnection):
+        mixins += (GathersWrites,)
     pool.connection_class = type(f"Gathered{base.__name__}", (*mixins, base), {})
     return pool
 
