@@ -74,7 +74,7 @@ async def test_a_live_lease_is_read_every_tick_without_waking_the_reader(
 ) -> None:
     relay, out = await watched_relay(bus, live, async_redis, keys)
     reads = 0
-    [(sid, watch)] = live.leases
+    [(sid, watch)] = await watched(live, "leases")
 
     def counted(answer: Answer) -> bool:
         nonlocal reads
@@ -98,20 +98,21 @@ async def test_nothing_is_asked_once_the_relay_is_over(
 ) -> None:
     _, out = await watched_relay(bus, live, async_redis, keys)
     await asyncio.sleep(4 * TICK_S)
-    assert [sid for sid, _ in live.leases] == [SID]
+    assert [sid for sid, _ in await watched(live, "leases")] == [SID]
     await bus.close(SID, out)
     await asyncio.sleep(6 * TICK_S)
     assert live.leases == []  # read once more, then dropped
     await async_redis.delete(keys.session_lease(SID))
 
 
-async def workers_watched(live: Liveness) -> list[str]:
-    """The worker ids watched, looked at outside a tick's read (while one is in flight its list
-    is empty: watches made meanwhile go on a new one; a loaded machine made that a flake)."""
+async def watched(live: Liveness, kind: str) -> list[tuple[str, Any]]:
+    """The watches of ``kind`` (``leases``, ``workers``), looked at outside a tick's read
+    (while one is in flight its list is empty: watches made meanwhile go on a new one; a loaded
+    machine made that a flake)."""
     for _ in range(200):
-        ids = [wid for wid, _ in live.workers]
-        if ids:
-            return ids
+        found: list[tuple[str, Any]] = list(getattr(live, kind))
+        if found:
+            return found
         await asyncio.sleep(TICK_S / 10)
     return []
 
@@ -138,7 +139,7 @@ async def test_a_task_whose_worker_process_is_gone_before_it_starts_ends_at_once
     waiting = asyncio.ensure_future(relay.next(LONG_S))
     await asyncio.sleep(10 * TICK_S)
     assert not waiting.done()  # the worker is alive: its reads do not wake the relay
-    assert await workers_watched(live) == ["w#1"]
+    assert [wid for wid, _ in await watched(live, "workers")] == ["w#1"]
     await async_redis.delete(keys.worker_alive("w#1"))  # its Celery parent saw it die
     with pytest.raises(TaskNotStarted, match="worker process of its slot is gone"):
         await asyncio.wait_for(waiting, 10)
@@ -157,7 +158,7 @@ async def test_a_started_task_no_longer_watches_its_worker(
     gateway: Any = SimpleNamespace(liveness=live, settings=Settings())
     relay = TaskRelay(gateway, out, SID, "w#1|0", "session")
     await relay.next(0.01)
-    assert await workers_watched(live) == ["w#1"]
+    assert [wid for wid, _ in await watched(live, "workers")] == ["w#1"]
     out.push(Started(seq=1, worker_id="w#1"))
     assert await relay.next(5) == []  # Started is consumed
     assert relay.started
