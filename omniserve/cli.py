@@ -7,7 +7,7 @@ import json
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from omniserve import drain
 from omniserve.options import env_from_args
@@ -95,8 +95,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
         print(f"omniserve worker: cannot start backend {backend!r}: {exc}", file=sys.stderr)
         return 2
+    from celery.bin.celery import celery as celery_command
+
     import tasks.bootstrap  # noqa: F401 - imported for its side effect: the worker signals
-    from tasks.celery_app import app
 
     node = s.worker_name or f"omni-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     slots = max(1, s.worker_slots)
@@ -118,11 +119,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         *pool,
     ]
     print(f"omniserve worker {node}: backend={backend} slots={slots}", flush=True)
-    # celery-types says worker_main never returns; it does when the worker stops (Celery runs
-    # its click command with standalone_mode=False)
-    run_worker: Callable[[list[str]], object] = app.worker_main
-    run_worker(argv)
-    return 0
+    # Celery's own command line, run as `celery -A tasks.celery_app:app worker ...` would run it,
+    # returns the worker's exit status (which `app.worker_main` drops): a worker that could not
+    # start, or whose backend failed to load, exits non-zero
+    status = celery_command.main(["-A", "tasks.celery_app:app", *argv], standalone_mode=False)
+    return int(status or 0)
 
 
 # --------------------------------------------------------------------------- probe / bench

@@ -34,6 +34,7 @@ from omnicore.gc_pauses import freeze_heap
 from omnicore.settings import get_settings
 from streaming.keys import Keys
 from streaming.slots import forget_worker, withdraw_idle_of_node
+from tasks.prefork import EXIT_LOAD_FAILED
 from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
 from tasks.supervisor import PoolSupervisor
 
@@ -100,7 +101,7 @@ def _boot(slots: int) -> None:
             flush=True,
         )
         rt.leave_now()
-        os._exit(3)
+        os._exit(EXIT_LOAD_FAILED)
     cap = rt.backend.max_concurrency if rt.backend else 1
     if len(rt.slot_ids) > cap:
         print(
@@ -110,7 +111,7 @@ def _boot(slots: int) -> None:
             flush=True,
         )
         rt.leave_now()
-        os._exit(3)
+        os._exit(EXIT_LOAD_FAILED)
     if rt.settings.gc_freeze:  # the model and its libraries live as long as the process
         log.info("froze %d objects of the loaded worker", freeze_heap())
     rt.start()
