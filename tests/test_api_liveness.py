@@ -144,6 +144,10 @@ async def test_a_failing_watch_is_dropped_and_the_others_are_told(
         live.start()
         assert await seen.next() is True
         assert await seen.next() is True
+        for _ in range(200):  # looked at outside a tick's read, while which the list is empty
+            if live.leases:
+                break
+            await asyncio.sleep(0.005)
         assert [w for _, w in live.leases] == [seen]
     finally:
         await live.stop()
