@@ -13,7 +13,7 @@ worker ("Could not start worker processes") if any pool process has exited by th
 long to load, so a process killed while it loads (the OOM killer, an operator's kill -9) could
 fall in that window and take the worker with it, where the same kill a moment later is replaced.
 Here a process ended by a signal is replaced whenever it dies; one that exited by itself with an
-error means the pool cannot start.
+error means the pool cannot start, unless it is a failed load (below).
 
 A pool process whose backend failed to load (``EXIT_LOAD_FAILED``) stops the worker with that
 exit status, whenever it happens: Celery would replace it with one that fails the same way, a
@@ -62,9 +62,11 @@ class AsynPool(asynpool.AsynPool):
 
     def did_start_ok(self) -> bool:
         """Whether the pool started: no process exited by itself with an error (a signal's exit
-        code is negative). The exited are reaped here; ``maintain_pool`` replaces them."""
+        code is negative). The exited are reaped here; ``maintain_pool`` replaces them. A failed
+        load is no failed start: the worker stops on it with its own status (below), where
+        Celery's "Could not start worker processes" would end it with 1."""
         exitcodes = self._join_exited_workers()
-        return not any(code is not None and code > 0 for code in exitcodes)
+        return not any(c is not None and c > 0 and c != EXIT_LOAD_FAILED for c in exitcodes)
 
     def _join_exited_workers(self, shutdown: bool = False) -> list[int | None]:
         """billiard's reaping of exited processes; one whose backend failed to load stops the

@@ -8,17 +8,45 @@ the worker's own status was.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
-from tests.faults.harness import log_text, registry
-from tests.stack import Stack
+from tasks.supervisor import process_alive
+from tests.faults.harness import held_at_fork, log_text, registry, wait_for
+from tests.stack import Proc, Stack
 
 BAD_OPTIONS = '{"no_such_option": 1}'  # the scripted backend's constructor refuses it
 
 
-@pytest.mark.parametrize("slots", [1, 2], ids=["prefork", "threads"])
-def test_a_backend_that_fails_to_load_stops_its_worker(stack: Stack, slots: int) -> None:
-    worker = stack.start_worker(slots=slots, wait=False, OMNISERVE_BACKEND_OPTIONS=BAD_OPTIONS)
+@pytest.mark.parametrize("window", ["before", "after"])
+def test_a_backend_that_fails_to_load_stops_its_worker(stack: Stack, window: str) -> None:
+    """The pool process fails before Celery's consumer has started (its start-up look at the
+    pool, ``did_start_ok``, ended the worker with status 1) or after it (Celery replaced the
+    process, again and again); the parent, or the pool process, is held with SIGSTOP so that the
+    failure lands in that window every time."""
+    worker = stack.start_worker(wait=False, OMNISERVE_BACKEND_OPTIONS=BAD_OPTIONS)
+    parent = worker.popen.pid
+    child = held_at_fork(worker)
+    if window == "before":
+        wait_for(lambda: not process_alive(child), 30, "the pool process to fail")
+        assert " ready." not in log_text(worker)
+        os.kill(parent, signal.SIGCONT)
+    else:
+        os.kill(child, signal.SIGSTOP)
+        os.kill(parent, signal.SIGCONT)
+        wait_for(lambda: " ready." in log_text(worker), 30, "the worker's consumer to start")
+        os.kill(child, signal.SIGCONT)
+    stopped_with_one_attempt(stack, worker)
+
+
+def test_a_backend_that_fails_to_load_stops_a_threads_worker(stack: Stack) -> None:
+    worker = stack.start_worker(slots=2, wait=False, OMNISERVE_BACKEND_OPTIONS=BAD_OPTIONS)
+    stopped_with_one_attempt(stack, worker)
+
+
+def stopped_with_one_attempt(stack: Stack, worker: Proc) -> None:
     status = worker.popen.wait(timeout=60)
     text = log_text(worker)
     assert status == 3, text

@@ -105,13 +105,45 @@ def pool_pids(stack: Stack, worker: Proc) -> list[int]:
 
 def forked_children(worker: Proc) -> list[int]:
     """Live processes the worker's Celery parent has forked (loading or not, registered or not)."""
-    pid = worker.popen.pid
+    return sorted(k for k in _children(worker.popen.pid) if process_alive(k))
+
+
+def held_at_fork(worker: Proc) -> int:
+    """Stop the worker's Celery parent (SIGSTOP) as soon as it has forked its pool process, which
+    is well before its consumer starts; returns that process (alive, or exited and not reaped).
+    A child that is a program of its own (``uname -p``, run while Celery starts) is let go."""
+    parent = worker.popen.pid
+    program = _comm(parent)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and worker.alive():
+        if not any(_comm(k) == program for k in _children(parent)):
+            time.sleep(0.001)
+            continue
+        os.kill(parent, signal.SIGSTOP)
+        time.sleep(0.05)  # a subprocess has exec'd its program by now
+        forks = [k for k in _children(parent) if _comm(k) == program]
+        if forks:
+            return forks[0]
+        os.kill(parent, signal.SIGCONT)
+    raise AssertionError("the worker forked no pool process")
+
+
+def _children(pid: int) -> list[int]:
+    """Every child of ``pid``, exited ones not yet reaped included."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            kids = [int(k) for k in fh.read().split()]
+            return [int(k) for k in fh.read().split()]
     except OSError:
         return []
-    return sorted(k for k in kids if process_alive(k))
+
+
+def _comm(pid: int) -> bytes:
+    """The program name of ``pid`` (a fork keeps its parent's until it runs another)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().split(b"(", 1)[1].rsplit(b")", 1)[0]
+    except (OSError, IndexError):
+        return b""
 
 
 def _parent_of(pid: int) -> int | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +18,7 @@ from tests.faults.harness import (
     admitted_to_a_dying_worker,
     await_for,
     forked_children,
+    held_at_fork,
     kill9,
     kill9_group,
     log_text,
@@ -27,7 +27,7 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.stack import Proc, Stack
+from tests.stack import Stack
 
 NOTICE_S = 3.0  # issue #9: a dead worker's clients are told within 3 s
 # tasks/prefork.py looks for a dead pool process every 0.25 s; Celery's own pool, every 5 s
@@ -154,7 +154,7 @@ async def test_kill9_pool_process_while_its_worker_starts(stack: Stack) -> None:
     fork until the kill, so the kill lands in the window every time."""
     worker = stack.start_worker(OMNISERVE_BACKEND_OPTIONS=SLOW_LOAD, wait=False)
     parent = worker.popen.pid
-    child = _held_at_fork(worker)
+    child = held_at_fork(worker)
     try:
         assert " ready." not in log_text(worker), "the parent started before it was held"
         wait_for(lambda: stack.live_slots("loading") == 1, 30, "the loading registration")
@@ -170,33 +170,6 @@ async def test_kill9_pool_process_while_its_worker_starts(stack: Stack) -> None:
     assert "Could not start worker processes" not in text
     assert f"pool process {child} died" in text
     await served_end_to_end(stack.url())
-
-
-def _held_at_fork(worker: Proc) -> int:
-    """Stop the worker's Celery parent (SIGSTOP) as soon as it has forked its pool process, which
-    is well before its consumer starts; returns that process. A child that is not a fork of the
-    parent's program (``uname -p``, run while Celery starts) is let go."""
-    parent = worker.popen.pid
-    program = Path(f"/proc/{parent}/cmdline").read_bytes()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and worker.alive():
-        forks = [k for k in forked_children(worker) if _cmdline(k) == program]
-        if not forks:
-            time.sleep(0.001)
-            continue
-        os.kill(parent, signal.SIGSTOP)
-        time.sleep(0.05)  # a subprocess has exec'd by now (or is gone)
-        if forks[0] in forked_children(worker) and _cmdline(forks[0]) == program:
-            return forks[0]
-        os.kill(parent, signal.SIGCONT)
-    raise AssertionError("the worker forked no pool process")
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 async def test_client_during_model_load_is_queued_then_served(stack: Stack) -> None:
