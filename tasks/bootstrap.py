@@ -120,9 +120,10 @@ def _boot(slots: int) -> None:
 @signals.worker_init.connect
 def _on_worker_init(**_: object) -> None:
     """A prefork parent's heap is frozen before it forks its pool: it picks up every task of
-    the node, and its children share those pages (``gc.freeze``'s own use). Not later, at
-    ``worker_ready``: a child that died while the parent collected would be taken by Celery's
-    first look at its pool (``did_start_ok``) for a pool that cannot start, ending the worker."""
+    the node, and its children share those pages (``gc.freeze``'s own use), which they would
+    not if it were frozen later, at ``worker_ready``. (That later collection also widened the
+    window in which Celery's start-up look at the pool, ``did_start_ok``, took a killed child
+    for a pool that cannot start; ``tasks/prefork.py`` now replaces such a child.)"""
     if _state["pool"] == "prefork" and get_settings().gc_freeze:
         log.info("froze %d objects of the pool's parent", freeze_heap())
 
