@@ -17,7 +17,7 @@ error means the pool cannot start, unless it is a failed load (below).
 
 A pool process whose backend failed to load (``EXIT_LOAD_FAILED``) stops the worker with that
 exit status, whenever it happens: Celery would replace it with one that fails the same way, a
-fork and a load after another (seven a second when the failure is quick), while clients queued for
+fork and a load after another (nine a second when the failure is quick), while clients queued for
 the capacity that each one registered as loading. The worker's process manager (or ``omniserve
 up``) sees the exit instead.
 

@@ -1,7 +1,7 @@
 """A worker whose backend fails to load tries once and exits with status 3.
 
 Celery replaces a pool process that exits; before, one whose backend failed to load was replaced
-by one that failed the same way, about seven a second for as long as the worker ran, each one
+by one that failed the same way, about nine a second for as long as the worker ran, each one
 registering as loading capacity that clients queued for, and `omniserve worker` exited 0 whatever
 the worker's own status was.
 """
