@@ -40,6 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench import pinning
+from bench.report import percentiles
 from bench.stack import install_cleanup, kill_all, shared_redis
 
 RECEIVE = """
@@ -155,15 +156,6 @@ def one_path(
     return sorted(delays[10:])  # the connection's first messages left out
 
 
-def quantiles(delays: list[float]) -> dict[str, float]:
-    """p50, p90 and p99 of sorted ``delays``."""
-
-    def q(f: float) -> float:
-        return round(delays[min(len(delays) - 1, int(len(delays) * f))], 3)
-
-    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=300)
@@ -194,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             if sender:
                 os.sched_setaffinity(0, sender)
             delays = one_path(kind, where, args.messages, args.gap_ms / 1000, args.bytes, receiver)
-            got = quantiles(delays)
+            got = percentiles(delays, (50, 90, 99), digits=3)
             print(f"{label:18}  {got['p50']:6.3f}  {got['p90']:6.3f}  {got['p99']:6.3f}")
     finally:
         kill_all()

@@ -13,16 +13,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def percentiles(values: list[float]) -> dict[str, float | int | None]:
-    """p50 / p99 / max (and count) of a list, rounded; None when empty."""
+def percentiles(
+    values: list[float], qs: tuple[int, ...] = (50, 99), digits: int = 2
+) -> dict[str, float | int | None]:
+    """The ``qs`` percentiles (``p50``, ``p99`` ...), max and count of a list, rounded to
+    ``digits``; None when empty."""
     if not values:
-        return {"n": 0, "p50": None, "p99": None, "max": None}
+        return {"n": 0, **{f"p{q}": None for q in qs}, "max": None}
     v = sorted(values)
 
-    def q(p: float) -> float:
-        return round(v[min(len(v) - 1, round(p * (len(v) - 1)))], 2)
+    def at(p: float) -> float:
+        return round(v[min(len(v) - 1, round(p * (len(v) - 1)))], digits)
 
-    return {"n": len(v), "p50": q(0.50), "p99": q(0.99), "max": round(v[-1], 2)}
+    return {"n": len(v), **{f"p{q}": at(q / 100) for q in qs}, "max": round(v[-1], digits)}
 
 
 def machine() -> dict[str, Any]:
