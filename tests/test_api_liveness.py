@@ -20,6 +20,7 @@ from api.liveness import Answer, Liveness
 from omniserve.redis_server import start_embedded
 from streaming import lua
 from streaming.keys import Keys
+from tests.liveness_watches import watched
 
 
 class CountingRedis(aioredis.Redis):
@@ -144,11 +145,7 @@ async def test_a_failing_watch_is_dropped_and_the_others_are_told(
         live.start()
         assert await seen.next() is True
         assert await seen.next() is True
-        for _ in range(200):  # looked at outside a tick's read, while which the list is empty
-            if live.leases:
-                break
-            await asyncio.sleep(0.005)
-        assert [w for _, w in live.leases] == [seen]
+        assert [w for _, w in await watched(live, "leases")] == [seen]
     finally:
         await live.stop()
         await client.delete(keys.session_lease("s"))

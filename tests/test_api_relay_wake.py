@@ -22,6 +22,7 @@ from omnicore.settings import Settings
 from streaming.events import Started, TextDelta
 from streaming.keys import Keys
 from streaming.output import OutputBus, SessionOutput
+from tests.liveness_watches import watched
 
 SID = "rt_wake"
 TICK_S = 0.05
@@ -103,18 +104,6 @@ async def test_nothing_is_asked_once_the_relay_is_over(
     await asyncio.sleep(6 * TICK_S)
     assert live.leases == []  # read once more, then dropped
     await async_redis.delete(keys.session_lease(SID))
-
-
-async def watched(live: Liveness, kind: str) -> list[tuple[str, Any]]:
-    """The watches of ``kind`` (``leases``, ``workers``), looked at outside a tick's read
-    (while one is in flight its list is empty: watches made meanwhile go on a new one; a loaded
-    machine made that a flake)."""
-    for _ in range(200):
-        found: list[tuple[str, Any]] = list(getattr(live, kind))
-        if found:
-            return found
-        await asyncio.sleep(TICK_S / 10)
-    return []
 
 
 async def test_a_task_whose_worker_process_is_gone_before_it_starts_ends_at_once(
