@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     flower: bool = False
     flower_port: int = 5555
     flower_basic_auth: SecretStr | None = None  # user:password (default: a random password)
+    # a part that exits after `up` said ready is started again after this delay, doubled per
+    # restart in a row (at most 30 s); past the limit in a row (0: none) `up` stops everything
+    up_restart_delay_s: float = Field(1.0, ge=0)
+    up_restart_limit: int = Field(5, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (log shippers)
     # freeze the long-lived heap once a gateway or worker process is up (omnicore/gc_pauses.py)

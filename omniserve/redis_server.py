@@ -127,3 +127,18 @@ def host_port(url: str) -> tuple[str, int]:
     """Host and port of a redis:// URL."""
     parts = urlsplit(url)
     return parts.hostname or "127.0.0.1", parts.port or 6379
+
+
+class EmbeddedPart:
+    """The embedded server as a part of ``omniserve up``: started again on the same port when it
+    dies, so every gateway and worker finds it where they had it (they rebuild what they keep
+    in it by themselves: docs/ARCHITECTURE.md, "Failure handling")."""
+
+    def __init__(self, server: EmbeddedRedis) -> None:
+        self.server = server
+
+    def restart(self) -> subprocess.Popen[bytes]:
+        """A new, empty server on the last one's port (its directory removed); its process."""
+        self.server.stop()
+        self.server = start_embedded(port=self.server.port, die_with_parent=True)
+        return self.server.process

@@ -17,6 +17,8 @@ import httpx
 
 from omnicore.settings import Settings
 from omniserve.children import dies_with_parent
+from omniserve.components import Components
+from omniserve.redis_server import EmbeddedPart, EmbeddedRedis
 
 PROGRESS_EVERY_S = 5.0
 
@@ -75,14 +77,6 @@ def worker_metrics_ports(s: Settings, workers: int) -> tuple[list[int], list[str
             port = 0
         ports.append(port)
     return ports, notes
-
-
-def exited(children: dict[subprocess.Popen[bytes], str]) -> str | None:
-    """Which component exited on its own, and how (None: all run)."""
-    for child, name in children.items():
-        if child.poll() is not None:
-            return f"the {name} exited (code {child.returncode}); see its output above"
-    return None
 
 
 def wait_http(url: str, timeout: float, children: list[subprocess.Popen[bytes]]) -> bool:
@@ -153,7 +147,7 @@ def flower_credentials(s: Settings) -> tuple[str, str]:
     return "omniserve", secrets.token_urlsafe(12)
 
 
-def start_redis(url: str) -> tuple[str, object | None]:
+def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
     """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
     from omnicore.redact import redact_url
     from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
@@ -207,17 +201,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     # production drain grace (set OMNISERVE_DRAIN_GRACE_S to keep one)
     env.setdefault("OMNISERVE_DRAIN_GRACE_S", "0")
     exe = [sys.executable, "-m", "omniserve"]
-    children: dict[subprocess.Popen[bytes], str] = {}  # in start order: what each one is
+    parts = Components(
+        restart_limit=s.up_restart_limit,
+        restart_delay_s=s.up_restart_delay_s,
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    redis = EmbeddedPart(embedded) if embedded is not None else None
+    redis_part = parts.add("embedded Redis", redis.restart, redis.server.process) if redis else None
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
     # Killed itself, this process cannot: each child is sent SIGTERM by the kernel then.
-    def spawn(name: str, argv: list[str], **extra: str) -> subprocess.Popen[bytes]:
-        child = subprocess.Popen(
-            argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
-        )
-        children[child] = name
-        return child
+    def spawn(name: str, argv: list[str], **extra: str) -> None:
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
+            )
+
+        parts.add(name, start)
 
     metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers)
     user, password = flower_credentials(s)
@@ -242,12 +243,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"note      {line}", flush=True)
         print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
-        if not wait_http(base + "/health", 60, list(children)):
-            print(exited(children) or "the gateway did not answer within 60 s", file=sys.stderr)
+        if not wait_http(base + "/health", 60, parts.processes()):
+            print(parts.exited() or "the gateway did not answer within 60 s", file=sys.stderr)
             return 1
-        health = wait_ready(base, s.model_load_timeout_s, list(children))
+        health = wait_ready(base, s.model_load_timeout_s, parts.processes())
         if health is None:
-            why = exited(children) or "no worker became ready (see the workers' output above)"
+            why = parts.exited() or "no worker became ready (see the workers' output above)"
             print(why, file=sys.stderr)
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
@@ -271,23 +272,24 @@ def cmd_up(args: argparse.Namespace) -> int:
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
         print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
-        return supervise(children)
+        return supervise(parts)
     finally:
-        for child in reversed(children):
+        services = [part.process for part in parts.parts if part is not redis_part]
+        for child in reversed(services):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        for child in reversed(children):
+        for child in reversed(services):
             try:
                 child.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 child.kill()
-        if embedded is not None:
-            embedded.stop()  # type: ignore[attr-defined]
+        if redis is not None:
+            redis.server.stop()  # last: the others drain through it
 
 
-def supervise(children: dict[subprocess.Popen[bytes], str]) -> int:
-    """Run until Ctrl-C/SIGTERM (0), or until a component exits on its own (1: the caller
-    stops the rest)."""
+def supervise(parts: Components) -> int:
+    """Run until Ctrl-C/SIGTERM (0), starting again each part that exits on its own; 1 when
+    one keeps exiting (``omniserve/components.py``; the caller stops the rest)."""
     stop = {"now": False}
 
     def _stop(*_: object) -> None:
@@ -296,9 +298,9 @@ def supervise(children: dict[subprocess.Popen[bytes], str]) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     while not stop["now"]:
-        why = exited(children)
+        why = parts.tend()
         if why is not None:
-            print(f"{why}: stopping the rest", file=sys.stderr)
+            print(f"{why}: stopping the rest", file=sys.stderr, flush=True)
             return 1
-        time.sleep(0.5)
+        time.sleep(0.2)
     return 0

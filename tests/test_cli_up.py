@@ -173,11 +173,16 @@ def _running(pid: int) -> bool:
 
 
 @contextmanager
-def up_and_what_it_started(log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, set[int]]]:
-    """``up`` (scripted backend, embedded Redis) until ready: (its process, its port, the pids
-    of everything it started). Whatever of them still runs afterwards is killed."""
+def up_and_what_it_started(
+    log: Path, **extra: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int, set[int]]]:
+    """``up`` (scripted backend, embedded Redis, ``extra`` settings) until ready: (its process,
+    its port, the pids of everything it started). Whatever of them still runs afterwards is
+    killed."""
     port = free_port()
-    env = clean_env(OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1")
+    env = clean_env(
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1", **extra
+    )
     up = start_up(["up", "--port", str(port), "--backend", "scripted"], env, log)
     started: set[int] = set()
     try:
@@ -232,18 +237,85 @@ def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path) -> None:
     assert "redis" not in out.stdout and "loading" not in out.stdout  # nothing was started
 
 
-def test_a_component_killed_under_up_is_named_and_the_rest_stopped(tmp_path) -> None:
-    """kill -9 of the gateway ``up`` started: ``up`` says which component exited, stops the
-    rest (worker, embedded Redis) and exits 1."""
-    log = tmp_path / "up.log"
-    with up_and_what_it_started(log) as (up, _port, started):
-        gateway = next(
-            pid for pid in started if b"gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
+def _child(up: subprocess.Popen[bytes], what: bytes) -> int:
+    """The pid of ``up``'s own child whose command line holds ``what``."""
+    for pid in _descendants(up.pid):
+        st = _proc_stat(pid)
+        if st is not None and st[1] == up.pid and what in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no child of up runs {what!r}")
+
+
+def _serves(port: int, env: dict[str, str], log: Path, within_s: float) -> None:
+    """A chat turn through ``up``'s gateway succeeds within ``within_s`` (one probe at a time)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        said = omniserve(
+            "probe",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "chat",
+            "Reply with exactly: back",
+            env=env,
         )
-        os.kill(gateway, signal.SIGKILL)
-        assert up.wait(timeout=60) == 1, log.read_text()
-        said = f"the gateway exited (code -{int(signal.SIGKILL)}); see its output above"
-        assert said in log.read_text()
+        if said.returncode == 0 and "back" in said.stdout:
+            return
+        assert time.monotonic() < deadline, (said.stdout, said.stderr, log.read_text())
+        time.sleep(0.5)
+
+
+def test_parts_killed_under_up_are_started_again(tmp_path) -> None:
+    """kill -9 of the gateway, of the worker and of the embedded Redis that ``up`` started, one
+    after the other: each time ``up`` names what exited, starts it again (the Redis on its
+    port), and the service answers again without anyone stepping in (``up`` used to stop
+    everything at the first exit). Ctrl-C then still stops all of it."""
+    log = tmp_path / "up.log"
+    with up_and_what_it_started(log) as (up, port, _started):
+        env = clean_env()
+        for name, what in (
+            ("gateway", b"gateway"),
+            ("worker 1", b"worker"),
+            ("embedded Redis", b"redis-server"),
+        ):
+            pid = _child(up, what)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            said = f"the {name} exited (code -{int(signal.SIGKILL)}); starting it again in 1 s"
+            while f"restarted the {name} (pid" not in (text := log.read_text()):
+                assert up.poll() is None and time.monotonic() < deadline, text
+                time.sleep(0.1)
+            assert said in text
+            assert _child(up, what) != pid
+            _serves(port, env, log, 60)
+        everything = _descendants(up.pid)
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=40) == 0, log.read_text()
+        wait_all_stopped(everything, log, 30)
+
+
+def test_a_part_that_keeps_failing_stops_up(tmp_path) -> None:
+    """The gateway killed and its port taken by another server: each new gateway exits at once;
+    after ``OMNISERVE_UP_RESTART_LIMIT`` restarts in a row ``up`` says so, stops the rest
+    (worker, embedded Redis) and exits 1."""
+    log = tmp_path / "up.log"
+    extra = {"OMNISERVE_UP_RESTART_LIMIT": "2", "OMNISERVE_UP_RESTART_DELAY_S": "0.5"}
+    with up_and_what_it_started(log, **extra) as (up, port, started), socket.socket() as holder:
+        os.kill(_child(up, b"gateway"), signal.SIGKILL)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:  # the killed gateway's socket closes as the kernel reaps it
+            try:
+                holder.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        holder.listen()
+        assert up.wait(timeout=120) == 1, log.read_text()
+        text = log.read_text()
+        assert text.count("restarted the gateway (pid") == 2, text
+        assert "after 2 restart(s) in a row that each ended within 60 s" in text
+        assert "stopping the rest" in text
         wait_all_stopped(started, log, 30)  # a worker's pool process ends after its parent
 
 
