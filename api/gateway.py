@@ -28,6 +28,7 @@ from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.output import OutputBus
 from streaming.redis_connection import gateway_client
+from streaming.redis_url import celery_broker
 from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
@@ -92,9 +93,11 @@ class Gateway:
             name=f"omniserve-input-{self.gateway_id}",  # its own connection (CLIENT LIST)
         )
         # Submits tasks by name: the gateway never imports worker code.
-        self.celery = Celery("omniserve-gateway", broker=settings.redis_url)
+        broker, broker_options = celery_broker(settings.redis_url)
+        self.celery = Celery("omniserve-gateway", broker=broker)
         self.celery.conf.update(
-            broker_transport_options={"ack_emulation": False},  # as the workers' app
+            # as the workers' app
+            broker_transport_options={"ack_emulation": False, **broker_options},
             task_serializer="json",
             broker_connection_retry_on_startup=True,
         )

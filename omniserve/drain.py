@@ -34,13 +34,14 @@ def cmd_drain(args: argparse.Namespace) -> int:
     from omnicore.settings import get_settings
     from omniserve.options import env_from_args
     from streaming.keys import Keys
+    from streaming.redis_url import sync_client
 
     env_from_args(args)
     s = get_settings()
     keys = Keys(s.key_prefix)
     node = args.worker.rsplit("#", 1)[0]
     grace = s.drain_grace_s if args.grace is None else max(0.0, args.grace)
-    client = redis.Redis.from_url(s.redis_url)
+    client = sync_client(s.redis_url)
     try:
         nodes = {orjson.loads(info).get("node") for info in client.hvals(keys.workers)}
         if node not in nodes:

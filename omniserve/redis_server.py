@@ -13,12 +13,13 @@ from urllib.parse import urlsplit
 import redis
 
 from omniserve.children import dies_with_parent
+from streaming.redis_url import sync_client
 
 
 def reachable(url: str, timeout: float = 1.0) -> bool:
     """Whether a Redis server answers PING at ``url``."""
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         return bool(client.ping())
     except (redis.RedisError, OSError, ValueError):
         return False

@@ -55,6 +55,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 
+from streaming.redis_url import async_pool, sync_pool
+
 DEAD_PEER_S = 10  # a connection nothing acknowledges for this long is dropped
 
 
@@ -219,7 +221,7 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     Its writes keep their timeout without a task per command, and a dead peer is found by TCP
     and reopened (``tuned``, ``TCP_OPTIONS``). The URL's own options (``?socket_timeout=``) win.
     """
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool = async_pool(
         url,
         max_connections=max_connections,
         timeout=20,
@@ -245,19 +247,20 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
     A pipeline goes out in one system call (``GathersWrites``).
     """
     if max_connections is None:
-        client = redis.Redis.from_url(
+        own = sync_pool(
             url,
+            blocking=False,
             health_check_interval=30,
             socket_timeout=5,
             **{**TCP_OPTIONS, "socket_connect_timeout": 2},
         )
-        gathered(client.connection_pool)
-        return client
+        return redis.Redis(connection_pool=gathered(own))
     retry = SyncRetry(
         ExponentialBackoff(cap=0.2, base=0.02), retries=2, supported_errors=(redis.ConnectionError,)
     )
-    pool = redis.BlockingConnectionPool.from_url(
+    pool = sync_pool(
         url,
+        blocking=True,
         max_connections=max_connections,
         timeout=20,
         health_check_interval=30,

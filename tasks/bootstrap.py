@@ -33,6 +33,7 @@ from celery import signals
 from omnicore.gc_pauses import freeze_heap
 from omnicore.settings import get_settings
 from streaming.keys import Keys
+from streaming.redis_url import sync_client
 from streaming.slots import forget_worker, withdraw_idle_of_node
 from tasks.prefork import EXIT_LOAD_FAILED
 from tasks.runtime import WorkerRuntime, get_runtime, set_runtime
@@ -67,7 +68,7 @@ def _on_celeryd_init(
     settings = get_settings()
     try:  # a previous run of this node may have left its drain and stop flags behind
         keys = Keys(settings.key_prefix)
-        redis.Redis.from_url(settings.redis_url).delete(keys.drain(node), keys.node_stopping(node))
+        sync_client(settings.redis_url).delete(keys.drain(node), keys.node_stopping(node))
     except redis.RedisError as exc:  # Redis not up yet: the message says it all
         log.warning("could not clear drain flag (%s)", exc)
     log.info(
@@ -136,7 +137,7 @@ def _on_process_init(**_: object) -> None:
 def _node_stopping(node: str) -> bool:
     s = get_settings()
     try:
-        client = redis.Redis.from_url(s.redis_url)
+        client = sync_client(s.redis_url)
         return bool(client.exists(Keys(s.key_prefix).node_stopping(node)))
     except redis.RedisError:
         return False  # Redis away: load as usual (the stop, if any, waits for the load)
@@ -216,7 +217,7 @@ def _on_shutting_down(**_: object) -> None:
     node = str(_state["node"])
     deadline = time.time() + s.drain_grace_s
     try:  # the pool process learns it from its heartbeat (a prefork child gets no signal)
-        client = redis.Redis.from_url(s.redis_url)
+        client = sync_client(s.redis_url)
         keys = Keys(s.key_prefix)
         client.set(keys.drain(node), repr(deadline), ex=int(s.drain_grace_s) + 60)
         if sup is not None:  # prefork: a replaced pool process must not load, a loading one

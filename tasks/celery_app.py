@@ -7,6 +7,7 @@ from celery import Celery
 from omnicore.settings import get_settings
 from streaming.jobs import CHAT_TASK, DUPLEX_TASK
 from streaming.redis_connection import TCP_OPTIONS
+from streaming.redis_url import celery_broker
 
 __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 
@@ -14,9 +15,10 @@ __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 def make_app() -> Celery:
     """A Celery app configured for long pinned sessions (see docs/ARCHITECTURE.md)."""
     s = get_settings()
+    broker, broker_options = celery_broker(s.redis_url)  # kombu's form of a Sentinel URL
     app = Celery(
         "omniserve",
-        broker=s.redis_url,
+        broker=broker,
         include=["tasks.duplex", "tasks.chat"],
         amqp="tasks.broker:WorkerAMQP",  # reconnect every 0.5-2 s after a Redis restart
     )
@@ -36,7 +38,7 @@ def make_app() -> Celery:
         # off by a network dropping packets, otherwise came back minutes after the heal, and
         # meanwhile every session handed to this worker's free slots failed to start
         # (tests/faults/test_dropped_packets.py, streaming/redis_connection.py).
-        broker_transport_options={"ack_emulation": False, **TCP_OPTIONS},
+        broker_transport_options={"ack_emulation": False, **TCP_OPTIONS, **broker_options},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives any Redis outage
         # ... and any error reply to the consumer's own commands: kombu counts Redis's

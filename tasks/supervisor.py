@@ -23,6 +23,7 @@ import redis
 from omnicore.settings import Settings
 from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
+from streaming.redis_url import sync_client
 from streaming.slots import forget_worker
 from streaming.takeover import finish_output
 from tasks.endings import DUPLEX, KIND_OF_TASK, final_events
@@ -59,9 +60,7 @@ class PoolSupervisor:
         self.pool = pool  # celery.concurrency.prefork.TaskPool
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
-        self.redis = redis.Redis.from_url(
-            settings.redis_url, socket_timeout=5, socket_connect_timeout=2
-        )
+        self.redis = sync_client(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.known: set[int] = set()
         self.pending: set[int] = set()  # died; cleanup not done yet (Redis away)
         self.tasks: dict[str, tuple[str, str]] = {}  # slot id -> (kind, session/turn id)

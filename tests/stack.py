@@ -20,6 +20,7 @@ import redis
 from omniserve.children import dies_with_parent
 from omniserve.redis_server import free_port
 from streaming.keys import Keys
+from streaming.redis_url import sync_client
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("OMNISERVE_TEST_LOGS", "/tmp/omniserve-test-logs"))
@@ -148,7 +149,7 @@ class Stack:
         return proc
 
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
+        return sync_client(self.redis_url)  # (a redis+sentinel:// URL too)
 
     def live_slots(self, state: str = "ready") -> int:
         """Slots of live workers in ``state`` (``ready``: serving; ``loading``: coming)."""

@@ -1,0 +1,151 @@
+"""Where omniserve's Redis is: one server, or the primary that Redis Sentinel names.
+
+Why: a Redis primary with replicas is made highly available by Sentinel, which promotes a
+replica when the primary fails, at another address. Every gateway and worker kept talking to the
+old address, refused (``READONLY``) once it came back demoted, and never found the new primary
+(docs/ARCHITECTURE.md, "Failure handling"). A ``redis+sentinel://`` URL names the sentinels and
+the service instead; each pool asks the sentinels for the primary when it opens a connection,
+and drops a connection that finds a replica (redis-py's ``SentinelManagedConnection``), so the
+loops that already survive a Redis restart (they reconnect and rebuild what they own) follow a
+failover the same way. Celery's consumer takes the same URL in kombu's form (``celery_broker``).
+
+``redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB][?OPTIONS]``:
+the sentinels (port 26379 unless given), the service name their ``sentinel monitor`` line
+gives, the database (0). USER and PASSWORD are the data nodes' (as in ``redis://``); the
+sentinels' own, if they ask for one, go in ``sentinel_username`` / ``sentinel_password``.
+Any other option is redis-py's, as in a ``redis://`` URL (``?socket_timeout=3``). TLS to the
+nodes is not supported with Sentinel (``ValueError``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.connection import parse_url
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+SENTINEL_TIMEOUT_S = 2.0  # a sentinel that does not answer this fast: the next one is asked
+SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A ``redis+sentinel://`` URL, parsed."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    node_options: dict[str, Any]  # for the data nodes' connections (db, password, timeouts...)
+    sentinel_options: dict[str, Any]  # for the sentinels' own (their password)
+
+
+def sentinel_target(url: str) -> SentinelTarget | None:
+    """The sentinels ``url`` names (None: ``url`` is one server's); ``ValueError`` if malformed."""
+    parts = urlsplit(url)
+    if parts.scheme != SCHEME:
+        if parts.scheme.endswith("+sentinel"):
+            raise ValueError(f"{parts.scheme}:// is not supported (only {SCHEME}://: no TLS)")
+        return None
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for item in hosts.split(","):
+        where = urlsplit(f"//{item.strip()}")  # host, [IPv6] host, port as a URL reads them
+        if not where.hostname:
+            raise ValueError(f"{SCHEME}:// URL without a sentinel host: {item!r}")
+        sentinels.append((where.hostname, where.port or SENTINEL_PORT))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError(f"{SCHEME}:// URL needs /SERVICE or /SERVICE/DB as its path")
+    query = dict(parse_qsl(parts.query))
+    sentinel_options = {k: query.pop(k) for k in SENTINEL_OPTIONS if k in query}
+    sentinel_options = {k.removeprefix("sentinel_"): v for k, v in sentinel_options.items()}
+    db = path[1] if len(path) == 2 else "0"
+    # the data nodes' options exactly as redis-py reads them from a redis:// URL
+    auth = f"{userinfo}@" if userinfo else ""
+    options = parse_url(f"redis://{auth}sentinel/{db}?{urlencode(query)}")  # type: ignore[no-untyped-call]
+    options.pop("host", None)
+    return SentinelTarget(tuple(sentinels), path[0], options, sentinel_options)
+
+
+def is_sentinel(url: str) -> bool:
+    """Whether ``url`` names sentinels rather than one server."""
+    return urlsplit(url).scheme == SCHEME
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """A sentinel pool whose callers wait for a free connection (redis-py has none)."""
+
+
+class _AsyncBlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
+    """The asyncio ``_BlockingSentinelPool``."""
+
+
+def _manager_options(target: SentinelTarget, options: dict[str, Any]) -> dict[str, Any]:
+    """The sentinels' connections: their own credentials, short timeouts, the caller's TCP
+    options (a dead sentinel is found like a dead server)."""
+    keep = ("socket_keepalive", "socket_keepalive_options")
+    return {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        **{k: options[k] for k in keep if k in options},
+        **target.sentinel_options,
+    }
+
+
+def sync_pool(url: str, blocking: bool, **options: Any) -> redis.ConnectionPool:
+    """A synchronous pool for ``url``; ``options`` are redis-py's (the URL's own win)."""
+    target = sentinel_target(url)
+    if target is None:
+        cls = redis.BlockingConnectionPool if blocking else redis.ConnectionPool
+        return cls.from_url(url, **options)
+    if not blocking:
+        options.pop("timeout", None)  # (a BlockingConnectionPool option)
+    # (redis-py's sentinel module has no type hints)
+    manager = Sentinel(target.sentinels, sentinel_kwargs=_manager_options(target, options))  # type: ignore[no-untyped-call]
+    cls_ = _BlockingSentinelPool if blocking else SentinelConnectionPool
+    return cls_(target.service, manager, **{**options, **target.node_options})  # type: ignore[no-untyped-call]
+
+
+def async_pool(url: str, **options: Any) -> aioredis.ConnectionPool:
+    """An asyncio blocking pool for ``url`` (callers wait for a connection)."""
+    target = sentinel_target(url)
+    if target is None:
+        return aioredis.BlockingConnectionPool.from_url(url, **options)
+    sentinels = _manager_options(target, options)
+    manager = AsyncSentinel(target.sentinels, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
+    pool = _AsyncBlockingSentinelPool(target.service, manager, **{**options, **target.node_options})  # type: ignore[no-untyped-call]
+    return pool
+
+
+def sync_client(url: str, **options: Any) -> redis.Redis:
+    """A plain synchronous client for ``url`` (one-off commands: CLI, start-up, shutdown)."""
+    return redis.Redis(connection_pool=sync_pool(url, blocking=False, **options))
+
+
+def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
+    """The broker URL kombu takes for ``url``, and the transport options it needs with it.
+
+    kombu names sentinels as ``sentinel://[:PASSWORD@]HOST:PORT;sentinel://HOST:PORT/DB`` and
+    the service as the ``master_name`` transport option; the sentinels' own credentials go in
+    ``sentinel_kwargs``.
+    """
+    target = sentinel_target(url)
+    if target is None:
+        return url, {}
+    node = target.node_options
+    auth = ""
+    if node.get("password"):
+        auth = f"{quote(node.get('username') or '', safe='')}:{quote(node['password'], safe='')}@"
+    hosts = [f"sentinel://{auth}{host}:{port}" for host, port in target.sentinels]
+    hosts[-1] += f"/{node.get('db', 0)}"
+    options: dict[str, Any] = {"master_name": target.service}
+    if target.sentinel_options:
+        options["sentinel_kwargs"] = dict(target.sentinel_options)
+    return ";".join(hosts), options

@@ -1,0 +1,98 @@
+"""A Redis primary, its replica and a Sentinel watching them: real servers on loopback, started
+from the embedded Redis binary, for the failover test (``test_redis_sentinel.py``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from omniserve.children import dies_with_parent
+from omniserve.redis_server import free_port, redis_binary
+
+SERVICE = "omni"
+DOWN_AFTER_MS = 1000  # how long a silent primary takes to be judged down
+
+
+class SentinelSet:
+    """Two data nodes (the first the primary) and one Sentinel (quorum 1) on free ports."""
+
+    def __init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="omniserve-sentinel-"))
+        self.ports = [free_port(), free_port()]
+        self.sentinel_port = free_port()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        """The URL omniserve is given: the sentinel and the service, never a data node."""
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SERVICE}/0"
+
+    def _start(self, port: int, *args: str) -> None:
+        log = open(self.workdir / f"{port}.log", "wb")  # noqa: SIM115 - the child keeps it
+        self.procs[port] = subprocess.Popen(
+            [redis_binary(), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            start_new_session=True,
+            preexec_fn=dies_with_parent(),
+        )
+        log.close()
+
+    def start(self) -> None:
+        primary, replica = self.ports
+        node = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        node += ["--maxmemory-policy", "noeviction"]
+        self._start(primary, "--port", str(primary), *node)
+        self._start(
+            replica, "--port", str(replica), *node, "--replicaof", "127.0.0.1", str(primary)
+        )
+        conf = self.workdir / "sentinel.conf"  # Sentinel rewrites its file: it must be its own
+        conf.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SERVICE} 5000\n"
+        )
+        self._start(self.sentinel_port, str(conf), "--sentinel")
+        self.wait_primary(primary, 20)
+        replica_info = redis.Redis(port=replica)
+        deadline = time.monotonic() + 20
+        while replica_info.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica did not sync"
+            time.sleep(0.1)
+
+    def primary_port(self) -> int | None:
+        """The port of the primary the Sentinel names now (None: it names none yet)."""
+        try:
+            host = redis.Redis(port=self.sentinel_port, socket_timeout=2)
+            found = host.sentinel_get_master_addr_by_name(SERVICE)
+        except redis.RedisError:
+            return None
+        return int(found[1]) if found else None
+
+    def wait_primary(self, port: int, timeout: float) -> float:
+        """Wait until the Sentinel names ``port`` the primary; the seconds it took."""
+        t0 = time.monotonic()
+        while self.primary_port() != port:
+            assert time.monotonic() - t0 < timeout, f"no failover to {port} in {timeout} s"
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def kill(self, port: int) -> None:
+        """SIGKILL a data node."""
+        proc = self.procs.pop(port)
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait(timeout=10)
+        self.procs.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,84 @@
+"""``streaming/redis_url.py``: Sentinel URLs read, and handed to redis-py and kombu as they take
+them (the failover itself, with real servers: tests/faults/test_redis_sentinel.py)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.sentinel import SentinelConnectionPool
+
+from streaming.redis_url import (
+    SENTINEL_PORT,
+    async_pool,
+    celery_broker,
+    is_sentinel,
+    sentinel_target,
+    sync_pool,
+)
+
+
+def test_one_server_urls_are_left_to_redis_py() -> None:
+    for url in ("redis://127.0.0.1:6379/0", "rediss://h:6380/1", "unix:///tmp/r.sock"):
+        assert sentinel_target(url) is None and not is_sentinel(url)
+        assert celery_broker(url) == (url, {})
+    pool = sync_pool("redis://127.0.0.1:1/3?socket_timeout=4", blocking=True, max_connections=7)
+    assert isinstance(pool, redis.BlockingConnectionPool)
+    assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["socket_timeout"] == 4
+
+
+def test_a_sentinel_url_is_read() -> None:
+    url = (
+        "redis+sentinel://app:s%40cret@10.0.0.1:26380,sentinel-b,[::1]:26381/primary-a/2"
+        "?socket_timeout=3&sentinel_password=watch"
+    )
+    target = sentinel_target(url)
+    assert target is not None and is_sentinel(url)
+    assert target.sentinels == (("10.0.0.1", 26380), ("sentinel-b", SENTINEL_PORT), ("::1", 26381))
+    assert target.service == "primary-a"
+    node = target.node_options
+    assert (node["username"], node["password"], node["db"]) == ("app", "s@cret", 2)
+    assert node["socket_timeout"] == 3.0  # typed as in a redis:// URL
+    assert target.sentinel_options == {"password": "watch"}
+    assert sentinel_target("redis+sentinel://h/svc").node_options["db"] == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://h:26379",  # no service
+        "redis+sentinel://h:26379/svc/0/extra",
+        "redis+sentinel:///svc",  # no sentinel
+        "rediss+sentinel://h/svc",  # TLS: not supported, said so
+    ],
+)
+def test_a_malformed_sentinel_url_is_refused(url: str) -> None:
+    with pytest.raises(ValueError):
+        sentinel_target(url)
+
+
+def test_sentinel_pools_block_and_carry_the_options() -> None:
+    url = "redis+sentinel://:pw@127.0.0.1:1/svc/4?sentinel_password=watch"
+    pool = sync_pool(url, blocking=True, max_connections=5, timeout=20, socket_timeout=10)
+    assert isinstance(pool, SentinelConnectionPool)
+    assert isinstance(pool, redis.BlockingConnectionPool)  # callers wait, never MaxConnections
+    assert pool.max_connections == 5 and pool.service_name == "svc"
+    assert pool.connection_kwargs["password"] == "pw" and pool.connection_kwargs["db"] == 4
+    sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert (sentinel["host"], sentinel["port"], sentinel["password"]) == ("127.0.0.1", 1, "watch")
+    plain = sync_pool(url, blocking=False, timeout=20)
+    assert not isinstance(plain, redis.BlockingConnectionPool)
+    apool = async_pool(url, max_connections=9, timeout=20)
+    assert isinstance(apool, aioredis.BlockingConnectionPool) and apool.max_connections == 9
+
+
+def test_celery_gets_kombus_form() -> None:
+    broker, options = celery_broker(
+        "redis+sentinel://:p%3Aw@s1:26379,s2:26380/svc/1?sentinel_password=watch"
+    )
+    assert broker == "sentinel://:p%3Aw@s1:26379;sentinel://:p%3Aw@s2:26380/1"
+    assert options == {"master_name": "svc", "sentinel_kwargs": {"password": "watch"}}
+    from kombu import Connection
+
+    conn = Connection(broker, transport_options=options)
+    assert conn.transport_cls == "sentinel" and conn.transport_options["master_name"] == "svc"
