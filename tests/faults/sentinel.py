@@ -44,14 +44,22 @@ class SentinelSet:
         )
         log.close()
 
+    def start_node(self, port: int, *args: str) -> None:
+        """A data node on ``port`` (empty: nothing is saved), as a primary unless ``args`` say."""
+        node = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self._start(port, "--port", str(port), *node, "--maxmemory-policy", "noeviction", *args)
+
+    def role(self, port: int) -> str:
+        """``master`` or ``slave``, as the node on ``port`` says (``""``: it does not answer)."""
+        try:
+            return str(redis.Redis(port=port, socket_timeout=2).info("replication")["role"])
+        except redis.RedisError:
+            return ""
+
     def start(self) -> None:
         primary, replica = self.ports
-        node = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        node += ["--maxmemory-policy", "noeviction"]
-        self._start(primary, "--port", str(primary), *node)
-        self._start(
-            replica, "--port", str(replica), *node, "--replicaof", "127.0.0.1", str(primary)
-        )
+        self.start_node(primary)
+        self.start_node(replica, "--replicaof", "127.0.0.1", str(primary))
         conf = self.workdir / "sentinel.conf"  # Sentinel rewrites its file: it must be its own
         conf.write_text(
             f"port {self.sentinel_port}\nbind 127.0.0.1\n"

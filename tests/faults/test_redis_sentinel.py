@@ -4,7 +4,8 @@ Gateways and workers are given only the Sentinel's address (``redis+sentinel://`
 every process kept the primary's one address, and after a failover nothing reached the new
 primary. Now each pool asks the Sentinel where the primary is: sessions in flight go on or end
 with a reason, the workers' slots come back on the new primary, and a new session (a duplex one
-and a chat turn) is served soon after the promotion, with nobody stepping in.
+and a chat turn) is served soon after the promotion, with nobody stepping in; the old primary
+that comes back (empty) is demoted by the Sentinel and never written to.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 
 from tests.client import Client
 from tests.faults.harness import DuplexProbe, all_slots_back, await_for, served_end_to_end
@@ -107,6 +109,22 @@ async def test_a_sentinel_failover_is_followed(
     # every slot back and idle on the new primary (the data nodes are found through Sentinel)
     all_slots_back(stack, 3, timeout=30)
     assert sentinels.primary_port() == replica
+    # the old primary comes back empty, a primary of nothing until the Sentinel demotes it: no
+    # connection goes there, and the service goes on as it was
+    sentinels.start_node(primary)
+    keys_while_primary: list[int] = []  # the heartbeats write every 0.5 s meanwhile
+
+    def demoted() -> bool:
+        role = sentinels.role(primary)
+        if role == "master":
+            keys_while_primary.append(int(redis.Redis(port=primary).dbsize()))
+        return role == "slave"
+
+    await await_for(demoted, 30, "the old primary demoted")
+    assert keys_while_primary and not any(keys_while_primary), keys_while_primary
+    assert await chat_turn(stack.url(), 30) == "moved"
+    await served_end_to_end(stack.url(), timeout=RESTORED_S)
+    all_slots_back(stack, 3)
     assert threads.alive() and prefork.alive()
     health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
     assert health["status"] == "ok", health
