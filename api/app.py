@@ -15,6 +15,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from api import telemetry
 from api.access_log import AccessLog
 from api.connection import choose_subprotocol, refuse, refuse_with_error
+from api.connection_cap import ConnectionCap
 from api.dialects import legacy_error
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
@@ -45,6 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for warning in security.startup_warnings():
             log.warning("%s", warning)
+        cap = ConnectionCap.for_gateway(settings)  # raises the open-files limit first
+        log.info("at most %d client connections (open-files limit %d)", cap.limit, cap.open_files)
         gw = Gateway(settings)
         await gw.start()
         conns = ClientConnections(
@@ -53,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await conns.start()
         app.state.gateway = gw
         app.state.connections = conns
+        app.state.connection_cap = cap
         try:
             yield
         finally:
@@ -72,7 +76,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def realtime(ws: WebSocket, mode: str = "video") -> None:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
-        async with admitted(ws, security, ws.app.state.connections) as refusal:
+        state = ws.app.state
+        async with admitted(ws, security, state.connections, state.connection_cap) as refusal:
             if refusal is not None:
                 code, message, close_code = refusal.code, refusal.message, refusal.close_code
                 telemetry.rejected(gw.metrics, code)
@@ -104,7 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def legacy_chat(ws: WebSocket) -> None:
         gw: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
-        async with admitted(ws, security, ws.app.state.connections) as refusal:
+        state = ws.app.state
+        async with admitted(ws, security, state.connections, state.connection_cap) as refusal:
             if refusal is not None:
                 telemetry.rejected(gw.metrics, refusal.code)
                 return await refuse(ws, legacy_error(refusal.message), refusal.close_code)
@@ -128,13 +134,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception:  # noqa: BLE001 - Redis unreachable: not ready
             slots, redis_ok = 0, False
         writable = gw.writes_refused is None
-        ready = redis_ok and writable and slots > 0 and not gw.shutting_down
+        full = app.state.connection_cap.full  # new clients would be refused here
+        ready = redis_ok and writable and slots > 0 and not gw.shutting_down and not full
         body = {
             "ready": ready,
             "redis": redis_ok,
             "redis_writable": writable,
             "live_slots": slots,
             "draining": gw.shutting_down,
+            "at_connection_limit": full,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -163,6 +171,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not writable:
             notes.append(f"Redis refuses writes: {gw.writes_refused}")
         notes.extend(gw.redis_unmet)
+        clients = app.state.connection_cap
+        if clients.full:
+            notes.append(f"at its connection limit ({clients.limit}): new clients are refused")
         body = {
             "status": status,
             "gateway_id": gw.gateway_id,
@@ -172,6 +183,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "loading_slots": loading,
             "queue_length": snap.length if snap else None,
             "sessions": len(gw.sessions),
+            "connections": clients.open,
+            "connection_limit": clients.limit,
             "notes": notes,
             "version": __version__,
         }

@@ -39,6 +39,7 @@ from starlette.status import (
     WS_1013_TRY_AGAIN_LATER,
 )
 
+from api.connection_cap import ConnectionCap
 from omnicore.settings import Settings
 from streaming.connections import ClientConnections, TooManyConnections
 from streaming.events import ErrorCode
@@ -237,17 +238,41 @@ async def require_admin(request: Request) -> None:
 
 @asynccontextmanager
 async def admitted(
-    conn: HTTPConnection, policy: SecurityPolicy, connections: ClientConnections
+    conn: HTTPConnection,
+    policy: SecurityPolicy,
+    connections: ClientConnections,
+    cap: ConnectionCap,
 ) -> AsyncIterator[Refusal | None]:
-    """A WebSocket's checks before it may queue; holds its per-address count while inside.
+    """A WebSocket's checks before it may queue; holds its per-address count and its place
+    under the gateway's connection cap while inside.
 
     Yields the refusal to answer with, or None: then the connection counts against its address
-    until the block ends.
+    and the cap until the block ends.
     """
     refusal = policy.check_socket(conn)
     if refusal is not None:
         yield refusal
         return
+    if not cap.take():
+        log.warning("refused a connection: this gateway holds %d, its limit", cap.limit)
+        yield Refusal(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            f"service unavailable: this gateway is at its connection limit ({cap.limit})",
+            WS_1013_TRY_AGAIN_LATER,
+        )
+        return
+    try:
+        async with _counted(conn, connections) as counted:
+            yield counted
+    finally:
+        cap.give_back()
+
+
+@asynccontextmanager
+async def _counted(
+    conn: HTTPConnection, connections: ClientConnections
+) -> AsyncIterator[Refusal | None]:
+    """The per-address count of ``admitted``: the refusal, or None while it is held."""
     address = client_address(conn)
     try:
         await connections.acquire(address)

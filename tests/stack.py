@@ -6,6 +6,7 @@ Every Stack uses its own key prefix, so stacks sharing the session's Redis never
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -95,9 +96,20 @@ class Stack:
         env.update(overrides)
         return env
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str], nofile: tuple[int, int] | None = None
+    ) -> Proc:
+        """``omniserve ARGS``; ``nofile``: its open-files limit (soft, hard) from the start."""
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log = LOG_DIR / f"{self.prefix}-{name}.log"
+        dies = dies_with_parent(signal.SIGKILL)  # a killed pytest leaves nothing
+
+        def preexec() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+            if dies is not None:
+                dies()
+
         with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
             popen = subprocess.Popen(
                 [sys.executable, "-m", "omniserve", *args],
@@ -106,17 +118,23 @@ class Stack:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=dies_with_parent(signal.SIGKILL),  # a killed pytest leaves nothing
+                preexec_fn=preexec,
             )
         return Proc(popen, log, name)
 
     # ------------------------------------------------------------------ parts
-    def start_gateway(self, ready_path: str = "/health", **env: str) -> int:
+    def start_gateway(
+        self, ready_path: str = "/health", nofile: tuple[int, int] | None = None, **env: str
+    ) -> int:
         """Start a gateway on a free port; returns the port once ``ready_path`` answers 200
-        (``/healthz``: the process serves, whether or not Redis does)."""
+        (``/healthz``: the process serves, whether or not Redis does). ``nofile``: its
+        open-files limit (soft, hard)."""
         port = free_port()
         proc = self._spawn(
-            f"gateway{len(self.gateways)}", ["gateway", "--port", str(port)], self.base_env(**env)
+            f"gateway{len(self.gateways)}",
+            ["gateway", "--port", str(port)],
+            self.base_env(**env),
+            nofile,
         )
         self.gateways.append((proc, port))
         deadline = time.monotonic() + 30

@@ -68,6 +68,7 @@ async def test_healthz_alive_readyz_needs_redis_and_a_live_slot(stack: Stack) ->
             "redis_writable": True,
             "live_slots": 0,
             "draining": False,
+            "at_connection_limit": False,
         }
         await asyncio.to_thread(stack.start_worker)
         ready = await http.get(f"{base}/readyz")
