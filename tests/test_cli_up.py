@@ -319,6 +319,16 @@ def test_a_part_that_keeps_failing_stops_up(tmp_path) -> None:
         wait_all_stopped(started, log, 30)  # a worker's pool process ends after its parent
 
 
+def test_up_with_an_unreachable_sentinel_says_so_and_starts_nothing() -> None:
+    """A Sentinel URL names a highly available Redis: when none answers, ``up`` does not stand a
+    private one in for it (it does for a plain URL)."""
+    url = f"redis+sentinel://127.0.0.1:{free_port()}/omni/0"
+    out = omniserve("up", "--redis-url", url, "--port", str(free_port()), env=clean_env())
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"no primary is found through {url}" in out.stderr
+    assert "embedded" not in out.stdout and "loading" not in out.stdout
+
+
 def test_up_needs_a_worker() -> None:
     """``up --workers 0`` waited for a worker until the model load timeout."""
     done = omniserve("up", "--workers", "0", env=clean_env())
