@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def redis_from_args(args: list[str]) -> Iterator[int]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def on_port(url: str, port: int) -> str:

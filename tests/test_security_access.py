@@ -9,6 +9,7 @@ tests/test_security_data.py.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def password_redis() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def test_keys_and_redis_password_never_reach_the_logs(password_redis: str) -> None:
