@@ -25,9 +25,12 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.backoff import NoBackoff
 from redis.connection import parse_url
+from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 SCHEME = "redis+sentinel"
@@ -87,13 +90,20 @@ class _AsyncBlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionP
     """The asyncio ``_BlockingSentinelPool``."""
 
 
-def _manager_options(target: SentinelTarget, options: dict[str, Any]) -> dict[str, Any]:
+def _manager_options(
+    target: SentinelTarget, options: dict[str, Any], retry: Any = None
+) -> dict[str, Any]:
     """The sentinels' connections: their own credentials, short timeouts, the caller's TCP
-    options (a dead sentinel is found like a dead server)."""
+    options (a dead sentinel is found like a dead server), and no retries: the next sentinel
+    is the retry. redis-py's default retries a sentinel ten times with a growing back-off, so
+    with the first sentinel of the list down, every connection opened during a failover waited
+    seconds before the next one was asked (a new session served 21 s after the promotion
+    instead of 1 s: tests/faults/test_redis_sentinel.py)."""
     keep = ("socket_keepalive", "socket_keepalive_options")
     return {
         "socket_timeout": SENTINEL_TIMEOUT_S,
         "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        "retry": retry if retry is not None else SyncRetry(NoBackoff(), 0),
         **{k: options[k] for k in keep if k in options},
         **target.sentinel_options,
     }
@@ -118,7 +128,7 @@ def async_pool(url: str, **options: Any) -> aioredis.ConnectionPool:
     target = sentinel_target(url)
     if target is None:
         return aioredis.BlockingConnectionPool.from_url(url, **options)
-    sentinels = _manager_options(target, options)
+    sentinels = _manager_options(target, options, AsyncRetry(NoBackoff(), 0))
     manager = AsyncSentinel(target.sentinels, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
     pool = _AsyncBlockingSentinelPool(target.service, manager, **{**options, **target.node_options})  # type: ignore[no-untyped-call]
     return pool
@@ -132,9 +142,9 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
 def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
     """The broker URL kombu takes for ``url``, and the transport options it needs with it.
 
-    kombu names sentinels as ``sentinel://[:PASSWORD@]HOST:PORT;sentinel://HOST:PORT/DB`` and
-    the service as the ``master_name`` transport option; the sentinels' own credentials go in
-    ``sentinel_kwargs``.
+    kombu names sentinels as ``sentinel://[:PASSWORD@]HOST:PORT/DB;sentinel://...`` and
+    the service as the ``master_name`` transport option; the sentinels' own connection options
+    (credentials, timeouts, no retries) go in ``sentinel_kwargs``.
     """
     target = sentinel_target(url)
     if target is None:
@@ -143,9 +153,10 @@ def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
     auth = ""
     if node.get("password"):
         auth = f"{quote(node.get('username') or '', safe='')}:{quote(node['password'], safe='')}@"
-    hosts = [f"sentinel://{auth}{host}:{port}" for host, port in target.sentinels]
-    hosts[-1] += f"/{node.get('db', 0)}"
-    options: dict[str, Any] = {"master_name": target.service}
-    if target.sentinel_options:
-        options["sentinel_kwargs"] = dict(target.sentinel_options)
+    db = node.get("db", 0)  # on each: kombu takes the one it connects with as the whole URL
+    hosts = [f"sentinel://{auth}{host}:{port}/{db}" for host, port in target.sentinels]
+    options: dict[str, Any] = {
+        "master_name": target.service,
+        "sentinel_kwargs": _manager_options(target, {}),
+    }
     return ";".join(hosts), options

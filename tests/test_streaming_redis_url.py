@@ -66,6 +66,7 @@ def test_sentinel_pools_block_and_carry_the_options() -> None:
     assert pool.connection_kwargs["password"] == "pw" and pool.connection_kwargs["db"] == 4
     sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
     assert (sentinel["host"], sentinel["port"], sentinel["password"]) == ("127.0.0.1", 1, "watch")
+    assert sentinel["retry"].get_retries() == 0
     plain = sync_pool(url, blocking=False, timeout=20)
     assert not isinstance(plain, redis.BlockingConnectionPool)
     apool = async_pool(url, max_connections=9, timeout=20)
@@ -76,9 +77,14 @@ def test_celery_gets_kombus_form() -> None:
     broker, options = celery_broker(
         "redis+sentinel://:p%3Aw@s1:26379,s2:26380/svc/1?sentinel_password=watch"
     )
-    assert broker == "sentinel://:p%3Aw@s1:26379;sentinel://:p%3Aw@s2:26380/1"
-    assert options == {"master_name": "svc", "sentinel_kwargs": {"password": "watch"}}
+    assert broker == "sentinel://:p%3Aw@s1:26379/1;sentinel://:p%3Aw@s2:26380/1"
+    assert options["master_name"] == "svc" and options["sentinel_kwargs"]["password"] == "watch"
+    assert options["sentinel_kwargs"]["retry"].get_retries() == 0  # the next sentinel is the retry
     from kombu import Connection
 
     conn = Connection(broker, transport_options=options)
     assert conn.transport_cls == "sentinel" and conn.transport_options["master_name"] == "svc"
+    # each alternate is a whole URL to kombu: the database and password are on every one
+    for alternate in conn.alt:
+        other = Connection(alternate)
+        assert (other.virtual_host, other.password) == ("1", "p:w")

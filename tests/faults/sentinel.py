@@ -25,12 +25,16 @@ class SentinelSet:
         self.workdir = Path(tempfile.mkdtemp(prefix="omniserve-sentinel-"))
         self.ports = [free_port(), free_port()]
         self.sentinel_port = free_port()
+        self.down_port = free_port()  # a sentinel that never answers
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
     def url(self) -> str:
-        """The URL omniserve is given: the sentinel and the service, never a data node."""
-        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SERVICE}/0"
+        """The URL omniserve is given: the sentinels and the service, never a data node. The
+        first sentinel named is down (one of several may be), and the database is not the
+        default one: every client, Celery's consumers too, must use it whichever it asks."""
+        sentinels = f"127.0.0.1:{self.down_port},127.0.0.1:{self.sentinel_port}"
+        return f"redis+sentinel://{sentinels}/{SERVICE}/3"
 
     def _start(self, port: int, *args: str) -> None:
         log = open(self.workdir / f"{port}.log", "wb")  # noqa: SIM115 - the child keeps it
