@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import httpx
 import redis
 
 from bench import pinning
+from omnicore.open_files import raise_open_files_limit
 from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
 from streaming.keys import Keys
 
@@ -66,9 +66,7 @@ def install_cleanup() -> None:
     atexit.register(kill_all)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_open_files_limit()  # thousands of client sockets (the gateway raises its own too)
 
 
 def spawn(
