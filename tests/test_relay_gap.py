@@ -28,6 +28,13 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.asyncio
 
 LOG_MAXLEN = 64  # the default replay log length (OMNISERVE_OUTPUT_LOG_MAXLEN)
+LEASE_S = 60  # the leases of these tests: a gateway frozen for seconds must not look dead
+# A chat turn that ended while its gateway was deaf is finished by the gateway when it reads the
+# turn's lease gone. A freeze that lands inside the gateway's liveness read (after its start
+# was stamped, before it was sent) looks like a Redis stall, and gone leases then read as held
+# for one lease TTL (api/liveness.py, streaming/stalls.py): 60 s here, where the default is
+# 1.5 s. The client waits that long and more (a CI run hit exactly that at a 60 s wait).
+AFTER_THAW_S = LEASE_S + 30
 SHORT = " ".join(f"w{i}" for i in range(1, 41))  # 43 events: the log keeps them all
 LONG = " ".join(f"w{i}" for i in range(1, 401))  # 403 events: the log keeps the last ~100
 
@@ -36,9 +43,11 @@ def start(stack: Stack, token_delay_s: float) -> None:
     """Long leases: a gateway frozen for seconds must not look dead to the worker (its own
     alive key has a TTL of its own since the heal lane: ``gateway_lease_ttl_s``)."""
     stack.start_worker(
-        OMNISERVE_LEASE_TTL_S="60", OMNISERVE_SCRIPTED_TOKEN_DELAY_S=str(token_delay_s)
+        OMNISERVE_LEASE_TTL_S=str(LEASE_S), OMNISERVE_SCRIPTED_TOKEN_DELAY_S=str(token_delay_s)
     )
-    stack.start_gateway(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_GATEWAY_LEASE_TTL_S="60")
+    stack.start_gateway(
+        OMNISERVE_LEASE_TTL_S=str(LEASE_S), OMNISERVE_GATEWAY_LEASE_TTL_S=str(LEASE_S)
+    )
 
 
 def _kill_pubsub(stack: Stack) -> None:
@@ -97,7 +106,7 @@ async def test_legacy_chat_replays_output_lost_on_the_channel(stack: Stack) -> N
     assert (await c.recv(30))["type"] == "prefill_done"
     deaf, first_held = await _deafen_gateway_until_the_turn_ends(stack)
     assert deaf > 0 and first_held == 1  # events were lost on the channel, none in the log
-    frames = await c.collect_until("done", "error", timeout=60)
+    frames = await c.collect_until("done", "error", timeout=AFTER_THAW_S)
     assert frames[-1]["type"] == "done", frames[-1]
     chunks = [f["text_delta"] for f in frames if f["type"] == "chunk"]
     assert "".join(chunks) == SHORT  # every delta, in order, none twice
@@ -112,7 +121,7 @@ async def test_legacy_chat_reports_output_the_log_no_longer_holds(stack: Stack) 
     assert (await c.recv(30))["type"] == "prefill_done"
     deaf, first_held = await _deafen_gateway_until_the_turn_ends(stack)
     assert deaf > 0 and first_held > LOG_MAXLEN
-    frames = await c.collect_until("done", "error", timeout=60)
+    frames = await c.collect_until("done", "error", timeout=AFTER_THAW_S)
     chunks = [f["text_delta"] for f in frames if f["type"] == "chunk"]
     # seq 1 started, 2 prefill, then one per word: the hole starts after the last chunk received
     first_lost = 3 + len(chunks)
@@ -135,7 +144,7 @@ async def test_realtime_chat_reports_the_gap_and_goes_on(stack: Stack) -> None:
     await c.until("response.output.delta", timeout=30)
     deaf, first_held = await _deafen_gateway_until_the_turn_ends(stack)
     assert deaf > 0 and first_held > LOG_MAXLEN
-    frames = await c.collect_until("response.done", timeout=60)
+    frames = await c.collect_until("response.done", timeout=AFTER_THAW_S)
     texts = [f for f in frames if f.get("kind") == "text"]
     (gap,) = [i for i, f in enumerate(frames) if f["type"] == "error"]
     before = [f["text"] for f in texts if frames.index(f) < gap]
@@ -161,10 +170,10 @@ async def _duplex_with_output_lost(stack: Stack) -> tuple[list[dict], int]:
     Returns the frames after the answer to input_1, up to ``session.closed`` (the client closes
     once the worker is done), and the first seq the replay log still held.
     """
-    stack.start_worker(OMNISERVE_LEASE_TTL_S="60", OMNISERVE_SCRIPTED_STEP_DELAY_S="0.5")
+    stack.start_worker(OMNISERVE_LEASE_TTL_S=str(LEASE_S), OMNISERVE_SCRIPTED_STEP_DELAY_S="0.5")
     stack.start_gateway(
-        OMNISERVE_LEASE_TTL_S="60",
-        OMNISERVE_GATEWAY_LEASE_TTL_S="60",
+        OMNISERVE_LEASE_TTL_S=str(LEASE_S),
+        OMNISERVE_GATEWAY_LEASE_TTL_S=str(LEASE_S),
         OMNISERVE_INPUT_MAX_PENDING="16",
     )
     c = await Client.connect(stack.url(), query="?mode=audio")
