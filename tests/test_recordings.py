@@ -22,6 +22,7 @@ import pytest
 import soundfile
 from websockets.sync.client import connect
 
+from api.recordings.spool import WavAppender
 from tests.client import Client, decode_audio, jpeg_b64, silence, speech
 from tests.stack import Stack
 
@@ -386,3 +387,20 @@ async def test_malformed_input_never_breaks_a_recording(rec_stack: Stack) -> Non
     lines = [json.loads(x) for x in r.text.splitlines()]
     assert all(len(json.dumps(x)) < 4000 for x in lines)  # long strings summarised
     rec_stack.wait_free(2)
+
+
+def test_a_wav_being_written_is_a_valid_wav_after_each_flush(tmp_path: Path) -> None:
+    """A recording cut short (a gateway killed mid-session) keeps the audio flushed so far
+    readable: each flush leaves a header that matches the samples on disk."""
+    wav = WavAppender(tmp_path / "input.wav", 16_000)
+    pcm = np.linspace(-1.5, 1.5, WavAppender.FLUSH_BYTES, dtype=np.float32)  # past FLUSH_BYTES
+    assert wav.append(pcm[:100]) == 0
+    assert wav.append(pcm[100:]) == 100
+    on_disk, rate = soundfile.read(tmp_path / "input.wav", dtype="int16")
+    assert rate == 16_000 and on_disk.size == pcm.size  # flushed, not closed
+    wav.append(pcm[:10])  # buffered, not flushed
+    wav.close()
+    whole, _ = soundfile.read(tmp_path / "input.wav", dtype="int16")
+    expected = (np.clip(np.concatenate([pcm, pcm[:10]]), -1, 1) * 32767).astype(np.int16)
+    assert whole.size == wav.samples == pcm.size + 10
+    np.testing.assert_array_equal(whole, expected)

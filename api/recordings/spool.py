@@ -17,13 +17,13 @@ sent and heard, whatever the dialect.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+import soundfile
 
 from omnicore.audio import INPUT_RATE, OUTPUT_RATE, AudioFormatError, b64_decode, resample
 
@@ -36,51 +36,49 @@ AUDIO_KEYS = ("audio", "audio_data")
 
 
 class WavAppender:
-    """A 16-bit mono WAV file that grows chunk by chunk; the header is fixed by ``close``.
+    """A 16-bit mono WAV file that grows chunk by chunk (written by soundfile).
 
     Samples are buffered up to ``FLUSH_BYTES`` (about 2 s of input, 1.3 s of output): opening
     the file for every chunk was most of the writer's time, and keeping every session's files
-    open would cost two descriptors per session.
+    open would cost two descriptors per session. Each flush appends in soundfile's read-write
+    mode, which also updates the header, so the file on disk is a valid WAV between flushes.
     """
 
-    HEADER = 44
     FLUSH_BYTES = 64 * 1024
 
     def __init__(self, path: Path, rate: int) -> None:
         self.path = path
         self.rate = rate
         self.samples = 0
-        self._buf = bytearray()
-        path.write_bytes(self._header(0))
-
-    def _header(self, samples: int) -> bytes:
-        data = samples * 2
-        return struct.pack(
-            "<4sI4s4sIHHIIHH4sI",
-            *(b"RIFF", 36 + data, b"WAVE", b"fmt ", 16, 1, 1),
-            *(self.rate, self.rate * 2, 2, 16, b"data", data),
-        )
+        self._buf: list[np.ndarray] = []
+        self._buffered = 0  # bytes in _buf
+        with soundfile.SoundFile(
+            path, "w", samplerate=rate, channels=1, format="WAV", subtype="PCM_16"
+        ):
+            pass  # the header of an empty file
 
     def append(self, pcm: np.ndarray) -> int:
         """Append float32 samples; returns the offset (in samples) they start at."""
         at = self.samples
         if pcm.size:
-            self._buf += (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+            # clipped and truncated here rather than by libsndfile, which does not clip
+            self._buf.append((np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2"))
+            self._buffered += int(pcm.size) * 2
             self.samples += int(pcm.size)
-            if len(self._buf) >= self.FLUSH_BYTES:
+            if self._buffered >= self.FLUSH_BYTES:
                 self.flush()
         return at
 
     def flush(self) -> None:
         if self._buf:
-            with self.path.open("ab") as fh:
-                fh.write(self._buf)
+            with soundfile.SoundFile(self.path, "r+") as fh:
+                fh.seek(0, soundfile.SEEK_END)
+                fh.write(np.concatenate(self._buf))
             self._buf.clear()
+            self._buffered = 0
 
     def close(self) -> None:
         self.flush()
-        with self.path.open("r+b") as fh:
-            fh.write(self._header(self.samples))
 
 
 def _pcm(b64: str) -> np.ndarray:
