@@ -318,7 +318,11 @@ class Spool:
                 "queued_s": round((self.admitted_at or t) - self.started_at, 3),
                 "active_s": round(t - self.admitted_at, 3) if self.admitted_at else 0.0,
             },
-            "close_reason": self.close_reason or self.last_ending or "client_closed",
+            # (the session's own reason: a client that closed right after its session.close
+            # was never sent the session.closed that names it)
+            "close_reason": (
+                self.close_reason or info.get("close_reason") or self.last_ending or "client_closed"
+            ),
             "errors": self.errors,
             "input": {
                 "audio_samples": self.input.samples,
