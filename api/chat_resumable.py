@@ -139,7 +139,7 @@ class ResumableChat(Resumable):
 
     async def note_gone(self) -> None:
         """The client vanished: start the grace period once (a resumable session)."""
-        if self.gone.is_set() and not self.detached and not self.closed_sent:
+        if self.vanished() and not self.detached and not self.closed_sent:
             self.detached = await self.detach()
 
     # ------------------------------------------------------------------ resume

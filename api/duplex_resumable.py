@@ -53,7 +53,7 @@ class ResumableSession(Resumable):
 
     async def _left(self) -> None:
         """The relay ended: a vanished client's session waits for a resume, or is stopped."""
-        if not self.gone.is_set() or self.closed_sent or self.replaced:
+        if not self.vanished() or self.closed_sent or self.replaced:
             return
         if await self.detach():
             return

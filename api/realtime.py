@@ -90,7 +90,12 @@ class RealtimeSession(Connection):
         self.recording = gw.recorder.open(self.session_id, public_mode, endpoint="/v1/realtime")
 
     def recording_info(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "dialect": self.dialect}
+        # the reason the session ended with, also when its session.closed could not be sent
+        return {
+            "session_id": self.session_id,
+            "dialect": self.dialect,
+            "close_reason": self.ended_reason,
+        }
 
     @property
     def state(self) -> SessionState:
@@ -110,6 +115,12 @@ class RealtimeSession(Connection):
     def time_left(self) -> float:
         """Seconds until the mode's duration limit (counted from connect)."""
         return max(0.0, self.deadline - time.time())
+
+    def vanished(self) -> bool:
+        """Whether the client left without asking to close. A ``session.close`` it sent is
+        honoured even when its socket closed right after (a client may send it and close at
+        once, without reading ``session.closed``): the session ends as asked, not detached."""
+        return self.gone.is_set() and self.close_reason is None
 
     def stopping(self) -> bool:
         """Whether the session must end: the client left or asked to, shutdown, time is up."""
@@ -196,7 +207,7 @@ class RealtimeSession(Connection):
             await self.close(
                 status.WS_1013_TRY_AGAIN_LATER, "service unavailable" if unavailable else message
             )
-        elif not self.gone.is_set():
+        elif not self.vanished():
             await self.finish(*self.end_reason())
         return None
 

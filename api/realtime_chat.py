@@ -167,13 +167,13 @@ class ChatSession(ResumableChat):
                 t.cancel()
             if get not in done:
                 get.cancel()
-            if self.gone.is_set():
+            if self.vanished():
                 return
+            if self.close_wanted.is_set() or self.time_left() <= 0:
+                return await self.finish(*self.end_reason())
             if get in done:
                 if not await self.turn(*get.result()):
                     return
-            elif self.close_wanted.is_set() or self.time_left() <= 0:
-                return await self.finish(*self.end_reason())
             elif self.resumable and await self._was_replaced():
                 return
 
@@ -287,6 +287,6 @@ class ChatSession(ResumableChat):
             self.slot_id = None
         if not self.stopping():
             return True
-        if not self.gone.is_set():
+        if not self.vanished():
             await self.finish(*self.end_reason())
         return False

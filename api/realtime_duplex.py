@@ -231,7 +231,7 @@ class DuplexSession(ResumableSession):
     async def _relay_loop(self, relay: TaskRelay) -> None:
         closing_since: float | None = None
         while True:
-            if self.gone.is_set():
+            if self.vanished():
                 return
             if self.superseded.is_set() and self.created_seq is None:
                 return await relay.stop(CloseReason.CLIENT_CLOSED)  # resuming another one

@@ -144,6 +144,9 @@ class ChatDone:
     generated_tokens: int
     audio: np.ndarray | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # the user's words in the audio of the last user message, from a backend that transcribes
+    # (the client gets them as ``metrics.transcript``: a recording's user line for a voice message)
+    heard: str = ""
 
 
 ChatEvent = ChatPrefilled | ChatDelta | ChatDone
@@ -206,7 +209,9 @@ class DuplexStep:
     audio: np.ndarray | None = None  # 24 kHz float32
     end_of_turn: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
-    heard: str = ""  # the user's words this step, from a backend that transcribes (history)
+    # the user's words this step, from a backend that transcribes: kept in the history, and
+    # sent as ``metrics.transcript`` (a recording's user line)
+    heard: str = ""
 
 
 class DuplexSession(abc.ABC):

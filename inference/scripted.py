@@ -17,6 +17,9 @@ It runs no model. It exists for protocol tests and load benchmarks, and labels i
   take that long (a big model), ``hang_after_steps=N`` makes the Nth duplex step of every session
   block for ``hang_s`` seconds, ``hang_on_text`` makes a chat turn whose last user message
   contains that text block after its prefill (a hung model).
+- ``transcript``: words it reports as heard, as a backend that transcribes does (``heard``): for
+  each utterance that it answers (duplex) and for a user message with audio (chat). It
+  recognises nothing: the words are the option's, whatever was said; empty (the default): none.
 - ``prompt_log``: a file to which every duplex prompt (the system prompt and, after a failover,
   the conversation so far) is appended as a JSON line, so tests can see what a model would get.
 """
@@ -94,6 +97,7 @@ class ScriptedBackend(Backend):
         hang_s: float = 3600.0,
         prompt_log: str = "",
         step_audio_s: float = 1.0,
+        transcript: str = "",
     ) -> None:
         if load_delay_s:
             time.sleep(load_delay_s)  # stands in for loading a large model
@@ -112,6 +116,7 @@ class ScriptedBackend(Backend):
         self.hang_s = hang_s
         self.prompt_log = prompt_log  # a file: each duplex prompt is appended as a JSON line
         self.step_audio_s = step_audio_s
+        self.transcript = transcript  # reported as the user's words (see the module docstring)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -160,12 +165,15 @@ class ScriptedBackend(Backend):
             if pcm is not None:
                 audio.append(pcm)
             yield ChatDelta(text=piece, audio=pcm)
+        users = [m for m in request.messages if m.role == "user"]
+        spoke = bool(users) and any(isinstance(p, AudioPart) for p in users[-1].content)
         yield ChatDone(
             text=" ".join(words),
             input_tokens=input_tokens,
             generated_tokens=len(words),
             audio=np.concatenate(audio) if audio else None,
             metrics={"backend": self.name},
+            heard=self.transcript if spoke else "",
         )
 
     # ------------------------------------------------------------------ duplex
@@ -229,6 +237,7 @@ class ScriptedDuplex(DuplexSession):
             self.interrupt()
             self.heard_speech = voiced
             return DuplexStep(listen=True, kv_cache_length=self.kv, metrics=metrics)
+        heard = ""
         if not self.speaking:
             if self.b.trigger == "always":
                 self._start_turn()
@@ -237,6 +246,7 @@ class ScriptedDuplex(DuplexSession):
             elif self.heard_speech:
                 self.heard_speech = False
                 self._start_turn()
+                heard = self.b.transcript  # the utterance it answers
         if not self.speaking:
             return DuplexStep(listen=True, kv_cache_length=self.kv, metrics=metrics)
         words = self.pending[: self.b.words_per_step]
@@ -252,6 +262,7 @@ class ScriptedDuplex(DuplexSession):
             audio=tone(self.b.step_audio_s, text),
             end_of_turn=end,
             metrics=metrics,
+            heard=heard,
         )
 
     def close(self) -> None:

@@ -106,6 +106,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                             "generated_tokens": ev.generated_tokens,
                             "first_delta_s": round(first_delta_s or 0.0, 4),
                             "total_s": round(time.perf_counter() - t0, 4),
+                            **({"transcript": ev.heard} if ev.heard else {}),
                         },
                     )
                 )

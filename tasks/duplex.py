@@ -272,6 +272,7 @@ class DuplexRunner:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
             self.conversation.heard(result.heard)
+            metrics["transcript"] = result.heard
         with ctx.out.together(now=True):  # text and audio in one round trip, by this thread
             if result.listen:
                 self.end_response(interrupted=True)

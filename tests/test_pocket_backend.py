@@ -260,6 +260,7 @@ def test_chat_with_audio_question_returns_text_and_24k_speech(backend: PocketBac
     assert np.array_equal(audio, np.concatenate([d.audio for d in deltas if d.audio is not None]))
     assert "paris" in transcribe_24k(backend, audio).lower()
     assert "asr_s" in done.metrics and "tts_s" in done.metrics
+    assert "capital of france" in done.heard.lower(), done.heard  # the question, as heard
 
 
 def test_chat_text_only_honours_max_new_tokens(backend: PocketBackend) -> None:
@@ -272,7 +273,7 @@ def test_chat_text_only_honours_max_new_tokens(backend: PocketBackend) -> None:
     done = list(backend.chat(request))[-1]
     assert isinstance(done, ChatDone)
     assert 0 < done.generated_tokens <= 5 and done.text
-    assert done.audio is None
+    assert done.audio is None and done.heard == ""  # nothing spoken, nothing heard
 
 
 @pytest.mark.parametrize(

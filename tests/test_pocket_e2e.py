@@ -2,7 +2,8 @@
 
 A spoken question (synthesised by Piper, sent as 16 kHz chunks, one per second as a client would)
 goes into an audio-duplex session; the answer's text and its audio (transcribed back with the
-same Whisper model) must both mention Paris.
+same Whisper model) must both mention Paris; the session's recording has the question, as heard,
+as the user's line of its transcript.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import asyncio
 import base64
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,14 +39,27 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def pocket_stack(redis_server: str) -> Iterator[Stack]:
+def pocket_stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    store = tmp_path_factory.mktemp("recordings")
     s = Stack(redis_server)
     try:
         s.start_worker(backend="pocket")
-        s.start_gateway()
+        s.start_gateway(OMNISERVE_RECORDINGS="true", OMNISERVE_RECORDINGS_URL=str(store))
+        s.env["store"] = str(store)  # for the tests' own reads (not passed to processes)
         yield s
     finally:
         s.stop()
+
+
+async def transcript(stack: Stack, rid: str) -> list[tuple[str, str]]:
+    """(who, text) of each line of a recording's ``transcript.txt``, once it is written."""
+    folder = Path(stack.env["store"]) / rid
+    deadline = time.monotonic() + 30
+    while not (folder / "meta.json").exists():
+        assert time.monotonic() < deadline, f"recording {rid} was not written"
+        await asyncio.sleep(0.1)
+    lines = (folder / "transcript.txt").read_text().splitlines()
+    return [(who.split()[-1], text) for who, text in (line.split(": ", 1) for line in lines)]
 
 
 @pytest.fixture(scope="module")
@@ -108,13 +124,17 @@ async def test_spoken_question_gets_a_spoken_answer(
     assert "paris" in heard.lower(), heard
     await c.send({"type": "session.close", "reason": "user_stop"})
     await c.until("session.closed", timeout=20)
+    await c.close()
+    lines = await transcript(pocket_stack, created["recording_id"])
+    assert [who for who, _ in lines] == ["user", "assistant"], lines
+    assert "capital of france" in lines[0][1].lower() and "paris" in lines[1][1].lower(), lines
 
 
 async def test_chat_with_audio_content_and_speech(
     pocket_stack: Stack, question_16k: np.ndarray
 ) -> None:
     c = await Client.connect(pocket_stack.url(), query="?mode=chat")
-    await c.init()
+    rid = (await c.init())["recording_id"]
     await c.send(
         {
             "type": "input.append",
@@ -162,6 +182,10 @@ async def test_chat_with_audio_content_and_speech(
     err = await c.until("error", timeout=30)
     assert err["error"]["code"] == "invalid_payload" and "see" in err["error"]["message"]
     await c.close()
+    # the voice message as heard, then the answer; then the refused question's own text
+    lines = await transcript(pocket_stack, rid)
+    assert [who for who, _ in lines] == ["user", "assistant", "user"], lines
+    assert "capital of france" in lines[0][1].lower() and lines[1][1] == done["text"], lines
 
 
 def _png() -> str:

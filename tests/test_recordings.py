@@ -404,3 +404,62 @@ def test_a_wav_being_written_is_a_valid_wav_after_each_flush(tmp_path: Path) -> 
     expected = (np.clip(np.concatenate([pcm, pcm[:10]]), -1, 1) * 32767).astype(np.int16)
     assert whole.size == wav.samples == pcm.size + 10
     np.testing.assert_array_equal(whole, expected)
+
+
+HEARD = "what the scripted backend heard"
+
+
+def transcript_lines(folder: Path) -> list[tuple[str, str]]:
+    """(who, text) of each ``transcript.txt`` line, in the file's order."""
+    lines = (folder / "transcript.txt").read_text().splitlines()
+    return [(who.split()[-1], text) for who, text in (line.split(": ", 1) for line in lines)]
+
+
+async def test_the_transcript_holds_the_users_speech(stack: Stack, tmp_path: Path) -> None:
+    """The words a backend heard (a scripted worker that reports ``HEARD`` for each utterance
+    and voice message) are the user's lines of the transcript, each before the reply to it."""
+    stack.start_worker(OMNISERVE_BACKEND_OPTIONS=json.dumps({"transcript": HEARD}))
+    stack.start_gateway(OMNISERVE_RECORDINGS="true", OMNISERVE_RECORDINGS_URL=str(tmp_path))
+
+    async def recorded(rid: str) -> Path:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / rid / "meta.json").exists():
+            assert time.monotonic() < deadline, f"recording {rid} was not written"
+            await asyncio.sleep(0.1)
+        return tmp_path / rid
+
+    for mode in ("audio", "video"):
+        c = await Client.connect(stack.url(), query=f"?mode={mode}")
+        rid = (await c.init())["recording_id"]
+        for _utterance in range(2):  # speech, then silence while the reply is spoken
+            for audio in (speech(1.0), silence(1.0), silence(1.0), silence(1.0)):
+                await c.step(audio)
+        await c.send({"type": "session.close"})
+        await c.until("session.closed")
+        await c.close()
+        replies = [
+            f["metrics"]["transcript"]
+            for f in c.received
+            if f["type"] == "response.output.delta" and "transcript" in f["metrics"]
+        ]
+        assert replies and set(replies) == {HEARD}, c.received  # what the client was sent
+        said = "Hello from the scripted backend."
+        assert transcript_lines(await recorded(rid)) == [("user", HEARD), ("assistant", said)] * 2
+
+    chat = await Client.connect(stack.url(), query="?mode=chat")
+    rid = (await chat.init())["recording_id"]
+    voice = {"role": "user", "content": [{"type": "audio", "data": speech(1.0)}]}
+    text = {"role": "user", "content": "Reply with exactly: text heard"}
+    answers = []
+    for message in (voice, text):
+        await chat.send({"type": "input.append", "input": {"messages": [message]}})
+        answers.append((await chat.until("response.done"))["text"])
+    await chat.send({"type": "session.close"})
+    await chat.until("session.closed")
+    await chat.close()
+    assert transcript_lines(await recorded(rid)) == [
+        ("user", HEARD),
+        ("assistant", answers[0]),
+        ("user", text["content"]),
+        ("assistant", "text heard"),
+    ]

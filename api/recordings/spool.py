@@ -7,7 +7,9 @@ Files of a recording (docs/ARCHITECTURE.md, "Recordings"):
 - ``frame_000001.jpg`` ...: video frames (and chat images) in the order they came;
 - ``timeline.jsonl``: one line per event in either direction, ``t`` seconds after the connect,
   media replaced by where it went (``input.wav`` at sample N, ``frame_000003.jpg``);
-- ``transcript.txt``: the text of each side, one line per turn or response;
+- ``transcript.txt``: the text of each side, one line per turn or response (the user's speech:
+  the words the backend heard, ``metrics.transcript`` of the reply to it; none when it reports
+  none, nor in the older dialect, whose frames carry no metrics);
 - ``meta.json``: mode, worker(s), durations, close reason, counts, file list (written last).
 
 Everything here is decoded from what went over the socket, so a recording shows what the client
@@ -125,6 +127,7 @@ class Spool:
         self.timeline: list[bytes] = []
         self.transcript: list[tuple[float, str, str]] = []  # (t, who, text)
         self._reply: dict[str, Any] = {}  # key -> [t, text] of the response being spoken
+        self._heard: set[str] = set()  # the inputs whose words are in the transcript
         self.workers: list[str] = []
         self.slots: list[str] = []
         self.admitted_at: float | None = None
@@ -240,6 +243,8 @@ class Spool:
             if isinstance(value, str) and value:
                 pcm = _pcm(value)
                 out["output_wav"] = {"at": self.output.append(pcm), "samples": int(pcm.size)}
+        if kind in ("response.output.delta", "response.done"):
+            self._heard_words(t, frame)
         if kind == "session.closed":
             self.close_reason = str(frame.get("reason"))
         elif kind == "error":
@@ -263,6 +268,21 @@ class Spool:
             if frame.get("end_of_turn"):
                 self._end_reply("older")
         return out
+
+    def _heard_words(self, t: float, frame: dict[str, Any]) -> None:
+        """The user's words that a reply carries (``metrics.transcript``: the utterance it
+        answers, or a chat voice message): a user line once per input, where its reply begins
+        (before the reply's own line)."""
+        metrics = frame.get("metrics")
+        words = metrics.get("transcript") if isinstance(metrics, dict) else None
+        if not isinstance(words, str) or not words.strip():
+            return
+        key = str(frame.get("input_id") or frame.get("response_id"))
+        if key in self._heard:  # (a step's text and audio deltas carry the same metrics)
+            return
+        self._heard.add(key)
+        begun = self._reply.get(str(frame.get("response_id")))
+        self.transcript.append((begun[0] if begun else t, "user", words))
 
     def _say(self, t: float, key: str, text: str, whole: bool = False) -> None:
         reply = self._reply.setdefault(key, [t, ""])
@@ -316,7 +336,11 @@ class Spool:
                 "queued_s": round((self.admitted_at or t) - self.started_at, 3),
                 "active_s": round(t - self.admitted_at, 3) if self.admitted_at else 0.0,
             },
-            "close_reason": self.close_reason or self.last_ending or "client_closed",
+            # (the session's own reason: a client that closed right after its session.close
+            # was never sent the session.closed that names it)
+            "close_reason": (
+                self.close_reason or info.get("close_reason") or self.last_ending or "client_closed"
+            ),
             "errors": self.errors,
             "input": {
                 "audio_samples": self.input.samples,

@@ -133,7 +133,7 @@ class PocketBackend(Backend):
     def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
         """One stateless turn: audio parts are transcribed, the reply streamed (and spoken)."""
         started = time.perf_counter()
-        asr_s, messages = self._to_chat_messages(request)
+        asr_s, messages, heard = self._to_chat_messages(request)
         stats = TurnStats()
         speaker = self.speaker if request.tts.enabled else None
         pieces = respond(
@@ -168,10 +168,12 @@ class PocketBackend(Backend):
             generated_tokens=stats.llm.generated_tokens,
             audio=audio,
             metrics=metrics,
+            heard=heard,
         )
 
-    def _to_chat_messages(self, request: ChatRequest) -> tuple[float, ChatMessages]:
-        """Validate first (no vision), then transcribe audio; returns (asr seconds, messages)."""
+    def _to_chat_messages(self, request: ChatRequest) -> tuple[float, ChatMessages, str]:
+        """Validate first (no vision), then transcribe audio; returns (asr seconds, messages,
+        the words heard in the last user message's audio)."""
         for i, message in enumerate(request.messages):
             for j, part in enumerate(message.content):
                 if isinstance(part, (ImagePart, VideoPart)):
@@ -182,20 +184,25 @@ class PocketBackend(Backend):
                     )
         asr_s = 0.0
         messages: ChatMessages = []
+        heard = ""
         for message in request.messages:
             texts: list[str] = []
+            spoken: list[str] = []
             for part in message.content:
                 if isinstance(part, TextPart):
                     texts.append(part.text)
                 elif isinstance(part, AudioPart):
                     t0 = time.perf_counter()
-                    texts.append(self.asr.transcribe(part.samples))
+                    spoken.append(self.asr.transcribe(part.samples))
+                    texts.append(spoken[-1])
                     asr_s += time.perf_counter() - t0
             text = " ".join(t.strip() for t in texts if t.strip())
             messages.append({"role": message.role, "content": text})
+            if message.role == "user":
+                heard = " ".join(t.strip() for t in spoken if t.strip())
         if not messages or messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return asr_s, messages
+        return asr_s, messages, heard
 
     # ------------------------------------------------------------------ duplex
 
