@@ -18,6 +18,7 @@ from api.liveness import Liveness
 from api.metrics import GatewayMetrics
 from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
+from api.waiting_events import WaitingEvents
 from api.worker_stops import WorkerStops
 from omnicore.redact import redact_url
 from omnicore.settings import Settings
@@ -67,6 +68,17 @@ class Gateway:
         self.gateway_id = uuid.uuid4().hex[:10]
         self.keys = Keys(settings.key_prefix)
         self.redis = gateway_client(settings.redis_url, settings.redis_max_connections)
+        # Submits tasks by name: the gateway never imports worker code.
+        broker, broker_options = celery_broker(settings.redis_url)
+        self.celery = Celery("omniserve-gateway", broker=broker)
+        self.celery.conf.update(
+            # as the workers' app
+            broker_transport_options={"ack_emulation": False, **broker_options},
+            task_serializer="json",
+            broker_connection_retry_on_startup=True,
+        )
+        # what Flower shows of this gateway's waiting clients
+        self.waiting_events = WaitingEvents(self.celery, self.gateway_id)
         self.admission = Admission(self.redis, self.keys)
         self.queue = QueueManager(
             self.admission,
@@ -74,6 +86,7 @@ class Gateway:
             settings.max_queue,
             settings.queue_update_interval_s,
             settings.capacity_wait_s,
+            self.waiting_events,
         )
         self.resumes = ResumeStore(self.redis, self.keys)
         # the sessions' checks, one read a tick
@@ -91,15 +104,6 @@ class Gateway:
             settings.input_max_pending,
             settings.session_ttl_s,
             name=f"omniserve-input-{self.gateway_id}",  # its own connection (CLIENT LIST)
-        )
-        # Submits tasks by name: the gateway never imports worker code.
-        broker, broker_options = celery_broker(settings.redis_url)
-        self.celery = Celery("omniserve-gateway", broker=broker)
-        self.celery.conf.update(
-            # as the workers' app
-            broker_transport_options={"ack_emulation": False, **broker_options},
-            task_serializer="json",
-            broker_connection_retry_on_startup=True,
         )
         self.recorder = Recorder(settings, self.gateway_id)  # recordings of every session
         self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler
@@ -175,6 +179,7 @@ class Gateway:
         except TimeoutError:
             log.warning("%d sessions still open at shutdown", len(self.sessions))
         await self.queue.stop()
+        await asyncio.to_thread(self.waiting_events.close)  # the last task-revoked events sent
         await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:
             self._lease_task.cancel()

@@ -25,9 +25,11 @@ from api.errors import ProtocolError
 from api.gateway import Gateway
 from api.slot_wait import Refused, wait_for_slot
 from api.task_relay import TaskNotStarted, WorkerLost
+from api.waiting_events import WaitingTask
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
 from streaming.events import CloseReason, ErrorCode
+from streaming.jobs import ChatJob
 from streaming.keys import slot_worker
 
 REQUEST_TIMEOUT_S = 60.0
@@ -124,7 +126,7 @@ class LegacyChat(Connection):
 
     async def answer(self, request: dict[str, Any]) -> None:
         """Queue for a slot, run the turn, relay it; then close."""
-        got = await wait_for_slot(self, self.deadline)
+        got = await wait_for_slot(self, self.deadline, task=WaitingTask(self.turn_id, ChatJob.task))
         if got is None:
             if not self.gone.is_set():
                 await self.fail("timed out waiting for a worker")

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.waiting_events import WaitingEvents, WaitingTask
 from omnicore.aio import cancel_and_wait
 from streaming.admission import Admission, QueueFull, QueueSnapshot
 
@@ -54,8 +55,10 @@ class QueueManager:
         max_queue: int,
         update_interval_s: float,
         capacity_wait_s: float = 0.0,
+        events: WaitingEvents | None = None,
     ) -> None:
         self.capacity_wait_s = capacity_wait_s
+        self.events = events  # the waiting room's task events, for Flower
         self.admission = admission
         self.gateway_id = gateway_id
         self.max_queue = max_queue
@@ -111,12 +114,14 @@ class QueueManager:
         queued_event: str = "session.queued",
         owner: object | None = None,
         front: bool = False,
+        task: WaitingTask | None = None,
     ) -> tuple[str, str, float | None]:
         """Wait in the global FIFO for a worker slot; returns (ticket_id, slot_id, assigned_at).
 
         ``assigned_at`` (monotonic: when the slot was taken) is set when the client was told it
         is queued, None when it never waited. ``front``: a failover's session goes ahead of every
-        ordinary ticket.
+        ordinary ticket. ``task``: the task the client is admitted for; while it waits, Flower
+        shows it as sent (``api/waiting_events.py``), and revoked if the wait ends without a slot.
 
         Sends ``session.queued`` and then ``session.queue_update`` through ``notify`` while
         waiting. Raises QueueFull at capacity. Cancelling the call leaves the queue at once (and
@@ -133,14 +138,20 @@ class QueueManager:
                 snap = await self.admission.snapshot()
                 pos = snap.order.get(ticket)
                 if pos is not None and not waiter.future.done():
+                    if task is not None and self.events is not None:
+                        self.events.queued(task)
                     await self._send(waiter, snap, pos, queued_event)
                 elif pos is None and not waiter.future.done():
                     # dispatched by another gateway between our enqueue and snapshot
                     await self._claim(ticket)
             slot = await waiter.future
+            if task is not None and self.events is not None:
+                self.events.admitted(task)
             return ticket, slot, waiter.assigned_at if waiter.last_position is not None else None
         except BaseException:
             self.waiters.pop(ticket, None)
+            if task is not None and self.events is not None:
+                self.events.left(task)
             # shielded: a second cancel must not cut the hand-back short (a leaked slot)
             await asyncio.shield(self._give_back(waiter))
             raise

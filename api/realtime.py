@@ -23,6 +23,7 @@ from api.errors import Frame, ProtocolError
 from api.gateway import Gateway
 from api.queueing import Notify
 from api.slot_wait import Admitted, Refused, wait_for_slot
+from api.waiting_events import WaitingTask
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
@@ -181,17 +182,20 @@ class RealtimeSession(Connection):
         await self.send_error(ErrorCode.INFERENCE_ERROR, "the server could not handle this event")
 
     # ------------------------------------------------------------------ queueing
-    async def acquire_slot(self, notify: Notify | None = None) -> Admitted | None:
-        """Wait for a worker slot; None when the session ended instead (the client was told,
-        unless it resumes another session: ``superseded``).
+    async def acquire_slot(
+        self, task: WaitingTask, notify: Notify | None = None
+    ) -> Admitted | None:
+        """Wait for a worker slot for ``task``; None when the session ended instead (the client
+        was told, unless it resumes another session: ``superseded``).
 
         The queue events go to the client, or to ``notify`` when given.
         """
         got = await wait_for_slot(
-            self, self.deadline, self.close_wanted, self.superseded, notify=notify
+            self, self.deadline, self.close_wanted, self.superseded, notify=notify, task=task
         )
         if isinstance(got, Admitted):
             if self.superseded.is_set():  # the slot came with the resume request
+                self.gw.waiting_events.left(task)
                 await self.gw.admission.release(got.slot_id)
                 return None
             self.admitted_at = self.admitted_at or time.time()

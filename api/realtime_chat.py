@@ -34,8 +34,10 @@ from api.gateway import Gateway
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, WorkerLost
+from api.waiting_events import WaitingTask
 from streaming.controls import CloseControl
 from streaming.events import Closed, CloseReason, ErrorCode, Gap
+from streaming.jobs import ChatJob
 from streaming.keys import slot_worker
 from streaming.output import SessionOutput
 
@@ -221,7 +223,8 @@ class ChatSession(ResumableChat):
 
         self.turn_running = True
         try:
-            async with self.hold_turn(lambda: self.acquire_slot(queue_event)) as admitted:
+            task = WaitingTask(self.turn_id(int(input_id.removeprefix("input_"))), ChatJob.task)
+            async with self.hold_turn(lambda: self.acquire_slot(task, queue_event)) as admitted:
                 if admitted is None:
                     return False
                 return await self.run_turn(admitted, input_id, request, names)

@@ -35,6 +35,7 @@ from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
 from api.task_retry import start_elsewhere
 from api.validation import DuplexInit, duplex_append, duplex_init
+from api.waiting_events import WaitingTask
 from streaming.events import (
     Closed,
     CloseReason,
@@ -47,7 +48,7 @@ from streaming.events import (
     Speak,
 )
 from streaming.input import AudioChunk
-from streaming.jobs import DuplexJob
+from streaming.jobs import DuplexJob, claim_id
 from streaming.keys import slot_worker
 
 log = logging.getLogger("omniserve.gateway")
@@ -172,7 +173,8 @@ class DuplexSession(ResumableSession):
 
     async def run_new(self) -> None:
         """Queue, start the task, relay it."""
-        admitted = await self.acquire_slot(self.queue_frame)
+        task = WaitingTask(claim_id(self.session_id, 0), DuplexJob.task)  # the first attempt's
+        admitted = await self.acquire_slot(task, self.queue_frame)
         if admitted is None:
             return
         slot = self.slot_id = admitted.slot_id

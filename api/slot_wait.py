@@ -19,6 +19,7 @@ from api import telemetry
 from api.connection import Connection
 from api.gateway import Gateway
 from api.queueing import NoCapacity, Notify
+from api.waiting_events import WaitingTask
 from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
@@ -49,10 +50,12 @@ async def wait_for_slot(
     deadline: float,
     *stop_events: asyncio.Event,
     notify: Notify | None = None,
+    task: WaitingTask | None = None,
 ) -> Admitted | Refused | None:
     """Queue ``conn`` for a slot until ``deadline`` (unix time); see the module docstring.
 
     ``notify`` receives the queue events instead of the client (a chat turn renames them).
+    ``task``: the task the slot is for, which Flower shows while the client waits.
     """
     gw = conn.gw
     since = time.monotonic()
@@ -72,7 +75,7 @@ async def wait_for_slot(
     if not ready:
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
-    acquire = asyncio.ensure_future(gw.queue.acquire(notify or conn.send, owner=conn))
+    acquire = asyncio.ensure_future(gw.queue.acquire(notify or conn.send, owner=conn, task=task))
     stops = [asyncio.ensure_future(conn.gone.wait())]
     stops += [asyncio.ensure_future(ev.wait()) for ev in stop_events]
     try:
@@ -84,13 +87,13 @@ async def wait_for_slot(
     except BaseException:
         # this wait itself was cancelled (a chat turn gives its slot back while the turn lease
         # is held elsewhere): the acquire is a task of its own, and got a slot no one released
-        await asyncio.shield(_withdraw(gw, acquire))
+        await asyncio.shield(_withdraw(gw, acquire, task))
         raise
     finally:
-        for task in stops:
-            task.cancel()
+        for stop in stops:
+            stop.cancel()
     if acquire not in done:
-        await _withdraw(gw, acquire)
+        await _withdraw(gw, acquire, task)
         return None
     try:
         ticket, slot, assigned_at = acquire.result()
@@ -110,7 +113,11 @@ async def wait_for_slot(
     return Admitted(ticket, slot, assigned_at is not None, assigned_at)
 
 
-async def _withdraw(gw: Gateway, acquire: asyncio.Future[tuple[str, str, float | None]]) -> None:
+async def _withdraw(
+    gw: Gateway,
+    acquire: asyncio.Future[tuple[str, str, float | None]],
+    task: WaitingTask | None = None,
+) -> None:
     """Cancel a wait in the queue (it leaves the queue, gives back a slot assigned meanwhile).
 
     Cancelled again until it ends: a cancel that lands while it sends a queue update to the
@@ -121,4 +128,6 @@ async def _withdraw(gw: Gateway, acquire: asyncio.Future[tuple[str, str, float |
     if acquire.cancelled() or acquire.exception() is not None:
         return
     _ticket, slot, _assigned_at = acquire.result()
+    if task is not None:
+        gw.waiting_events.left(task)  # its task is never sent
     await gw.admission.release(slot)
