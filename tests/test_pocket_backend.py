@@ -141,7 +141,7 @@ def test_spoken_question_gets_a_spoken_answer_about_paris(backend: PocketBackend
     for s in steps:
         assert s.audio is not None and s.audio.dtype == np.float32
         assert 0 < s.audio.size <= OUTPUT_SAMPLE_RATE  # at most ~1 s per step
-    text = " ".join(s.text for s in steps)
+    text = "".join(s.text for s in steps)
     assert "paris" in text.lower(), text
     audio = np.concatenate([s.audio for s in steps])
     assert "paris" in transcribe_24k(backend, audio).lower()
@@ -196,6 +196,46 @@ def test_barge_in_stops_speech_and_hears_the_new_question(
     # the barge-in chunk began the new question: it was heard from its first word
     assert answer.metrics["transcript"].lower().startswith("what is the capital of france")
     session.close()
+
+
+CHATTY = "You are a chatty assistant. Answer at length."
+
+
+def test_the_text_of_a_spoken_reply_is_the_model_s_text_with_its_spaces(
+    backend: PocketBackend,
+) -> None:
+    """A duplex reply's text deltas, joined as a client joins them, are what the LLM wrote."""
+    session = backend.open_duplex()
+    session.prepare(DuplexConfig(system_prompt=CHATTY))
+    _, first = say(session, backend, "Tell me about dogs.")
+    steps = [first, *([] if first.end_of_turn else run_turn(session, max_steps=80))]
+    assert steps[-1].end_of_turn
+    assert sum(1 for s in steps if s.text) >= 2  # several clauses, so there are joins to check
+    said = "".join(s.text for s in steps)
+    question = [
+        {"role": "system", "content": CHATTY},
+        {"role": "user", "content": first.metrics["transcript"]},
+    ]
+    written = "".join(backend.llm.stream(question, backend.duplex_max_new_tokens))  # greedy
+    assert said.strip() == written.strip()
+    session.close()
+
+
+def test_spoken_clauses_joined_are_the_text_deltas(backend: PocketBackend) -> None:
+    """The clauses Piper speaks carry the reply's text, spaces included; Piper gets them clean."""
+    from inference.pocket.pipeline import TurnStats, respond
+
+    messages = [
+        {"role": "system", "content": CHATTY},
+        {"role": "user", "content": "Tell me about cats."},
+    ]
+    text, spoken = "", []
+    for piece in respond(backend.llm, backend.speaker, messages, 64, TurnStats()):
+        text += piece.text
+        if piece.audio is not None:
+            spoken.append(piece.sentence)
+    assert len(spoken) >= 2 and all(p.strip() for p in spoken)
+    assert "".join(spoken).rstrip() == text.rstrip()
 
 
 def test_history_carries_across_turns(backend: PocketBackend) -> None:

@@ -150,9 +150,10 @@ class PocketBackend(Backend):
         yield ChatPrefilled(input_tokens=stats.llm.input_tokens)
         piece = first
         while piece is not None:
-            if piece.audio is not None:
-                audio_parts.append(piece.audio)
-                yield ChatDelta(audio=piece.audio)
+            if piece.audio is not None:  # the text of speech came as the deltas before it
+                if piece.audio.size:
+                    audio_parts.append(piece.audio)
+                    yield ChatDelta(audio=piece.audio)
             elif piece.text:
                 text_parts.append(piece.text)
                 yield ChatDelta(text=piece.text)

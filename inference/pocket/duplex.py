@@ -242,7 +242,7 @@ class PocketDuplexSession(DuplexSession):
     def _finish_reply(self, reply: Reply) -> None:
         """Keep what was said in the history; the session listens again."""
         reply.stop(wait=True)
-        said = " ".join(reply.spoken).strip()
+        said = "".join(reply.spoken).strip()  # the clauses keep their own spaces
         if said:
             self._history.append({"role": "assistant", "content": said})
         elif self._history and self._history[-1]["role"] == "user":

@@ -25,7 +25,11 @@ _END = object()  # the LLM thread finished
 
 @dataclass(slots=True)
 class Piece:
-    """A text delta (``text``), or one spoken sentence (``sentence`` and its 24 kHz ``audio``)."""
+    """A text delta (``text``), or one spoken clause (``sentence`` and its 24 kHz ``audio``).
+
+    ``sentence`` is the clause's text as the model wrote it, spaces included: the spoken
+    clauses' texts, joined, are the reply's text (they go out as the text deltas of speech).
+    """
 
     text: str = ""
     sentence: str = ""
@@ -108,6 +112,7 @@ def respond(
     )
     thread.start()
     splitter = SentenceSplitter()
+    unspoken = ""  # text Piper had nothing to say for: it rides on the next clause's audio
     try:
         while True:
             item = deltas.get()
@@ -125,16 +130,20 @@ def respond(
                 if first_clause_priority and stats.first_clause_s is None:
                     gate.clear()
                 try:
-                    piece = _speak(speaker, sentence, stats, start)
+                    piece = _speak(speaker, unspoken + sentence, stats, start)
                 finally:
                     gate.set()
+                unspoken = "" if piece is not None else unspoken + sentence
                 if piece is not None:
                     yield piece
         if not cancelled():
             for sentence in splitter.flush():
-                piece = _speak(speaker, sentence, stats, start)
+                piece = _speak(speaker, unspoken + sentence, stats, start)
+                unspoken = "" if piece is not None else unspoken + sentence
                 if piece is not None:
                     yield piece
+            if unspoken.strip():  # its text still goes out, with no audio
+                yield Piece(sentence=unspoken, audio=np.zeros(0, dtype=np.float32))
     finally:
         stop.set()  # the caller stopped early, or the reply is done: release the model
         gate.set()
@@ -167,7 +176,7 @@ def _speak(speaker: Speaker, sentence: str, stats: TurnStats, start: float) -> P
     if stats.first_clause_s is None:
         stats.first_clause_s = time.perf_counter() - start
     t0 = time.perf_counter()
-    audio = speaker.synthesize(sentence)
+    audio = speaker.synthesize(sentence.strip())
     spent = time.perf_counter() - t0
     stats.tts_s += spent
     if stats.first_clause_tts_s is None:

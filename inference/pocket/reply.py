@@ -59,7 +59,7 @@ class Reply:
                 first_clause_priority=self._b.first_clause_priority,
             ):
                 if piece.audio is not None:
-                    if self.first_audio_at is None:
+                    if self.first_audio_at is None and piece.audio.size:
                         self.first_audio_at = time.perf_counter()
                     self._out.put((piece.sentence, piece.audio))
         except BaseException as exc:  # noqa: BLE001 - handed to the step thread

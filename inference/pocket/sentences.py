@@ -4,6 +4,10 @@ The first clause is cut shorter than a sentence: the first audio waits for its t
 Piper to synthesize all of it, ~0.04 s per word on two cores. It ends at a comma, or before a
 word that opens a new phrase ("that", "and", "because", ...), once it has a few words; at
 ``first_clause_max_words`` it is cut at the last space.
+
+Pieces are slices of the text as it came, spaces and newlines included: joined, they give back
+the text (less any whitespace it ends with), so they can go out as text deltas; a piece's
+speech is synthesized from it stripped.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class SentenceSplitter:
         self._started = False
 
     def feed(self, delta: str) -> list[str]:
-        """Add a delta; return the sentences it completed."""
+        """Add a delta; return the pieces it completed (none of them only whitespace)."""
         self._buffer += delta
         out: list[str] = []
         pos = 0
@@ -40,28 +44,22 @@ class SentenceSplitter:
             match = _END.search(self._buffer, pos)
             if match is None:
                 break
-            if _LIST_MARK.fullmatch(self._buffer[: match.end()]):
-                pos = match.end()  # a list item's number: keep it with the item's text
+            head = self._buffer[: match.end()]
+            if not head.strip() or _LIST_MARK.fullmatch(head):
+                pos = match.end()  # blank lines, or a list item's number: keep them with the text
                 continue
-            sentence, self._buffer = (
-                self._buffer[: match.end()].strip(),
-                self._buffer[match.end() :],
-            )
+            out.append(head)
+            self._buffer = self._buffer[match.end() :]
             pos = 0
-            if sentence:
-                out.append(sentence)
         if not out and not self._started and self._first_clause_words:
             cut = self._first_clause_cut()
             if cut > 0:
-                out.append(self._buffer[:cut].strip())
-                self._buffer = self._buffer[cut:].lstrip()
-        if len(self._buffer) > self._max_chars:  # a run-on: cut at the last comma or space
-            cut = max(
-                self._buffer.rfind(", ", 0, self._max_chars),
-                self._buffer.rfind(" ", 0, self._max_chars),
-            )
-            if cut > 0:
-                out.append(self._buffer[: cut + 1].strip())
+                out.append(self._buffer[:cut])
+                self._buffer = self._buffer[cut:]
+        if len(self._buffer) > self._max_chars:  # a run-on: cut after the last space
+            cut = self._buffer.rfind(" ", 0, self._max_chars)
+            if cut > 0 and self._buffer[:cut].strip():
+                out.append(self._buffer[: cut + 1])
                 self._buffer = self._buffer[cut + 1 :]
         self._started = self._started or bool(out)
         return out
@@ -72,17 +70,17 @@ class SentenceSplitter:
         comma = self._buffer.find(", ")
         while comma > 0:
             if len(self._buffer[:comma].split()) >= enough:
-                return comma + 1
+                return comma + 2
             comma = self._buffer.find(", ", comma + 1)
         for match in _PHRASE.finditer(self._buffer):
             if len(self._buffer[: match.start()].split()) > enough:
-                return match.start()
+                return match.end()
         words = self._buffer.split(" ")
         if len(words) > self._first_clause_max_words + 1:  # the last one may be unfinished
-            return len(" ".join(words[: self._first_clause_max_words]))
+            return len(" ".join(words[: self._first_clause_max_words])) + 1
         return 0
 
     def flush(self) -> list[str]:
-        """The unfinished rest, as a last sentence."""
-        rest, self._buffer = self._buffer.strip(), ""
-        return [rest] if rest else []
+        """The unfinished rest, as a last piece (none if it is only whitespace)."""
+        rest, self._buffer = self._buffer, ""
+        return [rest] if rest.strip() else []
