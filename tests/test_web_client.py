@@ -252,10 +252,15 @@ def test_audio_duplex_captions_and_speech(web_stack: Stack, open_page: Any) -> N
         ) from exc
     wait_number(page, "#audio-played", 1.0, STATE_TIMEOUT_MS)
     captions = page.inner_text("#captions")
+    heard = page.locator("#captions .caption.user")
     if BACKEND == "pocket":
         assert "paris" in captions.lower(), captions
+        # what the backend heard is the user's line, before the answer's caption
+        assert "capital of france" in heard.first.inner_text().lower(), captions
+        assert page.locator("#captions .caption.user + .caption:not(.user)").count() >= 1
     else:
         assert "Hello from the scripted backend." in captions
+        assert heard.count() == 0  # a backend that does not transcribe names nothing
     assert number(page, "#chunks-sent") >= 2
     assert number(page, "#frames-sent") == 0
     assert "tokens" in page.inner_text("#kv-text")
@@ -299,6 +304,9 @@ def test_chat_turn_text_speech_and_voice_message(web_stack: Stack, open_page: An
     assert reply.strip(), "an empty answer to the voice message"
     if BACKEND == "pocket":
         assert "paris" in reply.lower(), reply
+        # the voice message's line shows what was heard; its label stays beside it
+        assert "capital of france" in voice.locator(".text").inner_text().lower()
+        assert "Voice message" in voice.locator(".meta").inner_text()
     assert not page.locator(".bubble.failed").count()
     shot(page, "chat.png")
     page.click("#chat-end")

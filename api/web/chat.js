@@ -118,13 +118,14 @@ export class ChatView {
     await this.sendMessage({ role: "user", content }, label);
   }
 
-  async sendMessage(message, label) {
+  /** Send one user message; ``voice``: it is a recording, labelled until its transcript comes. */
+  async sendMessage(message, label, voice = false) {
     if (this.turn) return;
     this.status.clearNotice();
     const bubble = this.addBubble("user", label);
     const answer = this.addBubble("assistant", "");
     answer.classList.add("pending");
-    this.turn = { message, bubble, answer, text: "", responseId: null };
+    this.turn = { message, bubble, answer, text: "", responseId: null, voice };
     this.setBusy(true);
     try {
       await this.player.start();
@@ -165,6 +166,7 @@ export class ChatView {
       t.answer.querySelector(".text").textContent = text;
       if (ev.audio) this.player.push(base64ToFloat32(ev.audio)); // non-streaming speech
       const m = ev.metrics || {};
+      if (t.voice && m.transcript) this.showHeard(t, m.transcript);
       const facts = [];
       if (m.backend) facts.push(m.backend);
       if (m.generated_tokens != null) facts.push(`${m.generated_tokens} tokens`);
@@ -242,7 +244,15 @@ export class ChatView {
       return;
     }
     const content = [{ type: "audio", data: float32ToBase64(pcm), sample_rate: INPUT_RATE }];
-    await this.sendMessage({ role: "user", content }, `Voice message (${seconds.toFixed(1)} s)`);
+    const label = `Voice message (${seconds.toFixed(1)} s)`;
+    await this.sendMessage({ role: "user", content }, label, true);
+  }
+
+  /** The recognised words of a voice message become its line; the label moves to its meta. */
+  showHeard(turn, transcript) {
+    const text = turn.bubble.querySelector(".text");
+    turn.bubble.querySelector(".meta").textContent = text.textContent;
+    text.textContent = transcript;
   }
 
   resetTalk() {

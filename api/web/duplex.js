@@ -118,6 +118,12 @@ export class DuplexView {
 
   onServer(ev) {
     if (ev.type !== "response.output.delta") return;
+    // a transcribing backend names what it heard on the first step of its answer
+    const heard = ev.metrics?.transcript;
+    if (heard && ev.kind !== "listen" && ev.response_id !== this.heardFor) {
+      this.heardFor = ev.response_id;
+      this.userLine(heard);
+    }
     if (ev.kind === "listen") {
       // The spec: stop queued playback when the model listens again. The exception is audio of
       // a response the model finished itself (end_of_turn on a delta of its own step): the
@@ -152,6 +158,22 @@ export class DuplexView {
     this.els.played.dataset.lastFlush = reason;
   }
 
+  /** The user's words, as a line of the conversation before the answer's caption. */
+  userLine(text) {
+    this.endCaption();
+    const p = document.createElement("p");
+    p.className = "caption user";
+    p.textContent = text;
+    this.appendCaption(p);
+  }
+
+  appendCaption(p) {
+    const box = this.els.captions;
+    box.append(p);
+    while (box.children.length > MAX_CAPTIONS) box.firstElementChild.remove();
+    box.scrollTop = box.scrollHeight;
+  }
+
   caption(responseId) {
     const box = this.els.captions;
     let p = this.current;
@@ -159,8 +181,7 @@ export class DuplexView {
       p = document.createElement("p");
       p.className = "caption";
       p.dataset.response = String(responseId);
-      box.append(p);
-      while (box.children.length > MAX_CAPTIONS) box.firstElementChild.remove();
+      this.appendCaption(p);
       this.current = p;
     }
     box.scrollTop = box.scrollHeight;
