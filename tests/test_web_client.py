@@ -313,6 +313,26 @@ def test_chat_turn_text_speech_and_voice_message(web_stack: Stack, open_page: An
     page.wait_for_selector("#close-reason[data-reason='user_stop']", timeout=STATE_TIMEOUT_MS)
 
 
+def test_switching_modes_clears_the_ended_session(web_stack: Stack, open_page: Any) -> None:
+    """The chat session a mode switch ends does not leave "Session ended" on the new mode."""
+    page = open_page(f"{http(web_stack)}/?mode=chat")
+    page.fill("#chat-text", QUESTION)
+    page.press("#chat-text", "Enter")
+    page.locator(".bubble.assistant .meta:not(:empty)").wait_for(timeout=ANSWER_TIMEOUT_MS)
+    assert page.inner_text("#state") == "Session active"
+    page.click("label[for=mode-audio]")  # ends the chat session
+    # the chat view saw its session close (after the status panel's own handler of that event)
+    page.wait_for_selector("#chat-end:disabled", state="attached", timeout=STATE_TIMEOUT_MS)
+    assert page.text_content("#state") == "Not connected"
+    assert page.text_content("#close-reason") == "—"
+    assert not page.get_attribute("#close-reason", "data-reason")
+    shot(page, "mode-switch.png")
+    # a duplex session started now shows its own state and, when stopped, its own ending
+    start_duplex(page)
+    stop_duplex(page)
+    assert page.inner_text("#close-reason") == "You ended the session."
+
+
 def test_operator_page_shows_a_recording(web_stack: Stack, open_page: Any) -> None:
     """A /ws/chat request is recorded; the operator page lists it and shows its transcript."""
     from websockets.sync.client import connect

@@ -28,7 +28,10 @@ export class StatusPanel {
     this.reset("chat");
   }
 
+  /** A fresh panel for ``mode``: the client it followed (closing, perhaps) no longer shows. */
   reset(mode) {
+    this.client = null;
+    clearInterval(this.timer);
     this.mode = mode;
     this.limitS = this.config.duration_limits_s?.[mode] ?? 0;
     this.setState("idle");
@@ -36,6 +39,7 @@ export class StatusPanel {
     this.setKv(null);
     this.els.backend.textContent = "—";
     this.els.closeReason.textContent = "—";
+    this.els.closeReason.dataset.reason = "";
     this.els.elapsed.textContent = `0:00 / ${clock(this.limitS)}`;
     this.els.timeBar.value = 0;
     this.els.timeBar.max = this.limitS || 1;
@@ -45,9 +49,10 @@ export class StatusPanel {
   /** Follow a RealtimeClient until it closes. */
   bind(client) {
     this.client = client;
-    client.addEventListener("state", (e) => this.setState(e.detail.state));
-    client.addEventListener("server", (e) => this.onServer(e.detail));
-    client.addEventListener("socketclosed", (e) => this.onSocketClosed(e.detail.code));
+    const mine = () => this.client === client;
+    client.addEventListener("state", (e) => mine() && this.setState(e.detail.state));
+    client.addEventListener("server", (e) => mine() && this.onServer(e.detail));
+    client.addEventListener("socketclosed", (e) => mine() && this.onSocketClosed(e.detail.code));
     clearInterval(this.timer);
     this.timer = setInterval(() => this.tick(), 500);
   }
