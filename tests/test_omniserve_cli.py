@@ -101,6 +101,11 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
             {},
             "OMNISERVE_WORKER_SLOTS: Input should be greater than or equal to 1",
         ),
+        (  # the probe reads the gateway's address from them (its default --url)
+            ["probe", "chat", "hi"],
+            {"OMNISERVE_GATEWAY_PORT": "abc"},
+            "OMNISERVE_GATEWAY_PORT: Input should be a valid integer",
+        ),
     ]
     for argv, bad, said in cases:
         done = subprocess.run(
@@ -115,3 +120,4 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
         assert "Traceback" not in done.stderr, done.stderr
         assert done.stderr.startswith("omniserve: invalid settings\n"), done.stderr
         assert said in done.stderr, done.stderr
+
