@@ -6,11 +6,14 @@ import argparse
 import errno
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +21,7 @@ import httpx
 from omnicore.settings import Settings
 from omniserve.children import dies_with_parent
 from omniserve.components import Components
+from omniserve.options import client_url
 from omniserve.redis_server import EmbeddedPart, EmbeddedRedis
 
 PROGRESS_EVERY_S = 5.0
@@ -159,6 +163,37 @@ def flower_credentials(s: Settings) -> tuple[str, str]:
     return "omniserve", secrets.token_urlsafe(12)
 
 
+def command_name() -> str:
+    """How to run omniserve again, as the user ran it: the name ``scripts/omniserve`` says it
+    was run by (``OMNISERVE_LAUNCHER``; it starts the console script of its own virtualenv),
+    ``omniserve`` when that name on PATH is the console script that runs now, else the path of
+    the one that runs, or ``python -m omniserve``.
+
+    Why not a setting: it says who started this process, not how the service behaves."""
+    launcher = os.environ.get("OMNISERVE_LAUNCHER")
+    if launcher:
+        return shlex.quote(launcher)
+    argv0 = os.path.abspath(sys.argv[0])
+    if Path(argv0).name == "__main__.py":  # python -m omniserve
+        python = shutil.which("python")
+        same = python is not None and os.path.abspath(python) == os.path.abspath(sys.executable)
+        return f"{'python' if same else shlex.quote(sys.executable)} -m omniserve"
+    found = shutil.which("omniserve")
+    if found is not None and os.path.abspath(found) == argv0:
+        return "omniserve"
+    return shlex.quote(sys.argv[0])
+
+
+def try_it(s: Settings) -> str:
+    """The banner's last line: a probe of this gateway, typed as the user runs omniserve, with
+    ``--url`` unless the gateway is where the probe looks by default."""
+    fields = Settings.model_fields
+    default = (fields["gateway_host"].default, fields["gateway_port"].default)
+    url = client_url(s.gateway_host, s.gateway_port)
+    where = "" if (s.gateway_host, s.gateway_port) == default else f" --url {url}"
+    return f'try it:   {command_name()} probe{where} chat "Hello!"   (Ctrl-C stops everything)'
+
+
 def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
     """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
     from omnicore.redact import redact_url
@@ -293,7 +328,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"recorded  every session, in {s.recordings_url}  (omniserve recordings ls)")
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
-        print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
+        print(try_it(s), flush=True)
         return supervise(parts)
     finally:
         services = [part.process for part in parts.parts if part is not redis_part]

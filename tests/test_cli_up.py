@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from omnicore.audio import read_audio, wav_bytes
+from omnicore.settings import Settings
 from omniserve.redis_server import free_port
 from tests.stack import ROOT
 
@@ -89,6 +90,7 @@ def test_up_then_probe(tmp_path) -> None:
         # a backend that takes a while to load: `up` must not say ready before it serves
         OMNISERVE_BACKEND_OPTIONS='{"load_delay_s": 4}',
         OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
+        OMNISERVE_LAUNCHER="scripts/omniserve",  # as that script says it ran it
     )
     log = tmp_path / "up.log"
     argv = ["up", "--port", str(port), "--backend", "scripted"]
@@ -105,6 +107,9 @@ def test_up_then_probe(tmp_path) -> None:
         assert banner.index("realtime") < banner.index("ready     1 worker slot(s) serving")
         assert f"ws://127.0.0.1:{port}/v1/realtime" in banner
         assert "scripted (deterministic, model-free)" in banner
+        # the command the user ran, and the gateway the probe would not find by itself
+        said = f'try it:   scripts/omniserve probe --url {url} chat "Hello!"   (Ctrl-C stops'
+        assert said in banner
         chat = omniserve(
             "probe", "--url", url, "chat", "Reply with exactly: up and running", env=env
         )
@@ -452,3 +457,19 @@ def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
                 'omniserve_worker_slots{state="idle"' in worker
                 or "omniserve_worker_slots{" in worker
             )
+
+
+def test_the_try_it_line_names_the_url_only_when_the_probe_would_not_find_it(monkeypatch) -> None:
+    from omniserve.up import try_it
+
+    monkeypatch.setenv("OMNISERVE_LAUNCHER", "scripts/omniserve")
+    tail = "   (Ctrl-C stops everything)"
+    assert try_it(Settings(gateway_host="127.0.0.1", gateway_port=8006)) == (
+        f'try it:   scripts/omniserve probe chat "Hello!"{tail}'
+    )
+    assert try_it(Settings(gateway_host="0.0.0.0", gateway_port=8006)) == (
+        f'try it:   scripts/omniserve probe --url ws://127.0.0.1:8006 chat "Hello!"{tail}'
+    )
+    assert try_it(Settings(gateway_host="::", gateway_port=9000)) == (
+        f'try it:   scripts/omniserve probe --url ws://[::1]:9000 chat "Hello!"{tail}'
+    )
