@@ -20,7 +20,8 @@ import httpx
 
 from omnicore.settings import Settings
 from omniserve.children import dies_with_parent
-from omniserve.components import Components
+from omniserve.components import Component, Components
+from omniserve.logfiles import TAIL_LINES, Console, fresh_log, tail
 from omniserve.options import client_url
 from omniserve.redis_server import EmbeddedPart, EmbeddedRedis
 
@@ -194,8 +195,26 @@ def try_it(s: Settings) -> str:
     return f'try it:   {command_name()} probe{where} chat "Hello!"   (Ctrl-C stops everything)'
 
 
-def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
-    """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
+def say_failure(
+    console: Console, why: str, parts: list[Component], lines: int = TAIL_LINES
+) -> None:
+    """``why`` on the console, then the last ``lines`` lines of each part's log: a part that
+    failed has said why there (what the console showed of it may not be all of it)."""
+    console.poll()  # the problems it logged come first
+    print(why, file=sys.stderr, flush=True)
+    for part in parts:
+        if part.log is None:
+            continue
+        said = tail(part.log, lines)
+        print(f"the last lines of {part.log}:" if said else f"{part.log} is empty", file=sys.stderr)
+        for line in said:
+            print(f"{part.name} | {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def start_redis(url: str, log: Path) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis to use: ``url`` if it answers, else an embedded server, its output in ``log``
+    ('' if impossible)."""
     from omnicore.redact import redact_url
     from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
     from streaming.redis_url import is_sentinel
@@ -207,7 +226,7 @@ def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
         print(NO_SENTINEL.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
     try:
-        embedded = start_embedded(die_with_parent=True)
+        embedded = start_embedded(die_with_parent=True, log=fresh_log(log))
     except NoRedisBinary:
         print(NO_REDIS.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
@@ -232,7 +251,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     if busy:
         return 1
-    redis_url, embedded = start_redis(s.redis_url)
+    logs = Path(s.up_log_dir)
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        names = ["gateway", *(f"worker-{i + 1}" for i in range(args.workers))]
+        for name in names + (["flower"] if flower else []):
+            fresh_log(logs / f"{name}.log")
+    except OSError as exc:
+        print(
+            f"cannot write the logs in {logs}: {exc.strerror or exc} (OMNISERVE_UP_LOG_DIR)",
+            file=sys.stderr,
+        )
+        return 1
+    redis_url, embedded = start_redis(s.redis_url, logs / "redis.log")
     if not redis_url:
         return 1
     backend, note = choose_backend(requested)
@@ -258,27 +289,45 @@ def cmd_up(args: argparse.Namespace) -> int:
         say=lambda line: print(line, file=sys.stderr, flush=True),
     )
     redis = EmbeddedPart(embedded) if embedded is not None else None
-    redis_part = parts.add("embedded Redis", redis.restart, redis.server.process) if redis else None
+    redis_part = (
+        parts.add("embedded Redis", redis.restart, redis.server.process, log=redis.server.log)
+        if redis
+        else None
+    )
+    # each part's output goes to its log file; the problems in them reach the console
+    console = Console(say=lambda line: print(line, file=sys.stderr, flush=True))
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
     # Killed itself, this process cannot: each child is sent SIGTERM by the kernel then.
-    def spawn(name: str, argv: list[str], **extra: str) -> None:
+    def spawn(name: str, log: Path, argv: list[str], **extra: str) -> Component:
         def start() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
-            )
+            with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+                return subprocess.Popen(
+                    argv,
+                    env={**env, **extra},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=dies_with_parent(),
+                )
 
-        parts.add(name, start)
+        console.follow(name, log)
+        return parts.add(name, start, log=log)
 
     metrics_host = worker_metrics_host(s)
     metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers, metrics_host)
     user, password = flower_credentials(s)
     try:
-        spawn("gateway", [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
+        gateway = spawn(
+            "gateway",
+            logs / "gateway.log",
+            [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)],
+        )
         for i, port in enumerate(metrics_ports):
             spawn(
                 f"worker {i + 1}",
+                logs / f"worker-{i + 1}.log",
                 [*exe, "worker"],
                 OMNISERVE_WORKER_METRICS_PORT=str(port),
                 OMNISERVE_WORKER_METRICS_HOST=metrics_host,
@@ -286,6 +335,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if flower:
             spawn(
                 "Flower",
+                logs / "flower.log",
                 [
                     *[sys.executable, "-m", "celery", "-A", "tasks.celery_app:app"],
                     *["flower", f"--port={flower_port}", "--address=127.0.0.1"],
@@ -294,19 +344,29 @@ def cmd_up(args: argparse.Namespace) -> int:
                 # the process list
                 FLOWER_BASIC_AUTH=f"{user}:{password}",
             )
+        console.start()
         label = " (deterministic, model-free)" if backend == "scripted" else ""
         print(f"backend   {backend}{label}", flush=True)
         for line in ([note] if note else []) + metrics_notes:
             print(f"note      {line}", flush=True)
+        named = ", ".join(part.log.name for part in parts.parts if part.log is not None)
+        print(f"logs      {logs}/  ({named})", flush=True)
         print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not wait_http(base + "/health", 60, parts.processes()):
-            print(parts.exited() or "the gateway did not answer within 60 s", file=sys.stderr)
+            failed = parts.first_exited()
+            why = failed.exit_line() if failed else "the gateway did not answer within 60 s"
+            say_failure(console, why, [failed or gateway])
             return 1
         health = wait_ready(base, s.model_load_timeout_s, parts.processes())
         if health is None:
-            why = parts.exited() or "no worker became ready (see the workers' output above)"
-            print(why, file=sys.stderr)
+            failed = parts.first_exited()
+            if failed is not None:
+                say_failure(console, failed.exit_line(), [failed])
+            else:
+                workers = [p for p in parts.parts if p.name.startswith("worker ")]
+                why = f"no worker became ready within {s.model_load_timeout_s:g} s"
+                say_failure(console, f"{why} (OMNISERVE_MODEL_LOAD_TIMEOUT_S)", workers, lines=5)
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
         print(f"gateway   {base}  (health: {base}/health)", flush=True)
@@ -329,7 +389,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
         print(try_it(s), flush=True)
-        return supervise(parts)
+        return supervise(parts, console)
     finally:
         services = [part.process for part in parts.parts if part is not redis_part]
         for child in reversed(services):
@@ -342,9 +402,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 child.kill()
         if redis is not None:
             redis.server.stop()  # last: the others drain through it
+        console.stop()
 
 
-def supervise(parts: Components) -> int:
+def supervise(parts: Components, console: Console) -> int:
     """Run until Ctrl-C/SIGTERM (0), starting again each part that exits on its own; 1 when
     one keeps exiting (``omniserve/components.py``; the caller stops the rest)."""
     stop = {"now": False}
@@ -357,7 +418,8 @@ def supervise(parts: Components) -> int:
     while not stop["now"]:
         why = parts.tend()
         if why is not None:
-            print(f"{why}: stopping the rest", file=sys.stderr, flush=True)
+            given_up = [parts.given_up] if parts.given_up is not None else []
+            say_failure(console, f"{why}: stopping the rest", given_up)
             return 1
         time.sleep(0.2)
     return 0
