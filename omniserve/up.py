@@ -385,7 +385,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         elif s.worker_metrics_port > 0:
             print(f"metrics   {base}/metrics; workers: none (their ports are in use)")
         if recordings:
-            print(f"recorded  every session, in {s.recordings_url}  (omniserve recordings ls)")
+            listing = f"{command_name()} recordings ls"
+            print(f"recorded  every session, in {s.recordings_url}  ({listing})")
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
         print(try_it(s), flush=True)

@@ -113,6 +113,7 @@ def test_up_then_probe(tmp_path) -> None:
         # the command the user ran, and the gateway the probe would not find by itself
         said = f'try it:   scripts/omniserve probe --url {url} chat "Hello!"   (Ctrl-C stops'
         assert said in banner
+        assert "(scripts/omniserve recordings ls)" in banner
         chat = omniserve(
             "probe", "--url", url, "chat", "Reply with exactly: up and running", env=env
         )
