@@ -560,6 +560,7 @@ def test_a_part_that_fails_before_ready_shows_why_on_the_console(tmp_path) -> No
     env = clean_env(
         OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         OMNISERVE_UP_LOG_DIR=str(logs),
+        OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
         OMNISERVE_BACKEND_OPTIONS='{"no_such_option": 1}',
     )
     done = omniserve(
