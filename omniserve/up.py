@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -195,21 +196,31 @@ def try_it(s: Settings) -> str:
     return f'try it:   {command_name()} probe{where} chat "Hello!"   (Ctrl-C stops everything)'
 
 
+_SAYING = threading.Lock()
+
+
+def say(*lines: str) -> None:
+    """Lines on stderr, together: the thread that follows the logs writes there too, and a line
+    of one must not end inside a line of the other."""
+    with _SAYING:
+        for line in lines:
+            print(line, file=sys.stderr)
+        sys.stderr.flush()
+
+
 def say_failure(
     console: Console, why: str, parts: list[Component], lines: int = TAIL_LINES
 ) -> None:
     """``why`` on the console, then the last ``lines`` lines of each part's log: a part that
     failed has said why there (what the console showed of it may not be all of it)."""
     console.poll()  # the problems it logged come first
-    print(why, file=sys.stderr, flush=True)
+    out = [why]
     for part in parts:
-        if part.log is None:
-            continue
-        said = tail(part.log, lines)
-        print(f"the last lines of {part.log}:" if said else f"{part.log} is empty", file=sys.stderr)
-        for line in said:
-            print(f"{part.name} | {line}", file=sys.stderr)
-    sys.stderr.flush()
+        if part.log is not None:
+            said = tail(part.log, lines)
+            out.append(f"the last lines of {part.log}:" if said else f"{part.log} is empty")
+            out.extend(f"{part.name} | {line}" for line in said)
+    say(*out)
 
 
 def start_redis(url: str, log: Path) -> tuple[str, EmbeddedRedis | None]:
@@ -286,7 +297,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     parts = Components(
         restart_limit=s.up_restart_limit,
         restart_delay_s=s.up_restart_delay_s,
-        say=lambda line: print(line, file=sys.stderr, flush=True),
+        say=say,
     )
     redis = EmbeddedPart(embedded) if embedded is not None else None
     redis_part = (
@@ -295,7 +306,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         else None
     )
     # each part's output goes to its log file; the problems in them reach the console
-    console = Console(say=lambda line: print(line, file=sys.stderr, flush=True))
+    console = Console(say=say)
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
