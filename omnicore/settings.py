@@ -142,6 +142,7 @@ class Settings(BaseSettings):
     # restart in a row (at most 30 s); past the limit in a row (0: none) `up` stops everything
     up_restart_delay_s: float = Field(1.0, ge=0)
     up_restart_limit: int = Field(5, ge=0)
+    up_log_dir: str = ".omniserve/logs"  # each part's output: gateway.log, worker-1.log, ...
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (log shippers)
     # freeze the long-lived heap once a gateway or worker process is up (omnicore/gc_pauses.py)

@@ -139,9 +139,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """A small command-line client."""
     import asyncio
 
+    from omnicore.settings import get_settings
     from omniserve import probe
+    from omniserve.options import client_url
 
-    url = probe.ws_url(args.url)
+    s = get_settings()  # as for every command: a setting that cannot be read is told, exit 2
+    url = probe.ws_url(args.url or client_url(s.gateway_host, s.gateway_port))
     try:
         if args.what == "chat":
             return asyncio.run(
@@ -267,7 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     wk.set_defaults(func=cmd_worker)
 
     pr = sub.add_parser("probe", help="try the service from the command line")
-    pr.add_argument("--url", default="ws://127.0.0.1:8006", help="the gateway (http:// works too)")
+    pr.add_argument(
+        "--url",
+        help="the gateway (http:// works too; default: OMNISERVE_GATEWAY_HOST and _PORT's,"
+        " ws://127.0.0.1:8006)",
+    )
     pr.add_argument("--api-key", dest="api_key", help="sent as Authorization: Bearer")
     psub = pr.add_subparsers(dest="what", required=True)
     pc = psub.add_parser("chat", help="send text, print the streamed answer")

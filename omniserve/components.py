@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MAX_DELAY_S = 30.0  # the longest wait before a start
 STABLE_S = 60.0  # a part that ran this long was healthy: its next exit is the first in a row
@@ -35,6 +36,15 @@ class Component:
     started_at: float
     in_a_row: int = 0  # restarts since it last ran STABLE_S
     due_at: float | None = None  # when it is to be started again (None: running)
+    log: Path | None = None  # where its output goes (None: the console)
+
+    def see(self) -> str:
+        """Where to read what it said."""
+        return f"see {self.log}" if self.log is not None else "see its output above"
+
+    def exit_line(self) -> str:
+        """That it exited, how, and where to read why."""
+        return f"the {self.name} exited (code {self.process.returncode}); {self.see()}"
 
 
 @dataclass
@@ -46,15 +56,17 @@ class Components:
     clock: Callable[[], float] = time.monotonic
     say: Callable[[str], None] = print
     parts: list[Component] = field(default_factory=list)
+    given_up: Component | None = None  # the part over its restarts in a row, once ``tend`` says
 
     def add(
         self,
         name: str,
         start: Callable[[], subprocess.Popen[bytes]],
         running: subprocess.Popen[bytes] | None = None,
+        log: Path | None = None,
     ) -> Component:
         """Keep a part: ``running``, its process started already, else started now."""
-        part = Component(name, start, running or start(), self.clock())
+        part = Component(name, start, running or start(), self.clock(), log=log)
         self.parts.append(part)
         return part
 
@@ -62,13 +74,14 @@ class Components:
         """Each part's current process, in start order."""
         return [part.process for part in self.parts]
 
+    def first_exited(self) -> Component | None:
+        """The first part whose process has exited (None: all run)."""
+        return next((part for part in self.parts if part.process.poll() is not None), None)
+
     def exited(self) -> str | None:
         """Which part has exited, and how (None: all run): before ``ready`` any exit ends ``up``."""
-        for part in self.parts:
-            code = part.process.poll()
-            if code is not None:
-                return f"the {part.name} exited (code {code}); see its output above"
-        return None
+        part = self.first_exited()
+        return None if part is None else part.exit_line()
 
     def delay(self, in_a_row: int) -> float:
         """The wait before the ``in_a_row``-th restart in a row (1, 2, ...)."""
@@ -88,19 +101,21 @@ class Components:
                 if now - part.started_at >= STABLE_S:
                     part.in_a_row = 0
                 if part.in_a_row >= self.restart_limit:
+                    self.given_up = part
                     if self.restart_limit == 0:
-                        return f"the {part.name} exited (code {code}); see its output above"
+                        return f"the {part.name} exited (code {code}); {part.see()}"
                     return (
                         f"the {part.name} exited (code {code}), after {part.in_a_row}"
-                        f" restart(s) in a row that each ended within {STABLE_S:.0f} s; see its"
-                        " output above"
+                        f" restart(s) in a row that each ended within {STABLE_S:.0f} s;"
+                        f" {part.see()}"
                     )
                 part.in_a_row += 1
                 wait = self.delay(part.in_a_row)
                 part.due_at = now + wait
+                where = f"; {part.see()}" if part.log is not None else ""
                 self.say(
                     f"the {part.name} exited (code {code}); starting it again in"
-                    f" {wait:g} s (restart {part.in_a_row} of {self.restart_limit} in a row)"
+                    f" {wait:g} s (restart {part.in_a_row} of {self.restart_limit} in a row){where}"
                 )
             if part.due_at is not None and now >= part.due_at:
                 part.due_at = None

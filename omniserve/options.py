@@ -1,7 +1,8 @@
-"""Command-line options on top of the environment, for every subcommand that starts a part.
+"""Command-line options on top of the environment, for every subcommand that starts a part,
+and the gateway's address as a client on this machine reaches it.
 
-Shared by ``omniserve/cli.py`` (gateway, worker) and ``omniserve/up.py`` (the whole stack), so
-neither imports the other for it.
+Shared by ``omniserve/cli.py`` (gateway, worker, probe) and ``omniserve/up.py`` (the whole
+stack, its banner), so neither imports the other for it.
 """
 
 from __future__ import annotations
@@ -31,3 +32,10 @@ def env_from_args(args: argparse.Namespace) -> None:
     from omnicore.settings import get_settings
 
     get_settings.cache_clear()
+
+
+def client_url(host: str, port: int) -> str:
+    """The WebSocket URL a client on this machine reaches a gateway bound to ``host:port`` at: a
+    bind to every address (``0.0.0.0``, ``::``) is reached on loopback."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"

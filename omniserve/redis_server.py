@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
@@ -62,6 +64,7 @@ class EmbeddedRedis:
     process: subprocess.Popen[bytes]
     port: int
     workdir: str
+    log: Path | None = None  # where its output goes (None: nowhere)
 
     @property
     def url(self) -> str:
@@ -79,40 +82,47 @@ class EmbeddedRedis:
 
 
 def start_embedded(
-    port: int | None = None, binary: str | None = None, die_with_parent: bool = False
+    port: int | None = None,
+    binary: str | None = None,
+    die_with_parent: bool = False,
+    log: Path | None = None,
 ) -> EmbeddedRedis:
     """Start redis-server (``binary``, else ``redis_binary()``) on 127.0.0.1 (``noeviction``,
     nothing saved) and wait until it answers.
 
     ``die_with_parent``: the server stops when this process dies, however it dies
-    (``omniserve/children.py``; started from the main thread).
+    (``omniserve/children.py``; started from the main thread). ``log``: a file its output is
+    added to (else it is dropped).
     """
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="omniserve-redis-")
-    proc = subprocess.Popen(
-        [
-            binary or redis_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--maxmemory-policy",
-            "noeviction",
-            "--protected-mode",
-            "yes",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # a terminal's Ctrl-C must not stop it before its clients
-        preexec_fn=dies_with_parent() if die_with_parent else None,
-    )
-    server = EmbeddedRedis(proc, port, workdir)
+    # the child keeps its own copy of the file's descriptor
+    sink = log.open("ab") if log is not None else contextlib.nullcontext(subprocess.DEVNULL)
+    with sink as out:
+        proc = subprocess.Popen(
+            [
+                binary or redis_binary(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                workdir,
+                "--maxmemory-policy",
+                "noeviction",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C must not stop it before its clients
+            preexec_fn=dies_with_parent() if die_with_parent else None,
+        )
+    server = EmbeddedRedis(proc, port, workdir, log)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -141,5 +151,7 @@ class EmbeddedPart:
     def restart(self) -> subprocess.Popen[bytes]:
         """A new, empty server on the last one's port (its directory removed); its process."""
         self.server.stop()
-        self.server = start_embedded(port=self.server.port, die_with_parent=True)
+        self.server = start_embedded(
+            port=self.server.port, die_with_parent=True, log=self.server.log
+        )
         return self.server.process

@@ -6,18 +6,24 @@ import argparse
 import errno
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from omnicore.settings import Settings
 from omniserve.children import dies_with_parent
-from omniserve.components import Components
+from omniserve.components import Component, Components
+from omniserve.logfiles import TAIL_LINES, Console, fresh_log, tail
+from omniserve.options import client_url
 from omniserve.redis_server import EmbeddedPart, EmbeddedRedis
 
 PROGRESS_EVERY_S = 5.0
@@ -65,16 +71,23 @@ def busy_ports(s: Settings, flower: bool, flower_port: int) -> list[str]:
     return busy
 
 
-def worker_metrics_ports(s: Settings, workers: int) -> tuple[list[int], list[str]]:
+def worker_metrics_host(s: Settings) -> str:
+    """Where ``up``'s workers serve their metrics: ``OMNISERVE_WORKER_METRICS_HOST`` when set,
+    else the gateway's host, so that nothing of a loopback ``up`` listens on other addresses
+    (the setting's own default, every address, is for a worker scraped from other hosts)."""
+    return s.worker_metrics_host if "worker_metrics_host" in s.model_fields_set else s.gateway_host
+
+
+def worker_metrics_ports(s: Settings, workers: int, host: str) -> tuple[list[int], list[str]]:
     """The metrics port of each worker ``up`` starts (9108, 9109, ...; all 0 when off), and a
-    note for each port already taken: that worker runs without metrics (port 0), and the banner
-    lists only the ports it serves, not one that another process answers on."""
+    note for each port already taken on ``host``: that worker runs without metrics (port 0), and
+    the banner lists only the ports it serves, not one that another process answers on."""
     if s.worker_metrics_port <= 0:
         return [0] * workers, []
     ports, notes = [], []
     for i in range(workers):
         port = s.worker_metrics_port + i
-        if port_in_use(s.worker_metrics_host, port):
+        if port_in_use(host, port):
             notes.append(
                 f"worker {i + 1}'s metrics port {port} is in use: it runs without metrics"
                 " (OMNISERVE_WORKER_METRICS_PORT sets the first worker's port; 0: off)"
@@ -152,8 +165,67 @@ def flower_credentials(s: Settings) -> tuple[str, str]:
     return "omniserve", secrets.token_urlsafe(12)
 
 
-def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
-    """The Redis to use: ``url`` if it answers, else an embedded server (None if impossible)."""
+def command_name() -> str:
+    """How to run omniserve again, as the user ran it: the name ``scripts/omniserve`` says it
+    was run by (``OMNISERVE_LAUNCHER``; it starts the console script of its own virtualenv),
+    ``omniserve`` when that name on PATH is the console script that runs now, else the path of
+    the one that runs, or ``python -m omniserve``.
+
+    Why not a setting: it says who started this process, not how the service behaves."""
+    launcher = os.environ.get("OMNISERVE_LAUNCHER")
+    if launcher:
+        return shlex.quote(launcher)
+    argv0 = os.path.abspath(sys.argv[0])
+    if Path(argv0).name == "__main__.py":  # python -m omniserve
+        python = shutil.which("python")
+        same = python is not None and os.path.abspath(python) == os.path.abspath(sys.executable)
+        return f"{'python' if same else shlex.quote(sys.executable)} -m omniserve"
+    found = shutil.which("omniserve")
+    if found is not None and os.path.abspath(found) == argv0:
+        return "omniserve"
+    return shlex.quote(sys.argv[0])
+
+
+def try_it(s: Settings) -> str:
+    """The banner's last line: a probe of this gateway, typed as the user runs omniserve, with
+    ``--url`` unless the gateway is where the probe looks by default."""
+    fields = Settings.model_fields
+    default = (fields["gateway_host"].default, fields["gateway_port"].default)
+    url = client_url(s.gateway_host, s.gateway_port)
+    where = "" if (s.gateway_host, s.gateway_port) == default else f" --url {url}"
+    return f'try it:   {command_name()} probe{where} chat "Hello!"   (Ctrl-C stops everything)'
+
+
+_SAYING = threading.Lock()
+
+
+def say(*lines: str) -> None:
+    """Lines on stderr, together: the thread that follows the logs writes there too, and a line
+    of one must not end inside a line of the other."""
+    with _SAYING:
+        for line in lines:
+            print(line, file=sys.stderr)
+        sys.stderr.flush()
+
+
+def say_failure(
+    console: Console, why: str, parts: list[Component], lines: int = TAIL_LINES
+) -> None:
+    """``why`` on the console, then the last ``lines`` lines of each part's log: a part that
+    failed has said why there (what the console showed of it may not be all of it)."""
+    console.poll()  # the problems it logged come first
+    out = [why]
+    for part in parts:
+        if part.log is not None:
+            said = tail(part.log, lines)
+            out.append(f"the last lines of {part.log}:" if said else f"{part.log} is empty")
+            out.extend(f"{part.name} | {line}" for line in said)
+    say(*out)
+
+
+def start_redis(url: str, log: Path) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis to use: ``url`` if it answers, else an embedded server, its output in ``log``
+    ('' if impossible)."""
     from omnicore.redact import redact_url
     from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
     from streaming.redis_url import is_sentinel
@@ -165,7 +237,7 @@ def start_redis(url: str) -> tuple[str, EmbeddedRedis | None]:
         print(NO_SENTINEL.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
     try:
-        embedded = start_embedded(die_with_parent=True)
+        embedded = start_embedded(die_with_parent=True, log=fresh_log(log))
     except NoRedisBinary:
         print(NO_REDIS.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
@@ -190,7 +262,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     if busy:
         return 1
-    redis_url, embedded = start_redis(s.redis_url)
+    logs = Path(s.up_log_dir)
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        names = ["gateway", *(f"worker-{i + 1}" for i in range(args.workers))]
+        for name in names + (["flower"] if flower else []):
+            fresh_log(logs / f"{name}.log")
+    except OSError as exc:
+        print(
+            f"cannot write the logs in {logs}: {exc.strerror or exc} (OMNISERVE_UP_LOG_DIR)",
+            file=sys.stderr,
+        )
+        return 1
+    redis_url, embedded = start_redis(s.redis_url, logs / "redis.log")
     if not redis_url:
         return 1
     backend, note = choose_backend(requested)
@@ -213,31 +297,56 @@ def cmd_up(args: argparse.Namespace) -> int:
     parts = Components(
         restart_limit=s.up_restart_limit,
         restart_delay_s=s.up_restart_delay_s,
-        say=lambda line: print(line, file=sys.stderr, flush=True),
+        say=say,
     )
     redis = EmbeddedPart(embedded) if embedded is not None else None
-    redis_part = parts.add("embedded Redis", redis.restart, redis.server.process) if redis else None
+    redis_part = (
+        parts.add("embedded Redis", redis.restart, redis.server.process, log=redis.server.log)
+        if redis
+        else None
+    )
+    # each part's output goes to its log file; the problems in them reach the console
+    console = Console(say=say)
 
     # Each child gets its own session: a terminal's Ctrl-C reaches only this process, which then
     # stops the parts in order (gateways drain their sessions, workers end theirs, Redis last).
     # Killed itself, this process cannot: each child is sent SIGTERM by the kernel then.
-    def spawn(name: str, argv: list[str], **extra: str) -> None:
+    def spawn(name: str, log: Path, argv: list[str], **extra: str) -> Component:
         def start() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                argv, env={**env, **extra}, start_new_session=True, preexec_fn=dies_with_parent()
-            )
+            with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+                return subprocess.Popen(
+                    argv,
+                    env={**env, **extra},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=dies_with_parent(),
+                )
 
-        parts.add(name, start)
+        console.follow(name, log)
+        return parts.add(name, start, log=log)
 
-    metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers)
+    metrics_host = worker_metrics_host(s)
+    metrics_ports, metrics_notes = worker_metrics_ports(s, args.workers, metrics_host)
     user, password = flower_credentials(s)
     try:
-        spawn("gateway", [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)])
+        gateway = spawn(
+            "gateway",
+            logs / "gateway.log",
+            [*exe, "gateway", "--host", s.gateway_host, "--port", str(s.gateway_port)],
+        )
         for i, port in enumerate(metrics_ports):
-            spawn(f"worker {i + 1}", [*exe, "worker"], OMNISERVE_WORKER_METRICS_PORT=str(port))
+            spawn(
+                f"worker {i + 1}",
+                logs / f"worker-{i + 1}.log",
+                [*exe, "worker"],
+                OMNISERVE_WORKER_METRICS_PORT=str(port),
+                OMNISERVE_WORKER_METRICS_HOST=metrics_host,
+            )
         if flower:
             spawn(
                 "Flower",
+                logs / "flower.log",
                 [
                     *[sys.executable, "-m", "celery", "-A", "tasks.celery_app:app"],
                     *["flower", f"--port={flower_port}", "--address=127.0.0.1"],
@@ -246,19 +355,29 @@ def cmd_up(args: argparse.Namespace) -> int:
                 # the process list
                 FLOWER_BASIC_AUTH=f"{user}:{password}",
             )
+        console.start()
         label = " (deterministic, model-free)" if backend == "scripted" else ""
         print(f"backend   {backend}{label}", flush=True)
         for line in ([note] if note else []) + metrics_notes:
             print(f"note      {line}", flush=True)
+        named = ", ".join(part.log.name for part in parts.parts if part.log is not None)
+        print(f"logs      {logs}/  ({named})", flush=True)
         print(f"loading   {loading_what(backend)} in {args.workers} worker(s)...", flush=True)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if not wait_http(base + "/health", 60, parts.processes()):
-            print(parts.exited() or "the gateway did not answer within 60 s", file=sys.stderr)
+            failed = parts.first_exited()
+            why = failed.exit_line() if failed else "the gateway did not answer within 60 s"
+            say_failure(console, why, [failed or gateway])
             return 1
         health = wait_ready(base, s.model_load_timeout_s, parts.processes())
         if health is None:
-            why = parts.exited() or "no worker became ready (see the workers' output above)"
-            print(why, file=sys.stderr)
+            failed = parts.first_exited()
+            if failed is not None:
+                say_failure(console, failed.exit_line(), [failed])
+            else:
+                workers = [p for p in parts.parts if p.name.startswith("worker ")]
+                why = f"no worker became ready within {s.model_load_timeout_s:g} s"
+                say_failure(console, f"{why} (OMNISERVE_MODEL_LOAD_TIMEOUT_S)", workers, lines=5)
             return 1
         ws = f"ws://{s.gateway_host}:{s.gateway_port}"
         print(f"gateway   {base}  (health: {base}/health)", flush=True)
@@ -277,11 +396,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         elif s.worker_metrics_port > 0:
             print(f"metrics   {base}/metrics; workers: none (their ports are in use)")
         if recordings:
-            print(f"recorded  every session, in {s.recordings_url}  (omniserve recordings ls)")
+            listing = f"{command_name()} recordings ls"
+            print(f"recorded  every session, in {s.recordings_url}  ({listing})")
         slots = health["worker_slots"]
         print(f"ready     {slots} worker slot(s) serving", flush=True)
-        print('try it:   omniserve probe chat "Hello!"   (Ctrl-C stops everything)', flush=True)
-        return supervise(parts)
+        print(try_it(s), flush=True)
+        return supervise(parts, console)
     finally:
         services = [part.process for part in parts.parts if part is not redis_part]
         for child in reversed(services):
@@ -294,9 +414,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 child.kill()
         if redis is not None:
             redis.server.stop()  # last: the others drain through it
+        console.stop()
 
 
-def supervise(parts: Components) -> int:
+def supervise(parts: Components, console: Console) -> int:
     """Run until Ctrl-C/SIGTERM (0), starting again each part that exits on its own; 1 when
     one keeps exiting (``omniserve/components.py``; the caller stops the rest)."""
     stop = {"now": False}
@@ -309,7 +430,8 @@ def supervise(parts: Components) -> int:
     while not stop["now"]:
         why = parts.tend()
         if why is not None:
-            print(f"{why}: stopping the rest", file=sys.stderr, flush=True)
+            given_up = [parts.given_up] if parts.given_up is not None else []
+            say_failure(console, f"{why}: stopping the rest", given_up)
             return 1
         time.sleep(0.2)
     return 0

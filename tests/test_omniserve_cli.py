@@ -101,6 +101,11 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
             {},
             "OMNISERVE_WORKER_SLOTS: Input should be greater than or equal to 1",
         ),
+        (  # the probe reads the gateway's address from them (its default --url)
+            ["probe", "chat", "hi"],
+            {"OMNISERVE_GATEWAY_PORT": "abc"},
+            "OMNISERVE_GATEWAY_PORT: Input should be a valid integer",
+        ),
     ]
     for argv, bad, said in cases:
         done = subprocess.run(
@@ -115,3 +120,27 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
         assert "Traceback" not in done.stderr, done.stderr
         assert done.stderr.startswith("omniserve: invalid settings\n"), done.stderr
         assert said in done.stderr, done.stderr
+
+
+def test_scripts_omniserve_says_it_ran_omniserve(tmp_path) -> None:
+    """The launcher hands its own name, as typed, to the omniserve of its virtualenv (``up``'s
+    try-it line names it): a virtualenv that is installed already, whose console script only
+    says what it was given (the launcher itself runs as it does for a user)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".omniserve-installed-test").touch()  # newer than pyproject.toml: nothing installed
+    script = venv / "bin" / "omniserve"
+    script.write_text('#!/bin/sh\necho "launcher=$OMNISERVE_LAUNCHER args=$*"\n')
+    script.chmod(0o755)
+    env = {**os.environ, "OMNISERVE_VENV": str(venv), "OMNISERVE_EXTRAS": "test"}
+    for typed in ("scripts/omniserve", str(ROOT / "scripts" / "omniserve")):
+        done = subprocess.run(
+            [typed, "up", "--port", "9000"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout == f"launcher={typed} args=up --port 9000\n", done.stdout

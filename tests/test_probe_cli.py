@@ -3,6 +3,7 @@ command after ``up``; the gateway's own refusals are in test_security_access.py)
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -15,10 +16,11 @@ from omniserve.redis_server import free_port
 from tests.stack import ROOT
 
 
-def probe(*args: str) -> subprocess.CompletedProcess[str]:
+def probe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "omniserve", "probe", *args],
         cwd=ROOT,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -37,6 +39,15 @@ def test_nothing_listening_and_the_url_up_prints() -> None:
     """``up`` prints the gateway as http://...: probe takes it as the ws:// URL it is."""
     port = free_port()
     said = one_line_failure(probe("--url", f"http://127.0.0.1:{port}/", "chat", "hi"))
+    assert f"nothing answers at ws://127.0.0.1:{port}: is the gateway running there" in said
+
+
+def test_without_url_it_tries_the_gateway_the_settings_name() -> None:
+    """The gateway ``up`` and ``gateway`` start in the same environment (any-address binds are
+    reached on loopback)."""
+    port = free_port()
+    env = {"OMNISERVE_GATEWAY_HOST": "0.0.0.0", "OMNISERVE_GATEWAY_PORT": str(port)}
+    said = one_line_failure(probe("chat", "hi", **env))
     assert f"nothing answers at ws://127.0.0.1:{port}: is the gateway running there" in said
 
 
