@@ -53,9 +53,7 @@ def test_tickets_ahead_take_slots_as_they_free_and_hold_them_for_their_own_mode(
     assert [snap.estimated_wait_s(p) for p in (1, 2, 3)] == [3, 20, 23]
 
 
-def test_an_overdue_session_is_expected_to_run_a_little_longer_and_never_past_its_limit() -> (
-    None
-):
+def test_an_overdue_session_runs_a_little_longer_never_past_its_limit() -> None:
     overdue = snapshot([Running("audio", 45.0)], [Waiting("chat")])
     assert overdue.estimated_wait_s(1) == max(OVERDUE_MIN_S, 0.1 * MEANS["audio"])
     capped = snapshot([Running("video", 10.0, cap_left_s=6.0)], [Waiting("chat")])
