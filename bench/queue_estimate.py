@@ -183,7 +183,7 @@ async def workload(stack: Stack, seconds: float, rate: float, seed: int) -> dict
         "per_mode_estimate": _summary(_errors(samples, "estimate_s")),
         "global_mean_estimate": _summary(_errors(samples, "global_mean_s")),
         "queued_by_mode": {m: sum(s.mode == m for s in samples) for m in modes},
-        "mean_hold_s": {k.decode(): float(v) for k, v in means.items()},
+        "mean_hold_s": {_text(k): float(v) for k, v in means.items()},
     }
 
 
@@ -231,6 +231,10 @@ def main(argv: list[str]) -> int:
             print(f"  failed client: {line}")
     median = out["per_mode_estimate"]["median"]
     return 0 if median is not None and median <= TARGET and not out["failed"] else 1
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _pct(x: float | None) -> str:
