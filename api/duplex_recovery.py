@@ -81,7 +81,7 @@ class Failover:
         ``until`` was set while it waited: see ``front_slot``)."""
         gw = self.gw
         await gw.inputs.discard(self.session_id)
-        slot = await front_slot(gw, self.session_id, self.deadline, until)
+        slot = await front_slot(gw, self.session_id, self.deadline, until, self.public_mode)
         if slot is None:
             return None
         self.attempt = await next_attempt(gw, self.session_id, self.deadline)

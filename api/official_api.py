@@ -37,6 +37,7 @@ from api.official_assets import (
 from api.official_state import OfficialView
 from api.security import require_admin
 from omnicore.settings import Settings
+from streaming.wait_estimate import HOLD_EMA_ALPHA, HoldTimes
 
 _NO_CACHE = {"Cache-Control": "no-cache"}
 VIEW_TTL_S = 0.5
@@ -160,16 +161,23 @@ def create_official_router(settings: Settings) -> APIRouter:
     @router.get("/api/config/eta", dependencies=admin)
     async def eta(request: Request) -> JSONResponse:
         snap = (await _view(request)).snap
-        mean = round(snap.mean_hold_s, 1)
-        # the admin page also reads a "streaming" figure (turn-based streaming chat)
-        modes = ("chat", "streaming", "half_duplex", "audio_duplex", "omni_duplex")
+        holds = HoldTimes(snap.mode_hold_s, snap.mean_hold_s)
+        # the official modes by ours (the admin page also reads a "streaming" figure:
+        # turn-based streaming chat)
+        ours = {
+            "chat": "chat",
+            "streaming": "chat",
+            "half_duplex": "audio",
+            "audio_duplex": "audio",
+            "omni_duplex": "video",
+        }
+        mean = {m: round(holds.of(mode), 1) for m, mode in ours.items()}
         return _json(
             {
-                # one measured figure stands for every mode
-                "config": {**{f"eta_{m}_s": mean for m in modes}, "ema_alpha": None},
-                "ema_alpha": 0.2,  # streaming.slots.WorkerRegistry.record_hold
-                **{f"ema_{m}_s": mean for m in modes},
-                **{f"ema_{m}_samples": 0 for m in modes},  # samples are not counted
+                "config": {**{f"eta_{m}_s": mean[m] for m in ours}, "ema_alpha": None},
+                "ema_alpha": HOLD_EMA_ALPHA,  # the RELEASE script's moving averages
+                **{f"ema_{m}_s": mean[m] for m in ours},
+                **{f"ema_{m}_samples": 0 for m in ours},  # samples are not counted
             }
         )
 

@@ -43,6 +43,12 @@ class Waiter:
     missing_since: float | None = None  # when the ticket was first seen missing, unassigned
     assigned_at: float | None = None  # when this gateway took the ticket's slot assignment
     owner: object | None = None  # the connection waiting (what the operator views show of it)
+    mode: str = ""  # chat, audio or video: what the wait estimates know of the ticket
+    deadline: float | None = None  # unix time: the session's duration limit, if it has one
+
+    def cap_s(self) -> float | None:
+        """The time left until the deadline (None: none)."""
+        return None if self.deadline is None else self.deadline - time.time()
 
 
 class QueueManager:
@@ -115,6 +121,8 @@ class QueueManager:
         owner: object | None = None,
         front: bool = False,
         task: WaitingTask | None = None,
+        mode: str = "",
+        deadline: float | None = None,
     ) -> tuple[str, str, float | None]:
         """Wait in the global FIFO for a worker slot; returns (ticket_id, slot_id, assigned_at).
 
@@ -122,6 +130,8 @@ class QueueManager:
         is queued, None when it never waited. ``front``: a failover's session goes ahead of every
         ordinary ticket. ``task``: the task the client is admitted for; while it waits, Flower
         shows it as sent (``api/waiting_events.py``), and revoked if the wait ends without a slot.
+        ``mode`` and ``deadline`` (unix time: the session's duration limit) make the wait
+        estimates of this ticket and those behind it.
 
         Sends ``session.queued`` and then ``session.queue_update`` through ``notify`` while
         waiting. Raises QueueFull at capacity. Cancelling the call leaves the queue at once (and
@@ -129,10 +139,14 @@ class QueueManager:
         """
         ticket = self.new_ticket_id()
         loop = asyncio.get_running_loop()
-        waiter = Waiter(ticket, notify, loop.create_future(), owner=owner)
+        waiter = Waiter(
+            ticket, notify, loop.create_future(), owner=owner, mode=mode, deadline=deadline
+        )
         self.waiters[ticket] = waiter
         try:
-            _, pairs = await self.admission.enqueue_and_dispatch(ticket, self.max_queue, front)
+            _, pairs = await self.admission.enqueue_and_dispatch(
+                ticket, self.max_queue, front, mode, waiter.cap_s()
+            )
             self._hand_over(pairs)
             if not waiter.future.done():
                 snap = await self.admission.snapshot()
@@ -194,7 +208,9 @@ class QueueManager:
             return
         waiter.missing_since = None
         log.warning("ticket %s was lost from the queue; enqueued again", waiter.ticket_id)
-        await self.admission.enqueue(waiter.ticket_id, REENQUEUE_LIMIT)
+        await self.admission.enqueue(
+            waiter.ticket_id, REENQUEUE_LIMIT, mode=waiter.mode, cap_s=waiter.cap_s()
+        )
         self._need_dispatch = True  # plain ENQUEUE does not dispatch; the next refresh does
         self._wake.set()
 

@@ -75,7 +75,15 @@ async def wait_for_slot(
     if not ready:
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return Refused(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
-    acquire = asyncio.ensure_future(gw.queue.acquire(notify or conn.send, owner=conn, task=task))
+    acquire = asyncio.ensure_future(
+        gw.queue.acquire(
+            notify or conn.send,
+            owner=conn,
+            task=task,
+            mode=telemetry.mode_of(conn),
+            deadline=deadline,
+        )
+    )
     stops = [asyncio.ensure_future(conn.gone.wait())]
     stops += [asyncio.ensure_future(ev.wait()) for ev in stop_events]
     try:

@@ -44,14 +44,21 @@ async def next_attempt(gw: Gateway, task_id: str, deadline: float) -> int:
 
 
 async def front_slot(
-    gw: Gateway, task_id: str, deadline: float, until: Sequence[asyncio.Event] = ()
+    gw: Gateway,
+    task_id: str,
+    deadline: float,
+    until: Sequence[asyncio.Event] = (),
+    mode: str = "",
 ) -> str | None:
     """A slot taken at the head of the queue within ``failover_wait_s`` (and before
     ``deadline``); None when none came (or admission failed), or when one of ``until`` was set
-    first (the client closed: the wait ends at once, and a slot that came meanwhile goes back)."""
+    first (the client closed: the wait ends at once, and a slot that came meanwhile goes back).
+    ``mode``: the session's (chat, audio, video), for the wait estimates of those behind it."""
     wait = min(gw.settings.failover_wait_s, max(0.0, deadline - time.time()))
     acquire = asyncio.ensure_future(
-        asyncio.wait_for(gw.queue.acquire(_quiet, front=True), timeout=wait)
+        asyncio.wait_for(
+            gw.queue.acquire(_quiet, front=True, mode=mode, deadline=deadline), timeout=wait
+        )
     )
     stops = [asyncio.ensure_future(ev.wait()) for ev in until]
     try:
@@ -111,7 +118,8 @@ async def start_elsewhere(
         return None
     task_id = relay.task_id
     log.warning("%s: %s; starting it on another slot", task_id, exc.detail)
-    slot = await front_slot(gw, task_id, job.deadline_ts, until)
+    mode = job.public_mode if isinstance(job, DuplexJob) else "chat"
+    slot = await front_slot(gw, task_id, job.deadline_ts, until, mode)
     if slot is None:
         return None
     attempt = next_job(job, slot, await next_attempt(gw, task_id, job.deadline_ts))

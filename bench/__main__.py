@@ -4,6 +4,7 @@
     python -m bench --check [--smoke] [--update-expected]   the regression guard (bench/check.py)
     python -m bench pocket [ARGS]      the pocket-backend latency benchmark (needs extra [pocket])
     python -m bench soak [--minutes N] many sessions under random faults (bench/soak.py)
+    python -m bench queue-estimate     wait estimates against actual waits (bench/queue_estimate.py)
 
 Starts a private redis-server, gateways, scripted workers, a pub/sub tap and the bare baseline
 server, all on 127.0.0.1; every process is killed when the run ends (also on Ctrl-C or error).
@@ -231,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(argv[1:])
+    if argv and argv[0] == "queue-estimate":
+        from bench import queue_estimate
+
+        return queue_estimate.main(argv[1:])
     args = parse(argv)
     from bench import pinning, report
     from bench.stack import install_cleanup

@@ -15,6 +15,14 @@ from redis.exceptions import NoScriptError
 from streaming import lua
 from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
+from streaming.wait_estimate import (
+    FALLBACK_HOLD_S,
+    HoldTimes,
+    Running,
+    WaitEstimator,
+    Waiting,
+    slot_free_times,
+)
 
 # gets DISPATCH's (ticket, slot) pairs; returns whether the rest of the snapshot is still wanted
 OnDispatch = Callable[[list[tuple[str, str]]], bool]
@@ -32,6 +40,7 @@ class Capacity:
     loading: int = 0
     load_left_s: float = 0.0  # estimated time until the first loading worker is ready
     notes: list[str] = field(default_factory=list)  # e.g. why `auto` did not pick pocket
+    ready_ids: set[str] = field(default_factory=set)  # the workers counted in ``ready``
 
     @property
     def any(self) -> bool:
@@ -46,20 +55,27 @@ class QueueSnapshot:
     order: dict[str, int]  # ticket_id -> 1-based position
     length: int
     live_slots: int
-    mean_hold_s: float
+    mean_hold_s: float  # all modes together
     loading_slots: int = 0
     load_left_s: float = 0.0
+    running: list[Running] = field(default_factory=list)  # the sessions on ready slots
+    waiting: list[Waiting] = field(default_factory=list)  # the tickets, in queue order
+    mode_hold_s: dict[str, float] = field(default_factory=dict)  # measured mean hold per mode
+    _estimator: WaitEstimator | None = field(default=None, repr=False, compare=False)
 
     def estimated_wait_s(self, position: int) -> int:
-        """Wait estimate for a position: whole rounds of the slot pool times the mean hold.
+        """Whole seconds until the ticket at ``position`` gets a slot (``streaming/wait_estimate``):
+        the running sessions' expected time left and the mean hold of each ticket ahead, by mode.
 
         While no slot is ready yet, the time the loading workers still need comes first.
         """
-        if self.live_slots > 0:
-            rounds = math.ceil(position / self.live_slots)
-            return round(rounds * self.mean_hold_s)
-        rounds = math.ceil(position / max(1, self.loading_slots))
-        return round(self.load_left_s + (rounds - 1) * self.mean_hold_s)
+        if self._estimator is None:
+            holds = HoldTimes(self.mode_hold_s, self.mean_hold_s)
+            free_at = slot_free_times(
+                self.running, self.live_slots, self.loading_slots, self.load_left_s, holds
+            )
+            self._estimator = WaitEstimator(list(free_at), self.waiting, holds)
+        return round(self._estimator.wait_s(position))
 
 
 class Admission:
@@ -75,27 +91,59 @@ class Admission:
         self._enqueue_dispatch = redis.register_script(lua.ENQUEUE_DISPATCH)
         self._release = redis.register_script(lua.RELEASE)
 
-    async def enqueue(self, ticket_id: str, max_queue: int, front: bool = False) -> int:
+    async def enqueue(
+        self,
+        ticket_id: str,
+        max_queue: int,
+        front: bool = False,
+        mode: str = "",
+        cap_s: float | None = None,
+    ) -> int:
         """Add a ticket at the tail (``front``: ahead of every ordinary ticket, for a failover);
-        return its position. Raises QueueFull at capacity (never for ``front``)."""
+        return its position. Raises QueueFull at capacity (never for ``front``).
+
+        ``mode`` (chat, audio, video) and ``cap_s`` (the time left to the session's duration
+        limit; None: none) are what the wait estimates know of the ticket.
+        """
         k = self.keys
         pos = await self._enqueue(
-            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events],
-            args=[ticket_id, max_queue, "1" if front else "0"],
+            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events, k.queue_info],
+            args=[ticket_id, max_queue, "1" if front else "0", "0", mode, _cap(cap_s)],
         )
         if int(pos) < 0:
             raise QueueFull()
         return int(pos)
 
     async def enqueue_and_dispatch(
-        self, ticket_id: str, max_queue: int, front: bool = False
+        self,
+        ticket_id: str,
+        max_queue: int,
+        front: bool = False,
+        mode: str = "",
+        cap_s: float | None = None,
     ) -> tuple[int, list[tuple[str, str]]]:
         """``enqueue`` then ``dispatch`` in one atomic step (one round trip): the ticket's
         position and the (ticket, slot) pairs dispatched. Raises QueueFull as ``enqueue``."""
         k = self.keys
         got = await self._enqueue_dispatch(
-            keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events, k.busy_slots],
-            args=[ticket_id, max_queue, "1" if front else "0", k.prefix, self.assignment_ttl_s],
+            keys=[
+                k.queue,
+                k.queue_seq,
+                k.free_slots,
+                k.queue_events,
+                k.busy_slots,
+                k.queue_info,
+                k.running_slots,
+            ],
+            args=[
+                ticket_id,
+                max_queue,
+                "1" if front else "0",
+                k.prefix,
+                self.assignment_ttl_s,
+                mode,
+                _cap(cap_s),
+            ],
         )
         if int(got[0]) < 0:
             raise QueueFull()
@@ -105,7 +153,8 @@ class Admission:
         """Withdraw a ticket. Returns a slot id if one had already been assigned (and frees it)."""
         k = self.keys
         slot = await self._leave(
-            keys=[k.queue, k.assignment(ticket_id), k.queue_events], args=[ticket_id]
+            keys=[k.queue, k.assignment(ticket_id), k.queue_events, k.queue_info],
+            args=[ticket_id],
         )
         if slot:
             slot_id = slot.decode() if isinstance(slot, bytes) else str(slot)
@@ -124,7 +173,7 @@ class Admission:
 
     def _dispatch_keys(self) -> list[str]:
         k = self.keys
-        return [k.queue, k.free_slots, k.busy_slots, k.queue_events]
+        return [k.queue, k.free_slots, k.busy_slots, k.queue_events, k.queue_info, k.running_slots]
 
     def _dispatch_args(self, by: str) -> list[str | int]:
         return [self.keys.prefix, self.assignment_ttl_s, by]
@@ -137,16 +186,18 @@ class Admission:
         return slot.decode() if isinstance(slot, bytes) else str(slot)
 
     async def release(self, slot_id: str) -> bool:
-        """Give a slot back to the pool (idempotent)."""
+        """Give a slot back to the pool (idempotent). No hold time is recorded: a slot the
+        gateway gives back served nobody."""
         k = self.keys
         done = await self._release(
-            keys=[k.busy_slots, k.free_slots, k.worker_alive(slot_worker(slot_id)), k.queue_events],
+            keys=k.release_keys(slot_id),
             args=[slot_id, k.prefix],
         )
         return bool(done)
 
     async def snapshot(self) -> QueueSnapshot:
-        """Positions of every waiting ticket, the live slot count and the mean slot hold time."""
+        """Positions of every waiting ticket, the live slots, what runs on them and the mean
+        slot hold times: what the wait estimates need."""
         async with self.redis.pipeline(transaction=False) as pipe:
             self._snapshot_reads(pipe)
             replies = await pipe.execute()
@@ -161,7 +212,8 @@ class Admission:
         async with self.redis.pipeline(transaction=False) as pipe:
             # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT EXISTS
             # round trip on every execute
-            pipe.evalsha(self._dispatch.sha, 4, *self._dispatch_keys(), *self._dispatch_args(by))
+            keys = self._dispatch_keys()
+            pipe.evalsha(self._dispatch.sha, len(keys), *keys, *self._dispatch_args(by))
             self._snapshot_reads(pipe)
             flat, *replies = await pipe.execute(raise_on_error=False)
         if isinstance(flat, NoScriptError):  # Redis lost its script cache (a restart)
@@ -180,19 +232,29 @@ class Admission:
         k = self.keys
         pipe.zrange(k.queue, 0, -1)
         pipe.hgetall(k.workers)
-        pipe.hget(k.duration_stats, "ema_s")
+        pipe.hgetall(k.duration_stats)
+        pipe.hgetall(k.queue_info)
+        pipe.hgetall(k.running_slots)
+        pipe.time()
 
     async def _snapshot_of(self, replies: list[Any]) -> QueueSnapshot:
-        members, workers, ema = replies
-        order = {(m.decode() if isinstance(m, bytes) else m): i + 1 for i, m in enumerate(members)}
+        members, workers, stats, info, running, (sec, usec) = replies
+        now = sec + usec / 1e6  # Redis's clock: the one the scripts stamp with
+        order = {_text(m): i + 1 for i, m in enumerate(members)}
         cap = await self.capacity(workers)
+        stats = {_text(f): _text(v) for f, v in stats.items()}
+        ema = stats.get("ema_s")
+        infos = {_text(t): _text(v) for t, v in info.items()}
         return QueueSnapshot(
             order=order,
             length=len(order),
             live_slots=cap.ready,
-            mean_hold_s=float(ema) if ema else 30.0,
+            mean_hold_s=float(ema) if ema else FALLBACK_HOLD_S,
             loading_slots=cap.loading,
             load_left_s=cap.load_left_s,
+            running=_running(running, cap.ready_ids, now),
+            waiting=[_waiting(infos.get(t, ""), now) for t in order],
+            mode_hold_s=_mode_holds(stats),
         )
 
     async def capacity(self, workers: dict[bytes | str, bytes | str] | None = None) -> Capacity:
@@ -211,7 +273,7 @@ class Admission:
             alive = await pipe.execute()
         lefts = []
         now = time.time()
-        for raw, ok in zip(workers.values(), alive, strict=True):
+        for wid, raw, ok in zip(ids, workers.values(), alive, strict=True):
             if not ok:
                 continue
             info = loads(raw)
@@ -227,6 +289,7 @@ class Admission:
                 lefts.append(max(1.0, expected - (now - float(info.get("loading_since", now)))))
             else:
                 cap.ready += slots
+                cap.ready_ids.add(wid)
         cap.load_left_s = min(lefts) if lefts else 0.0
         return cap
 
@@ -248,6 +311,7 @@ class Admission:
         gone = [w for w in workers if not alive[w]]
         if dead:
             await self.redis.srem(k.busy_slots, *dead)
+            await self.redis.hdel(k.running_slots, *dead)
         if gone:
             await self.redis.hdel(k.workers, *gone)
         return len(dead)
@@ -255,6 +319,54 @@ class Admission:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _cap(cap_s: float | None) -> str:
+    """A duration limit's time left as the scripts take it ('': none)."""
+    return "" if cap_s is None else f"{max(0.0, cap_s):.3f}"
+
+
+def _left(deadline: str, now: float) -> float:
+    """The time from ``now`` to a deadline the scripts wrote (``0``: none)."""
+    try:
+        at = float(deadline)
+    except ValueError:
+        return math.inf
+    return max(0.0, at - now) if at > 0 else math.inf
+
+
+def _waiting(info: str, now: float) -> Waiting:
+    """A ticket's ``<mode>|<deadline>`` (``queue_info``)."""
+    mode, _, deadline = info.partition("|")
+    return Waiting(mode, _left(deadline, now))
+
+
+def _running(raw: dict[Any, Any], ready: set[str], now: float) -> list[Running]:
+    """The sessions on ready workers' slots (``running_slots``: ``<mode>|<deadline>|<since>``);
+    a draining or dead worker's slots serve the queue no more."""
+    out = []
+    for slot, value in raw.items():
+        if slot_worker(_text(slot)) not in ready:
+            continue
+        mode, deadline, since = [*_text(value).split("|"), "", ""][:3]
+        try:
+            elapsed = max(0.0, now - float(since))
+        except ValueError:
+            elapsed = 0.0
+        out.append(Running(mode, elapsed, _left(deadline, now)))
+    return out
+
+
+def _mode_holds(stats: dict[str, str]) -> dict[str, float]:
+    """The measured mean hold of each mode (``ema_s:<mode>`` of ``duration_stats``)."""
+    out = {}
+    for name, value in stats.items():
+        if name.startswith("ema_s:"):
+            try:
+                out[name.removeprefix("ema_s:")] = float(value)
+            except ValueError:
+                continue
+    return out
 
 
 def _pairs(flat: list[bytes | str]) -> list[tuple[str, str]]:

@@ -27,6 +27,12 @@ class Keys:
         return f"{self.prefix}:queue:events"
 
     @property
+    def queue_info(self) -> str:
+        """HASH ticket_id -> ``<mode>|<deadline>`` of a waiting ticket (Redis time; 0: none),
+        for the wait estimates."""
+        return f"{self.prefix}:queue:info"
+
+    @property
     def free_slots(self) -> str:
         """LIST of idle slot ids (``<worker_id>|<n>``)."""
         return f"{self.prefix}:slots:free"
@@ -36,9 +42,26 @@ class Keys:
         """SET of slot ids handed to a ticket and not yet released."""
         return f"{self.prefix}:slots:busy"
 
+    @property
+    def running_slots(self) -> str:
+        """HASH slot id -> ``<mode>|<deadline>|<dispatched at>`` (Redis time) of a slot handed
+        out: what its session is expected to hold it for (the wait estimates)."""
+        return f"{self.prefix}:slots:running"
+
     def slot_hold(self, slot_id: str) -> str:
         """Set while a slot is handed out: by dispatch (short TTL), then renewed by its session."""
         return f"{self.prefix}:hold:{slot_id}"
+
+    def release_keys(self, slot_id: str) -> list[str]:
+        """The keys of the ``RELEASE`` script for one slot, in its order."""
+        return [
+            self.busy_slots,
+            self.free_slots,
+            self.worker_alive(slot_worker(slot_id)),
+            self.queue_events,
+            self.running_slots,
+            self.duration_stats,
+        ]
 
     def assignment(self, ticket_id: str) -> str:
         return f"{self.prefix}:assign:{ticket_id}"
@@ -117,7 +140,8 @@ class Keys:
     # --- statistics
     @property
     def duration_stats(self) -> str:
-        """HASH: exponential moving average of slot hold times, for wait estimates."""
+        """HASH: moving averages of slot hold times for wait estimates, ``ema_s`` (all modes)
+        and ``ema_s:<mode>``, and ``last_s``."""
         return f"{self.prefix}:stats:duration"
 
     @property

@@ -6,10 +6,13 @@ Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n
 """
 
 ENQUEUE = """
--- KEYS: queue, queue_seq, free_slots, queue_events   ARGV: ticket_id, max_queue, front[, quiet]
+-- KEYS: queue, queue_seq, free_slots, queue_events, queue_info
+-- ARGV: ticket_id, max_queue, front, quiet, mode, cap_s
 -- front = '1': a failover's ticket goes ahead of every ordinary one (in arrival order among
 -- themselves), whatever the queue length. quiet = '1': publish nothing (ENQUEUE_DISPATCH
--- publishes `enqueue` itself, only for a ticket that is left waiting).
+-- publishes `enqueue` itself, only for a ticket that is left waiting). The ticket's mode and
+-- the Redis time by which it must have been served (cap_s from now; '' none: 0) go into
+-- queue_info as `<mode>|<deadline>`, for the wait estimates (streaming/wait_estimate.py).
 local waiting = redis.call('ZCARD', KEYS[1])
 local free = redis.call('LLEN', KEYS[3])
 local front = ARGV[3] == '1'
@@ -21,6 +24,13 @@ if front then
   seq = seq - 1e12
 end
 redis.call('ZADD', KEYS[1], seq, ARGV[1])
+local cap = tonumber(ARGV[6])
+local deadline = 0
+if cap then
+  local t = redis.call('TIME')
+  deadline = tonumber(t[1]) + tonumber(t[2]) / 1e6 + cap
+end
+redis.call('HSET', KEYS[5], ARGV[1], (ARGV[5] or '') .. '|' .. string.format('%.3f', deadline))
 if ARGV[4] ~= '1' then
   redis.call('PUBLISH', KEYS[4], 'enqueue')
 end
@@ -31,8 +41,9 @@ return waiting + 1
 """
 
 LEAVE = """
--- KEYS: queue, assignment, queue_events   ARGV: ticket_id
+-- KEYS: queue, assignment, queue_events, queue_info   ARGV: ticket_id
 -- Returns the slot id when the ticket had already been given one (the caller must release it).
+redis.call('HDEL', KEYS[4], ARGV[1])
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   redis.call('PUBLISH', KEYS[3], 'leave')
   return false
@@ -46,19 +57,23 @@ return false
 """
 
 DISPATCH = """
--- KEYS: queue, free_slots, busy_slots, queue_events   ARGV: prefix, assignment_ttl_s[, by]
+-- KEYS: queue, free_slots, busy_slots, queue_events, queue_info, running_slots
+-- ARGV: prefix, assignment_ttl_s[, by]
 -- Pairs the oldest live tickets with live idle slots. Returns {ticket, slot, ticket, slot, ...}.
 -- The assignment is recorded even though the caller (gateway `by`) takes its own tickets' slots
 -- from this reply: a waiter that was cancelled before it saw the reply gives its slot back
 -- through LEAVE, which finds it there. The event names `by` so that gateway skips the claim.
+-- The ticket's queue_info moves to running_slots as `<mode>|<deadline>|<dispatched at>`.
 local prefix = ARGV[1]
 local out = {}
+local now = false
 while true do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if not head then break end
   local gw = string.match(head, '^ticket_([^_]+)_')
   if (not gw) or redis.call('EXISTS', prefix .. ':gw:' .. gw .. ':alive') == 0 then
     redis.call('ZREM', KEYS[1], head)
+    redis.call('HDEL', KEYS[5], head)
   else
     local slot = false
     while true do
@@ -75,6 +90,13 @@ while true do
     redis.call('SADD', KEYS[3], slot)
     redis.call('SET', prefix .. ':assign:' .. head, slot, 'EX', tonumber(ARGV[2]))
     redis.call('SET', prefix .. ':hold:' .. slot, head, 'EX', tonumber(ARGV[2]))
+    if not now then
+      local t = redis.call('TIME')
+      now = string.format('%.3f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
+    end
+    local info = redis.call('HGET', KEYS[5], head) or '|0'
+    redis.call('HDEL', KEYS[5], head)
+    redis.call('HSET', KEYS[6], slot, info .. '|' .. now)
     table.insert(out, head)
     table.insert(out, slot)
   end
@@ -88,13 +110,43 @@ return out
 """
 
 RELEASE = """
--- KEYS: busy_slots, free_slots, worker_alive, queue_events   ARGV: slot_id, prefix
--- Gives a slot back once (a second release of the same hand-out is a no-op).
+-- KEYS: busy_slots, free_slots, worker_alive, queue_events, running_slots, duration_stats
+-- ARGV: slot_id, prefix[, held_s, alpha]
+-- Gives a slot back once (a second release of the same hand-out is a no-op). held_s (the
+-- worker's release of a session that ran; '' for a slot that served nobody): the hold is folded
+-- into the moving averages of duration_stats, `ema_s` (all modes) and `ema_s:<mode>`, with
+-- weight alpha; it counts from the dispatch when running_slots knows it, else held_s.
+-- (SREM first: at maxmemory a script that has written may go on, so a full Redis still takes
+-- the slot back.)
 if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then
   redis.call('DEL', ARGV[2] .. ':hold:' .. ARGV[1])
   if redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('LREM', KEYS[2], 0, ARGV[1])
     redis.call('LPUSH', KEYS[2], ARGV[1])
+  end
+  local info = redis.call('HGET', KEYS[5], ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  local held = tonumber(ARGV[3] or '')
+  if held then
+    local mode = ''
+    if info then
+      local m, since = string.match(info, '^([^|]*)|[^|]*|([^|]*)$')
+      if m and tonumber(since) then
+        local t = redis.call('TIME')
+        mode = m
+        held = math.max(0, tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(since))
+      end
+    end
+    local alpha = tonumber(ARGV[4])
+    local fields = {'ema_s'}
+    if mode ~= '' then table.insert(fields, 'ema_s:' .. mode) end
+    for _, f in ipairs(fields) do
+      local old = tonumber(redis.call('HGET', KEYS[6], f))
+      local ema = held
+      if old then ema = (1 - alpha) * old + alpha * held end
+      redis.call('HSET', KEYS[6], f, string.format('%.3f', ema))
+    end
+    redis.call('HSET', KEYS[6], 'last_s', string.format('%.3f', held))
   end
   redis.call('PUBLISH', KEYS[4], 'release')
   return 1
@@ -103,9 +155,11 @@ return 0
 """
 
 OFFER = """
--- KEYS: busy_slots, free_slots, queue_events   ARGV: prefix, then slot ids idle on their worker
+-- KEYS: busy_slots, free_slots, queue_events, running_slots
+-- ARGV: prefix, then slot ids idle on their worker
 -- Puts idle slots into the pool unless they are already there or handed out. A slot handed out
--- whose hold expired without a session starting on it (its gateway vanished) is taken back.
+-- whose hold expired without a session starting on it (its gateway vanished) is taken back; an
+-- idle slot runs nothing (its running_slots entry, if any, goes).
 local added = 0
 for i = 2, #ARGV do
   local s = ARGV[i]
@@ -113,9 +167,12 @@ for i = 2, #ARGV do
      and redis.call('EXISTS', ARGV[1] .. ':hold:' .. s) == 0 then
     redis.call('SREM', KEYS[1], s)
   end
-  if redis.call('SISMEMBER', KEYS[1], s) == 0 and not redis.call('LPOS', KEYS[2], s) then
-    redis.call('LPUSH', KEYS[2], s)
-    added = added + 1
+  if redis.call('SISMEMBER', KEYS[1], s) == 0 then
+    redis.call('HDEL', KEYS[4], s)
+    if not redis.call('LPOS', KEYS[2], s) then
+      redis.call('LPUSH', KEYS[2], s)
+      added = added + 1
+    end
   end
 end
 if added > 0 then redis.call('PUBLISH', KEYS[3], 'offer') end
@@ -123,10 +180,11 @@ return added
 """
 
 WITHDRAW = """
--- KEYS: busy_slots, free_slots, queue_events   ARGV: slot ids of a worker going away
+-- KEYS: busy_slots, free_slots, queue_events, running_slots   ARGV: slot ids of a worker going away
 for i = 1, #ARGV do
   redis.call('LREM', KEYS[2], 0, ARGV[i])
   redis.call('SREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[4], ARGV[i])
 end
 redis.call('PUBLISH', KEYS[3], 'withdraw')
 return #ARGV
@@ -143,16 +201,18 @@ ENQUEUE_DISPATCH = (
     + DISPATCH
     + """
 end
--- KEYS: queue, queue_seq, free_slots, queue_events, busy_slots
--- ARGV: ticket_id, max_queue, front, prefix, assignment_ttl_s
+-- KEYS: queue, queue_seq, free_slots, queue_events, busy_slots, queue_info, running_slots
+-- ARGV: ticket_id, max_queue, front, prefix, assignment_ttl_s, mode, cap_s
 -- Returns {position (-1: full, nothing dispatched), ticket, slot, ticket, slot, ...}.
 -- The dispatching gateway (named in the `dispatch` event) is the ticket's own.
-local pos = enqueue({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, {ARGV[1], ARGV[2], ARGV[3], '1'})
+local pos = enqueue(
+  {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]}, {ARGV[1], ARGV[2], ARGV[3], '1', ARGV[6], ARGV[7]}
+)
 if pos < 0 then
   return {pos}
 end
 local by = string.match(ARGV[1], '^ticket_([^_]+)_') or ''
-local out = dispatch({KEYS[1], KEYS[3], KEYS[5], KEYS[4]}, {ARGV[4], ARGV[5], by})
+local out = dispatch({KEYS[1], KEYS[3], KEYS[5], KEYS[4], KEYS[6], KEYS[7]}, {ARGV[4], ARGV[5], by})
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('PUBLISH', KEYS[4], 'enqueue')
 end

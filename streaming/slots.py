@@ -8,7 +8,6 @@ persistence, a failover) is rebuilt within one heartbeat interval.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -17,8 +16,7 @@ import redis
 from streaming import lua
 from streaming.codec import dumps
 from streaming.keys import Keys, slot_worker
-
-log = logging.getLogger("omniserve.worker")
+from streaming.wait_estimate import HOLD_EMA_ALPHA
 
 
 class WorkerRegistry:
@@ -85,42 +83,32 @@ class WorkerRegistry:
             results = pipe.execute()
         if idle_slots:
             self._offer(
-                keys=[k.busy_slots, k.free_slots, k.queue_events], args=[k.prefix, *idle_slots]
+                keys=[k.busy_slots, k.free_slots, k.queue_events, k.running_slots],
+                args=[k.prefix, *idle_slots],
             )
         renewed = results[2::2]
         taken = [slot for slot, ok in zip(active, renewed, strict=True) if not ok]
         return bool(results[1]), taken
 
-    def release(self, slot_id: str) -> bool:
-        """Give one slot back to the pool (idempotent)."""
+    def release(self, slot_id: str, held_s: float | None = None) -> bool:
+        """Give one slot back to the pool (idempotent). ``held_s``: a session ran on it, and
+        its hold time goes into the moving averages of the wait estimates in the same step
+        (measured from the dispatch when Redis knows it, else ``held_s``)."""
         k = self.keys
-        return bool(
-            self._release(
-                keys=[k.busy_slots, k.free_slots, k.worker_alive(self.worker_id), k.queue_events],
-                args=[slot_id, k.prefix],
-            )
-        )
+        record: list[str | float] = [] if held_s is None else [f"{held_s:.3f}", HOLD_EMA_ALPHA]
+        return bool(self._release(keys=k.release_keys(slot_id), args=[slot_id, k.prefix, *record]))
 
     def withdraw(self, slot_ids: list[str]) -> None:
         """Take slots out of the pool (idle or being released) without leaving the registry."""
         if slot_ids:
             k = self.keys
-            self._withdraw(keys=[k.busy_slots, k.free_slots, k.queue_events], args=slot_ids)
+            self._withdraw(
+                keys=[k.busy_slots, k.free_slots, k.queue_events, k.running_slots], args=slot_ids
+            )
 
     def unregister(self, slot_ids: list[str]) -> None:
         """Leave the registry (clean shutdown)."""
         forget_worker(self.client, self.keys, self.worker_id, slot_ids)
-
-    def record_hold(self, seconds: float, alpha: float = 0.2) -> None:
-        """Fold one slot hold time into the moving average used for wait estimates (an
-        estimate: one Redis did not take, full or away, is only logged)."""
-        k = self.keys
-        try:
-            old = self.client.hget(k.duration_stats, "ema_s")
-            ema = seconds if old is None else (1 - alpha) * float(old) + alpha * seconds
-            self.client.hset(k.duration_stats, mapping={"ema_s": ema, "last_s": seconds})
-        except redis.RedisError as exc:
-            log.warning("could not record a slot hold time (%s)", exc)
 
 
 def forget_worker(client: redis.Redis, keys: Keys, worker_id: str, slot_ids: list[str]) -> None:
@@ -130,7 +118,8 @@ def forget_worker(client: redis.Redis, keys: Keys, worker_id: str, slot_ids: lis
     """
     if slot_ids:
         client.register_script(lua.WITHDRAW)(
-            keys=[keys.busy_slots, keys.free_slots, keys.queue_events], args=slot_ids
+            keys=[keys.busy_slots, keys.free_slots, keys.queue_events, keys.running_slots],
+            args=slot_ids,
         )
     with client.pipeline(transaction=False) as pipe:
         pipe.hdel(keys.workers, worker_id)

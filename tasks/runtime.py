@@ -328,10 +328,9 @@ class WorkerRuntime:
             if self.shutting_down.is_set():
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:
-                self.registry.release(slot_id)
+                self.registry.release(slot_id, held_s)  # (its hold time in the same step)
         except redis.RedisError:
             log.exception("could not release slot %s", slot_id)
-        self.registry.record_hold(held_s)
 
     def quarantine(self, slot_id: str, session_id: str) -> None:
         """A session's step hung: stop renewing its lease and never offer its slot meanwhile."""

@@ -78,6 +78,7 @@ async def test_dead_gateways_tickets_and_dead_workers_slots_are_skipped(
     await admission.enqueue(ticket(2), max_queue=10)
     assert await admission.dispatch() == []  # the dead worker's slot is dropped, not handed out
     assert (await admission.snapshot()).order == {ticket(2): 1}  # the dead gateway's ticket too
+    assert sync_redis.hkeys(keys.queue_info) == [ticket(2).encode()]  # and its record
     worker(sync_redis, keys, "w#2", 1)
     assert await admission.dispatch() == [(ticket(2), "w#2|0")]
 
@@ -165,3 +166,34 @@ async def test_dispatch_and_snapshot_in_one_pipeline_survives_a_flushed_script_c
 
     snap = await admission.dispatch_and_snapshot(GW, nobody_left)
     assert snap is None and got[-1] == [(ticket(2), "w#1|0")]  # nobody needs the rest
+
+
+async def test_the_snapshot_knows_what_runs_and_waits_mode_by_mode(
+    admission: Admission, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """The scripts keep each waiting ticket's mode and each dispatched slot's mode and dispatch
+    time (Redis's clock), so any gateway's estimate sees a chat turn waiting behind an audio
+    session 10 s into its typical 20 s: about 10 s, where the mean of all holds says 4."""
+    worker(sync_redis, keys, "w#1", 1)
+    sync_redis.hset(keys.duration_stats, mapping={"ema_s": 4.0, "ema_s:audio": 20.0})
+    await admission.enqueue_and_dispatch(ticket(1), 10, mode="audio", cap_s=600)
+    assert await admission.take_assignment(ticket(1)) == "w#1|0"
+    mode, deadline, since = sync_redis.hget(keys.running_slots, "w#1|0").decode().split("|")
+    assert mode == "audio" and 599 < float(deadline) - float(since) <= 600
+    sync_redis.hset(keys.running_slots, "w#1|0", f"audio|0|{float(since) - 10:.3f}")
+    await admission.enqueue_and_dispatch(ticket(2), 10, mode="chat", cap_s=None)
+    assert sync_redis.hget(keys.queue_info, ticket(2)).startswith(b"chat|")
+    snap = await admission.snapshot()
+    assert [r.mode for r in snap.running] == ["audio"] and snap.waiting[0].mode == "chat"
+    assert snap.mode_hold_s == {"audio": 20.0}
+    assert 9 <= snap.estimated_wait_s(1) <= 10
+    # a worker that is not ready serves the queue no more: its sessions do not count
+    sync_redis.delete(keys.worker_alive("w#1"))
+    assert (await admission.snapshot()).running == []
+    worker(sync_redis, keys, "w#1", 1)
+    # leaving drops the ticket's record; a release the slot's
+    await admission.leave(ticket(2))
+    assert not sync_redis.hexists(keys.queue_info, ticket(2))
+    assert await admission.release("w#1|0")
+    assert not sync_redis.exists(keys.running_slots)
+    assert sync_redis.hget(keys.duration_stats, "ema_s:audio") == b"20.0"  # (no hold recorded)

@@ -49,10 +49,26 @@ def test_withdraw_and_hold_times(sync_redis: redis.Redis, keys: Keys) -> None:
     reg.heartbeat(reg.slot_ids(1), {})
     reg.withdraw(reg.slot_ids(1))  # draining: no new work, still registered
     assert sync_redis.llen(keys.free_slots) == 0 and sync_redis.hexists(keys.workers, "w#2")
-    reg.record_hold(10.0)
-    reg.record_hold(20.0)
+    slot = "w#2|0"
+    for held in (10.0, 20.0):  # a session ran on the slot: its hold goes into the mean
+        sync_redis.sadd(keys.busy_slots, slot)
+        assert reg.release(slot, held) is True
     stats = sync_redis.hgetall(keys.duration_stats)
     assert float(stats[b"ema_s"]) == 12.0 and float(stats[b"last_s"]) == 20.0
+    assert not [f for f in stats if f.startswith(b"ema_s:")]  # no mode known
+    # dispatched 5 s ago as an audio session: the hold counts from the dispatch, and goes into
+    # the audio mean too; the slot's record goes with the release
+    sec, usec = sync_redis.time()
+    sync_redis.sadd(keys.busy_slots, slot)
+    sync_redis.hset(keys.running_slots, slot, f"audio|0|{sec + usec / 1e6 - 5:.3f}")
+    assert reg.release(slot, 1.0) is True
+    stats = sync_redis.hgetall(keys.duration_stats)
+    assert 5.0 <= float(stats[b"ema_s:audio"]) < 6.0
+    assert 10.6 <= float(stats[b"ema_s"]) < 10.8
+    assert not sync_redis.hexists(keys.running_slots, slot)
+    sync_redis.sadd(keys.busy_slots, slot)
+    assert reg.release(slot) is True  # handed back unused: nothing recorded
+    assert sync_redis.hgetall(keys.duration_stats) == stats
 
 
 def test_withdraw_idle_of_node_takes_only_that_nodes_idle_slots(
@@ -110,8 +126,8 @@ def test_an_ending_session_drops_its_keys_unless_another_slot_holds_it(
 def test_a_full_redis_still_takes_a_slot_back() -> None:
     """Redis at ``maxmemory`` (``noeviction``) refuses writes that could grow it, yet the
     ``RELEASE`` script still gives the slot back (its first write, ``SREM``, frees memory; a
-    script that has written may go on), and the hold time it cannot record is only logged:
-    a session ending while Redis is full frees its slot (tests/faults/test_redis_full.py)."""
+    script that has written may go on, its hold time too): a session ending while Redis is
+    full frees its slot (tests/faults/test_redis_full.py)."""
     server = start_embedded()
     client = redis.Redis.from_url(server.url)
     try:
@@ -123,8 +139,8 @@ def test_a_full_redis_still_takes_a_slot_back() -> None:
         client.config_set("maxmemory", "1")
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             client.set("anything", "1")
-        assert reg.release("w#1|0") is True
-        reg.record_hold(10.0)  # (refused: logged, not raised)
+        assert reg.release("w#1|0", 10.0) is True
+        assert client.hget(keys.duration_stats, "ema_s") == b"10.000"
         assert client.lrange(keys.free_slots, 0, -1) == [b"w#1|0"]
         assert not client.sismember(keys.busy_slots, "w#1|0")
     finally:
