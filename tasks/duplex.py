@@ -79,7 +79,7 @@ class DuplexRunner:
             if self.recover and self.restart():
                 return None
             while True:
-                if ctx.rt.was_taken(ctx.slot_id):  # restarted on another slot: see taken_over
+                if ctx.rt.was_taken(ctx.slot_id):
                     return self.taken_over()
                 if ctx.rt.must_close():
                     return self.close(CloseReason.SERVER_SHUTDOWN)
@@ -120,7 +120,15 @@ class DuplexRunner:
         self.ctx.closed(reason)
 
     def taken_over(self) -> None:
-        """Restarted on another slot (it holds the lease): end silently, its keys left to it."""
+        """The gateway took this worker for lost and restarted the session on another slot,
+        which holds its lease now: this attempt ends without a word (its client hears the new
+        one) and leaves the session's keys and resume record to it.
+
+        The warning tells the operator which attempt gave way: the heartbeat's own line says
+        when the slot was found taken, this one that the attempt has ended."""
+        log.warning(
+            "session %s: running on another slot now; this attempt ends", self.ctx.session_id
+        )
         self.ctx.silence()
         self.ctx.taken = True
 
