@@ -281,7 +281,10 @@ class DuplexRunner:
         if result.heard:
             self.conversation.heard(result.heard)
             metrics["transcript"] = result.heard
-        with ctx.out.together(now=True):  # text and audio in one round trip, by this thread
+        # the step's text and audio go out in one round trip, written by this thread itself
+        # when the slot's writer has nothing queued: this thread has nothing else to do before
+        # the next input, and handing the batch over would only add a thread wake-up
+        with ctx.out.together(now=True):
             if result.listen:
                 self.end_response(interrupted=True)
                 ctx.emit(
