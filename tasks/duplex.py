@@ -10,13 +10,14 @@ from typing import Any
 import numpy as np
 
 from inference import (
+    DuplexConfig,
     DuplexInput,
     DuplexSession,
     HistoryTurn,
     InferenceError,
     UnsupportedInput,
 )
-from omnicore.audio import INPUT_RATE, bytes_to_pcm
+from omnicore.audio import INPUT_RATE, b64_decode, bytes_to_pcm, pcm_or_wav_to_16k
 from streaming.controls import (
     BadControl,
     CloseControl,
@@ -32,7 +33,6 @@ from streaming.resume import WorkerResume
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
 from tasks.conversation import Conversation
-from tasks.duplex_config import duplex_config
 from tasks.endings import DUPLEX
 from tasks.presence import Presence, PresenceWatch
 from tasks.session import SessionContext, SessionFailed, audio_b64, new_id, running_session
@@ -43,6 +43,29 @@ log = logging.getLogger("omniserve.worker")
 MAX_CONSECUTIVE_FAILURES = 3
 POLL_MS = 250
 GATEWAY_CHECK_S = 2.0
+
+
+def backend_config(
+    init: InitControl, public_mode: str, history: list[HistoryTurn] | None = None
+) -> DuplexConfig:
+    """The backend's session configuration from a (validated) init control: the voice
+    references decoded to 16 kHz, the TTS voice falling back to the reference voice."""
+    ref = _voice(init.ref_audio)
+    tts_ref = _voice(init.tts_ref_audio)
+    return DuplexConfig(
+        mode="video" if public_mode == "video" else "audio",
+        system_prompt=init.system_prompt,
+        ref_audio=ref,
+        tts_ref_audio=tts_ref if tts_ref is not None else ref,
+        config=dict(init.config),
+        history=list(history or []),
+    )
+
+
+def _voice(b64: str | None) -> np.ndarray | None:
+    if not b64:
+        return None
+    return pcm_or_wav_to_16k(b64_decode(b64))
 
 
 class DuplexRunner:
@@ -181,7 +204,7 @@ class DuplexRunner:
         assert self.backend is not None
         t0 = time.perf_counter()
         try:
-            config = duplex_config(control, self.public_mode, history)
+            config = backend_config(control, self.public_mode, history)
             session = self.backend.open_duplex()
             with ctx.rt.watchdog.guard(ctx, DUPLEX, "prepare"):
                 prompt_length = session.prepare(config)
