@@ -75,18 +75,19 @@ class DuplexRunner:
         self.ctx = ctx
         self.public_mode = public_mode
         self.recover = recover
-        s = ctx.rt.settings
-        self.conversation = Conversation(ctx.rt.redis, ctx.rt.keys, ctx.session_id, s.session_ttl_s)
-        self.resume = WorkerResume(ctx.rt.redis, ctx.rt.keys, ctx.session_id)
+        runtime = ctx.runtime
+        s = runtime.settings
+        self.conversation = Conversation(
+            runtime.redis, runtime.keys, ctx.session_id, s.session_ttl_s
+        )
+        self.resume = WorkerResume(runtime.redis, runtime.keys, ctx.session_id)
         self.presence = PresenceWatch(ctx, self.resume, s.resume_grace_s, s.resume_slot_hold_s)
         self.split = False  # InitControl.split_deltas
         self.parked = False
-        self.backend = ctx.rt.backend
+        self.backend = runtime.backend
         self.session: DuplexSession | None = None
         self.chunker = AudioChunker()
-        self.units = UnitAssembler(
-            getattr(self.backend, "unit_samples", None), ctx.rt.settings.max_video_frames
-        )
+        self.units = UnitAssembler(getattr(self.backend, "unit_samples", None), s.max_video_frames)
         self.response_id: str | None = None
         self.response_input_id = ""  # the input of the open response's latest speaking step
         self.failures = 0
@@ -96,20 +97,20 @@ class DuplexRunner:
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
         ctx = self.ctx
-        next_gw_check = time.monotonic() + GATEWAY_CHECK_S
+        next_presence_check = time.monotonic() + GATEWAY_CHECK_S
         paused = False
         try:
             if self.recover and self.restart():
                 return None
             while True:
-                if ctx.rt.was_taken(ctx.slot_id):
+                if ctx.runtime.was_taken(ctx.slot_id):
                     return self.taken_over()
-                if ctx.rt.must_close():
+                if ctx.runtime.must_close():
                     return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
                     return self.close(CloseReason.TIMEOUT)
-                if paused or time.monotonic() >= next_gw_check:
-                    next_gw_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
+                if paused or time.monotonic() >= next_presence_check:
+                    next_presence_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
                     state = self.presence.check()
                     if state is Presence.GONE:
                         log.info("session %s: client gone", ctx.session_id)
@@ -161,7 +162,7 @@ class DuplexRunner:
         log.info("session %s: client away, slot given back until it resumes", self.ctx.session_id)
         self.end_response(interrupted=True)
         self.parked = self.ctx.parked = True
-        self.ctx.log_linger_s = self.ctx.rt.settings.resume_grace_s + 60
+        self.ctx.log_linger_s = self.ctx.runtime.settings.resume_grace_s + 60
 
     def restart(self) -> bool:
         """A failover: prepare the backend as the session's first init did, with the
@@ -206,7 +207,7 @@ class DuplexRunner:
         try:
             config = backend_config(control, self.public_mode, history)
             session = self.backend.open_duplex()
-            with ctx.rt.watchdog.guard(ctx, DUPLEX, "prepare"):
+            with ctx.runtime.watchdog.guard(ctx, DUPLEX, "prepare"):
                 prompt_length = session.prepare(config)
         except UnsupportedInput as exc:
             ctx.error(
@@ -267,7 +268,7 @@ class DuplexRunner:
         )
         t0 = time.perf_counter()
         try:
-            with ctx.rt.watchdog.guard(ctx, DUPLEX):
+            with ctx.runtime.watchdog.guard(ctx, DUPLEX):
                 result = self.session.step(step_in)
         except UnsupportedInput as exc:
             ctx.error(
@@ -298,7 +299,7 @@ class DuplexRunner:
         metrics = dict(result.metrics)
         metrics.setdefault("kv_cache_length", result.kv_cache_length)
         metrics["step_s"] = round(time.perf_counter() - t0, 4)
-        ctx.rt.metrics.step(time.perf_counter() - t0, len(chunk.audio) / INPUT_RATE)
+        ctx.runtime.metrics.step(time.perf_counter() - t0, len(chunk.audio) / INPUT_RATE)
         if self.dropped:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
