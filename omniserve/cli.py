@@ -161,7 +161,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 api_key=args.api_key,
             )
         )
-    except (*probe.FAILURES, probe.Refused) as exc:
+    except (*probe.FAILURES, probe.GatewayRefused) as exc:
         print(f"omniserve probe: {probe.explain(url, exc)}", file=sys.stderr)
         return 1
 
