@@ -50,7 +50,7 @@ class Flushable(Protocol):
         ...
 
 
-class Watched(Protocol):
+class WatchedSession(Protocol):
     """What the watchdog uses of a running session (``tasks.session.SessionContext`` is one)."""
 
     @property
@@ -100,7 +100,7 @@ class Host(Protocol):
 @dataclass
 class _Running:
     since: float
-    ctx: Watched
+    ctx: WatchedSession
     kind: str
     what: str
     expired: bool = False
@@ -123,7 +123,7 @@ class StepWatchdog:
             self._thread.start()
 
     @contextmanager
-    def guard(self, ctx: Watched, kind: str, what: str = "step") -> Iterator[None]:
+    def guard(self, ctx: WatchedSession, kind: str, what: str = "step") -> Iterator[None]:
         """Run one backend call of ``ctx``'s session under the watchdog.
 
         Raises StepTimedOut when the call returns after the watchdog ended the session.
@@ -139,7 +139,7 @@ class StepWatchdog:
         if running.expired:
             raise StepTimedOut(f"backend {what} returned after the watchdog ended the session")
 
-    def guarded(self, ctx: Watched, kind: str, events: Iterable[T]) -> Iterator[T]:
+    def guarded(self, ctx: WatchedSession, kind: str, events: Iterable[T]) -> Iterator[T]:
         """Iterate over a backend's event stream, each ``next()`` under the watchdog."""
         it = iter(events)
         while True:
