@@ -2,10 +2,10 @@
 collection's pause counted for ``/metrics``.
 
 Why: CPython's full (generation 2) collection walks every object the collector tracks while the
-whole process waits, so each one stalls every session a process serves at once. Measured
-(``python -m bench.gc_pause``, docs/BENCHMARKS.md): ~30 ms for a gateway's heap after startup
-(~91,000 objects: FastAPI, pydantic, redis-py), ~100 ms for a pocket worker's after its models
-loaded (~236,000), a Celery parent's ~6 ms. Almost all of those objects (modules, classes, the
+whole process waits, so each one stalls every session a process serves at once, for longer the
+larger the heap: a gateway's after startup (FastAPI, pydantic, redis-py), and more so a pocket
+worker's after its models loaded (``python -m bench.gc_pause`` measures them,
+docs/BENCHMARKS.md). Almost all of those objects (modules, classes, the
 app, the model) live as long as the process; ``freeze_heap`` moves them to the permanent
 generation once startup is over (``gc.freeze``), so a later full collection walks only what was
 allocated since. Nothing that is garbage at that moment is frozen: a full collection runs first.

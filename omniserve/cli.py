@@ -161,7 +161,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 api_key=args.api_key,
             )
         )
-    except (*probe.FAILURES, probe.Refused) as exc:
+    except (*probe.FAILURES, probe.GatewayRefused) as exc:
         print(f"omniserve probe: {probe.explain(url, exc)}", file=sys.stderr)
         return 1
 
@@ -177,8 +177,9 @@ def xdist_args(rest: list[str]) -> list[str]:
     """pytest-xdist arguments for the suite: three worker processes, each taking whole files.
 
     Most of the suite's time is spent waiting on the processes a test starts (gateways, workers,
-    models loading, timeouts running out): in two workers the suite kept 0.7 of two cores busy,
-    in three 1.05, and its time went from ~950 to ~690 s with each file ~6 % slower.
+    models loading, timeouts running out): three workers keep two cores busy where two workers
+    leave them idle a third of the time, so the suite ends sooner though each file runs a little
+    slower.
     Whole files keep a module's shared stack in one process, handed out in the order the suite
     sorts them (longest first: ``tests/file_order.py``), not xdist's own. Nothing is added when
     the caller chose (``-n``, ``--dist``, ``-p no:xdist``) or pytest-xdist is not installed.

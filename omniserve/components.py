@@ -1,9 +1,9 @@
 """The processes ``omniserve up`` runs, each started again with a growing delay when it exits.
 
-Why: ``up`` is the whole service on one machine. It used to stop everything as soon as one part
-exited on its own, so an ordinary fault (the OOM killer taking the gateway, a worker whose
-replacement pool process could not load its model again, the embedded Redis killed) took the
-service down until a person started it again. Now a part that exits after the service was ready
+Why: ``up`` is the whole service on one machine. Were it to stop everything as soon as one part
+exits on its own, an ordinary fault (the OOM killer taking the gateway, a worker whose
+replacement pool process cannot load its model again, the embedded Redis killed) would take the
+service down until a person starts it again. So a part that exits after the service was ready
 is started again, as a process manager would (Kubernetes, compose's ``restart: unless-stopped``):
 after ``restart_delay_s``, doubled for each restart in a row up to ``MAX_DELAY_S``. The rest keeps
 running meanwhile; gateways and workers reconnect to a Redis that restarted empty by themselves.

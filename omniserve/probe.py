@@ -30,7 +30,7 @@ QUEUE_TIMEOUT_S = 600.0
 FAILURES = (OSError, WebSocketException)
 
 
-class Refused(Exception):
+class GatewayRefused(Exception):
     """The gateway sent an ``error`` instead of serving (its code and message)."""
 
 
@@ -44,7 +44,7 @@ def ws_url(url: str) -> str:
 
 
 def explain(url: str, exc: BaseException) -> str:
-    """One line for a failed probe (``FAILURES`` or ``Refused``)."""
+    """One line for a failed probe (``FAILURES`` or ``GatewayRefused``)."""
     if isinstance(exc, FileNotFoundError):
         return f"{exc.filename}: no such file"
     if isinstance(exc, ConnectionRefusedError):
@@ -86,7 +86,7 @@ async def _wait_queue(ws: websockets.ClientConnection) -> None:
         elif kind == "session.queue_done":
             return
         elif kind == "error":
-            raise Refused(f"{ev['error']['code']}: {ev['error']['message']}")
+            raise GatewayRefused(f"{ev['error']['code']}: {ev['error']['message']}")
 
 
 def _headers(api_key: str | None) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The numbered server frames of a chat session, kept in Redis for a resume (issue #12).
+"""The numbered server frames of a chat session, kept in Redis for a resume.
 
 A chat session holds no worker slot between turns, and each turn has its own output channel, so
 its session-wide ``seq`` is assigned by the gateway connection that runs the turns: every frame

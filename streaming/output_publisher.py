@@ -71,9 +71,9 @@ class OutputPublisher:
     def together(self, now: bool = False) -> Iterator[None]:
         """Queue the events emitted inside as one batch: one duplex step's text and audio.
 
-        Queued one by one, the writer woke for the text and wrote it alone, and the audio,
-        emitted microseconds later, waited for that round trip: it reached the client ~1 ms
-        after the text (docs/BENCHMARKS.md). Nested uses join the outer batch.
+        Queued one by one, the writer would wake for the text and write it alone, and the
+        audio, emitted microseconds later, would wait for that round trip before it follows the
+        text (docs/BENCHMARKS.md). Nested uses join the outer batch.
         ``now``: when the writer has nothing queued, this thread writes the batch itself before
         it goes on (``OutputWriter.write_now``): for a caller with nothing else to do meanwhile.
         """
@@ -122,9 +122,9 @@ class OutputPublisher:
         """One pipeline: each event's ``PUBLISH``, then its ``XADD`` to the replay log.
 
         Two plain commands, though a 128 KB audio event crosses the socket twice: one script
-        doing both (as until #16's last follow-up) cost Redis 7 twice the CPU and each audio
-        delta 0.1-0.28 ms (less on Redis 6.2), its arguments copied into Lua strings and back
-        (``python -m bench.publish_path``, docs/BENCHMARKS.md).
+        doing both costs Redis more CPU and each audio delta more time, its arguments copied
+        into Lua strings and back (``python -m bench.publish_path`` measures both ways,
+        docs/BENCHMARKS.md).
         An entry id already logged (a batch retried after a lost reply) is not logged again,
         but published again (the gateway skips a seq it has); any other error is raised, so
         the writer retries and warns as for a lost connection.

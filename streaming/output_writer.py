@@ -1,15 +1,15 @@
 """The thread that writes a worker's session events to Redis (see ``OutputPublisher``).
 
-A worker keeps one writer per slot and hands it from session to session: starting a thread for
-every session cost each chat turn ~0.5 ms before its first event (issue #16), since the new
-thread must win the GIL from Celery's consumer, which is busy at that moment with the task's
-own events. Sessions on one writer stay in order, each as its own ``Target``.
+A worker keeps one writer per slot and hands it from session to session: a thread started for
+every session would delay each chat turn's first event, since the new thread must win the GIL
+from Celery's consumer, which is busy at that moment with the task's own events. Sessions on one
+writer stay in order, each as its own ``Target``.
 
 A batch whose emitter has nothing else to do meanwhile (a duplex step's output, at the step's
 end; a chat turn's first delta, which the client waits for) may be written by the emitting
-thread itself when the writer has nothing queued (``write_now``): handing it to the writer cost
-a thread wake-up, ~1 ms at the median and up to ~9 ms at p99 in a worker of many sessions on a
-busy core (docs/BENCHMARKS.md, "the worker's side of the relay").
+thread itself when the writer has nothing queued (``write_now``): handing it to the writer costs
+a thread wake-up, which in a worker of many sessions on a busy core is a large part of the relay's
+time (docs/BENCHMARKS.md, "the worker's side of the relay").
 """
 
 from __future__ import annotations

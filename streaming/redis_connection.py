@@ -5,12 +5,11 @@ kept without a task.
 A Redis host that goes dark, or a network that drops packets, leaves every open connection
 waiting: no reset comes. A command times out (``socket_timeout``), but a connection that only
 reads (the gateway's pub/sub, a pooled one at rest, a Celery consumer's ``BRPOP``) waits on, and
-once the network heals, TCP's retransmission backoff keeps it silent for seconds more (8.5 s
-after a 30 s cut; a worker's consumer ~23 s after a 30 s cut and over 45 s after a 60 s one,
-every session handed to it meanwhile failing to start:
+once the network heals, TCP's retransmission backoff keeps it silent long after, the longer
+the cut the longer the silence (a worker's consumer meanwhile fails every session handed to it:
 ``tests/faults/test_dropped_packets.py``). ``TCP_OPTIONS`` has the kernel probe a silent
 connection and drop one nothing acknowledges for ``DEAD_PEER_S``; a Redis that is merely stalled
-(a long fork, SIGSTOP) still has its kernel acknowledge, and is waited for as before. redis-py
+(a long fork, SIGSTOP) still has its kernel acknowledge, and is waited for. redis-py
 does not see such a drop for what it is: the reader's error is ``ETIMEDOUT``, which it takes for
 a read timeout (a pub/sub read then returns nothing, again and again, until its next health
 check), and the next write raises uvloop's ``RuntimeError`` (no retry). ``ReopensDropped`` has a
@@ -21,22 +20,22 @@ redis-py applies ``socket_timeout`` to each command it writes with ``asyncio.wai
 Python 3.11 ``wait_for`` runs the write in a task of its own: a task, its scheduling and its
 wake-up for every command, when the write almost never waits at all (``drain`` returns at once
 unless the socket's buffer is full). On the gateway, whose every chunk of input is a command,
-that was ~3 % of its CPU (docs/BENCHMARKS.md). ``TimedWrites`` keeps the same limit with
-``asyncio.timeout`` around the write instead: one timer in the caller's own task. What a
-timeout does is unchanged: the connection is dropped and redis-py's ``TimeoutError`` raised.
+that is a measurable share of its CPU (docs/BENCHMARKS.md). ``TimedWrites`` keeps the same limit
+with ``asyncio.timeout`` around the write instead: one timer in the caller's own task. A timeout
+does what redis-py's does: the connection is dropped and redis-py's ``TimeoutError`` raised.
 
 Every connection opened (and every one idle past ``health_check_interval``) is checked with a
 ``PING`` first. A Redis refusing writes because an RDB save failed (``MISCONF``: its disk full)
-refuses ``PING`` too, so each new connection failed before its command, reads included: a chat
-turn whose worker opened one ended in ``inference_error`` where it should have waited for
+refuses ``PING`` too, so each new connection would fail before its command, reads included: a
+chat turn whose worker opened one would end in ``inference_error`` where it should wait for
 Redis (``tests/faults/test_redis_full.py``). That answer proves the connection alive;
 ``RefusalIsAlive`` (and ``AsyncRefusalIsAlive``) let the check pass on it, and the command
 itself meets the refusal, or not, as a read.
 
 A worker's synchronous connections write a pipeline with one ``sendmsg`` (``GathersWrites``):
 redis-py's ``sendall`` per piece (the small commands, then each 128 KB audio value on its own)
-gave up and took back the GIL around every piece, and in a worker of many session threads each
-taking back waited its turn: a step's audio reached Redis ~0.7 ms after its text at 100 sessions
+gives up and takes back the GIL around every piece, and in a worker of many session threads each
+taking back waits its turn, so a step's audio reaches Redis well after its text
 (docs/BENCHMARKS.md, "the worker's side of the relay").
 """
 
@@ -158,7 +157,8 @@ class GathersWrites:
         if isinstance(command, bytes | str):
             super().send_packed_command(command, check_health)  # type: ignore[misc]
             return
-        # (nothing to send: redis-py connects and checks the connection's health, as before)
+        # (nothing to send: redis-py connects and checks the connection's health, as it does
+        # before any command)
         super().send_packed_command([], check_health)  # type: ignore[misc]
         pieces = [memoryview(piece) for piece in command]
         sock = self._sock
@@ -216,7 +216,7 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     A blocking pool: a burst of commands waits for a connection instead of failing. Retries:
     after Redis restarts, each pooled connection still holds the dead server's socket and fails
     at its next use ("Connection closed by server"); redis-py's pools retry nothing unless told,
-    so a client admitted just after the restart was refused. Two retries on a fresh connection
+    so a client admitted just after the restart would be refused. Two retries on a fresh connection
     serve such a command; a Redis that is really away still fails within a fraction of a second.
     Its writes keep their timeout without a task per command, and a dead peer is found by TCP
     and reopened (``tuned``, ``TCP_OPTIONS``). The URL's own options (``?socket_timeout=``) win.
@@ -227,7 +227,7 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
         timeout=20,
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
-        socket_timeout=5,  # (redis-py's default since 6; none before)
+        socket_timeout=5,  # (set, not left to redis-py's default, which depends on its version)
         **TCP_OPTIONS,
     )
     client = aioredis.Redis(connection_pool=tuned(pool))

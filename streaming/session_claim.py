@@ -1,8 +1,8 @@
 """A worker's start of a session or chat turn: claim, slot hold, lease and request in one step.
 
-Each was its own round trip before (issue #16: the worker's pickup was the largest share of a
-chat turn's first delta). One script keeps the guarantees of the separate steps: the claim is
-taken only once, and a task whose claim fails writes nothing and consumes no request.
+One round trip, not one for each: the worker's pickup is a large share of a chat turn's first
+delta. One script keeps the guarantees of separate steps: the claim is taken only once, and a
+task whose claim fails writes nothing and consumes no request.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Leases are keys with a TTL that their holder renews: a worker its sessions' leases and its
 presence key, a gateway its own. When Redis itself stops answering for a while (frozen by a long
 fork or fsync, a paused VM) the TTLs run on while nobody can renew them, and every lease expires
-together: read just after, a gone lease says nothing about its holder. A 3 s stall used to end or
-fail over every session of a healthy pool (the gateway read its workers' leases gone) and, past
-the gateway's TTL, the workers ended their sessions as abandoned.
+together: read just after, a gone lease says nothing about its holder. Believed, it would end or
+fail over every session of a healthy pool after a stall of a few seconds (the gateway reads its
+workers' leases gone) and, past the gateway's TTL, the workers would end their sessions as
+abandoned.
 
 So each reader times its own periodic round trip to Redis: one that ends a stall (the last one
 failed, this one took ``STALL_S`` longer than usual, or it came ``STALL_S`` later than due)

@@ -31,12 +31,12 @@ def make_app() -> Celery:
         # Admission puts at most one task per slot in a worker's queue; reserve nothing more.
         worker_prefetch_multiplier=1,
         # No unacked bookkeeping: kombu's ack emulation costs two Redis transactions per task
-        # (about a third of a chat turn's pickup, issue #16) to re-deliver a message whose worker
-        # died between taking and acking it, which a session must never be anyway (the
-        # gateway's task_start_timeout_s reports a task that did not start).
-        # The consumer's connection finds a dead peer as every other one does: its BRPOP, cut
-        # off by a network dropping packets, otherwise came back minutes after the heal, and
-        # meanwhile every session handed to this worker's free slots failed to start
+        # (a large share of a chat turn's pickup) to re-deliver a message whose worker died
+        # between taking and acking it, which a session must never be anyway (the gateway's
+        # task_start_timeout_s reports a task that did not start).
+        # The consumer's connection finds a dead peer as every other one does: otherwise its
+        # BRPOP, cut off by a network dropping packets, stays silent long after the heal, and
+        # meanwhile every session handed to this worker's free slots fails to start
         # (tests/faults/test_dropped_packets.py, streaming/redis_connection.py).
         broker_transport_options={"ack_emulation": False, **TCP_OPTIONS, **broker_options},
         broker_connection_retry_on_startup=True,

@@ -32,11 +32,11 @@ CANCEL_CHECK_S = 0.2
 
 def _cancelled(ctx: SessionContext) -> CloseReason | None:
     """A close reason if the gateway asked to stop this turn, the deadline passed or we drain."""
-    if ctx.rt.must_close():
+    if ctx.runtime.must_close():
         return CloseReason.SERVER_SHUTDOWN
     if time.time() >= ctx.deadline_ts:
         return CloseReason.TIMEOUT
-    if not ctx.rt.gateway_alive(ctx.gateway_id):
+    if not ctx.runtime.gateway_alive(ctx.gateway_id):
         return CloseReason.CLIENT_CLOSED
     if ctx.inputs.poll_controls():  # the only control a turn gets is a close
         return CloseReason.CLIENT_CLOSED
@@ -45,10 +45,10 @@ def _cancelled(ctx: SessionContext) -> CloseReason | None:
 
 def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     """Stream one turn's events: prefill, text/audio deltas (when streaming), done."""
-    backend = ctx.rt.backend
+    backend = ctx.runtime.backend
     assert backend is not None
     try:
-        req = build_chat_request(request, ctx.rt.settings.voices_dir)
+        req = build_chat_request(request, ctx.runtime.settings.voices_dir)
     except UnsupportedInput as exc:
         ctx.error(ErrorCode.INVALID_PAYLOAD, str(exc), field=exc.field_name)
         return
@@ -60,7 +60,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
     first_delta_s: float | None = None
     next_check = time.monotonic() + CANCEL_CHECK_S
     try:
-        for ev in ctx.rt.watchdog.guarded(ctx, CHAT, backend.chat(req)):
+        for ev in ctx.runtime.watchdog.guarded(ctx, CHAT, backend.chat(req)):
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CANCEL_CHECK_S
                 reason = _cancelled(ctx)

@@ -10,13 +10,14 @@ from typing import Any
 import numpy as np
 
 from inference import (
+    DuplexConfig,
     DuplexInput,
     DuplexSession,
     HistoryTurn,
     InferenceError,
     UnsupportedInput,
 )
-from omnicore.audio import INPUT_RATE, bytes_to_pcm
+from omnicore.audio import INPUT_RATE, b64_decode, bytes_to_pcm, pcm_or_wav_to_16k
 from streaming.controls import (
     BadControl,
     CloseControl,
@@ -32,7 +33,6 @@ from streaming.resume import WorkerResume
 from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
 from tasks.conversation import Conversation
-from tasks.duplex_config import duplex_config
 from tasks.endings import DUPLEX
 from tasks.presence import Presence, PresenceWatch
 from tasks.session import SessionContext, SessionFailed, audio_b64, new_id, running_session
@@ -45,6 +45,29 @@ POLL_MS = 250
 GATEWAY_CHECK_S = 2.0
 
 
+def backend_config(
+    init: InitControl, public_mode: str, history: list[HistoryTurn] | None = None
+) -> DuplexConfig:
+    """The backend's session configuration from a (validated) init control: the voice
+    references decoded to 16 kHz, the TTS voice falling back to the reference voice."""
+    ref = _voice(init.ref_audio)
+    tts_ref = _voice(init.tts_ref_audio)
+    return DuplexConfig(
+        mode="video" if public_mode == "video" else "audio",
+        system_prompt=init.system_prompt,
+        ref_audio=ref,
+        tts_ref_audio=tts_ref if tts_ref is not None else ref,
+        config=dict(init.config),
+        history=list(history or []),
+    )
+
+
+def _voice(b64: str | None) -> np.ndarray | None:
+    if not b64:
+        return None
+    return pcm_or_wav_to_16k(b64_decode(b64))
+
+
 class DuplexRunner:
     """Drives one backend duplex session from the input streams to the output channel."""
 
@@ -52,18 +75,19 @@ class DuplexRunner:
         self.ctx = ctx
         self.public_mode = public_mode
         self.recover = recover
-        s = ctx.rt.settings
-        self.conversation = Conversation(ctx.rt.redis, ctx.rt.keys, ctx.session_id, s.session_ttl_s)
-        self.resume = WorkerResume(ctx.rt.redis, ctx.rt.keys, ctx.session_id)
+        runtime = ctx.runtime
+        s = runtime.settings
+        self.conversation = Conversation(
+            runtime.redis, runtime.keys, ctx.session_id, s.session_ttl_s
+        )
+        self.resume = WorkerResume(runtime.redis, runtime.keys, ctx.session_id)
         self.presence = PresenceWatch(ctx, self.resume, s.resume_grace_s, s.resume_slot_hold_s)
         self.split = False  # InitControl.split_deltas
         self.parked = False
-        self.backend = ctx.rt.backend
+        self.backend = runtime.backend
         self.session: DuplexSession | None = None
         self.chunker = AudioChunker()
-        self.units = UnitAssembler(
-            getattr(self.backend, "unit_samples", None), ctx.rt.settings.max_video_frames
-        )
+        self.units = UnitAssembler(getattr(self.backend, "unit_samples", None), s.max_video_frames)
         self.response_id: str | None = None
         self.response_input_id = ""  # the input of the open response's latest speaking step
         self.failures = 0
@@ -73,20 +97,20 @@ class DuplexRunner:
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
         ctx = self.ctx
-        next_gw_check = time.monotonic() + GATEWAY_CHECK_S
+        next_presence_check = time.monotonic() + GATEWAY_CHECK_S
         paused = False
         try:
             if self.recover and self.restart():
                 return None
             while True:
-                if ctx.rt.was_taken(ctx.slot_id):  # restarted on another slot: see taken_over
+                if ctx.runtime.was_taken(ctx.slot_id):
                     return self.taken_over()
-                if ctx.rt.must_close():
+                if ctx.runtime.must_close():
                     return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
                     return self.close(CloseReason.TIMEOUT)
-                if paused or time.monotonic() >= next_gw_check:
-                    next_gw_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
+                if paused or time.monotonic() >= next_presence_check:
+                    next_presence_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
                     state = self.presence.check()
                     if state is Presence.GONE:
                         log.info("session %s: client gone", ctx.session_id)
@@ -120,7 +144,15 @@ class DuplexRunner:
         self.ctx.closed(reason)
 
     def taken_over(self) -> None:
-        """Restarted on another slot (it holds the lease): end silently, its keys left to it."""
+        """The gateway took this worker for lost and restarted the session on another slot,
+        which holds its lease now: this attempt ends without a word (its client hears the new
+        one) and leaves the session's keys and resume record to it.
+
+        The warning tells the operator which attempt gave way: the heartbeat's own line says
+        when the slot was found taken, this one that the attempt has ended."""
+        log.warning(
+            "session %s: running on another slot now; this attempt ends", self.ctx.session_id
+        )
         self.ctx.silence()
         self.ctx.taken = True
 
@@ -130,7 +162,7 @@ class DuplexRunner:
         log.info("session %s: client away, slot given back until it resumes", self.ctx.session_id)
         self.end_response(interrupted=True)
         self.parked = self.ctx.parked = True
-        self.ctx.log_linger_s = self.ctx.rt.settings.resume_grace_s + 60
+        self.ctx.log_linger_s = self.ctx.runtime.settings.resume_grace_s + 60
 
     def restart(self) -> bool:
         """A failover: prepare the backend as the session's first init did, with the
@@ -173,9 +205,9 @@ class DuplexRunner:
         assert self.backend is not None
         t0 = time.perf_counter()
         try:
-            config = duplex_config(control, self.public_mode, history)
+            config = backend_config(control, self.public_mode, history)
             session = self.backend.open_duplex()
-            with ctx.rt.watchdog.guard(ctx, DUPLEX, "prepare"):
+            with ctx.runtime.watchdog.guard(ctx, DUPLEX, "prepare"):
                 prompt_length = session.prepare(config)
         except UnsupportedInput as exc:
             ctx.error(
@@ -236,7 +268,7 @@ class DuplexRunner:
         )
         t0 = time.perf_counter()
         try:
-            with ctx.rt.watchdog.guard(ctx, DUPLEX):
+            with ctx.runtime.watchdog.guard(ctx, DUPLEX):
                 result = self.session.step(step_in)
         except UnsupportedInput as exc:
             ctx.error(
@@ -267,13 +299,16 @@ class DuplexRunner:
         metrics = dict(result.metrics)
         metrics.setdefault("kv_cache_length", result.kv_cache_length)
         metrics["step_s"] = round(time.perf_counter() - t0, 4)
-        ctx.rt.metrics.step(time.perf_counter() - t0, len(chunk.audio) / INPUT_RATE)
+        ctx.runtime.metrics.step(time.perf_counter() - t0, len(chunk.audio) / INPUT_RATE)
         if self.dropped:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
             self.conversation.heard(result.heard)
             metrics["transcript"] = result.heard
-        with ctx.out.together(now=True):  # text and audio in one round trip, by this thread
+        # the step's text and audio go out in one round trip, written by this thread itself
+        # when the slot's writer has nothing queued: this thread has nothing else to do before
+        # the next input, and handing the batch over would only add a thread wake-up
+        with ctx.out.together(now=True):
             if result.listen:
                 self.end_response(interrupted=True)
                 ctx.emit(

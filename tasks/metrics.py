@@ -101,8 +101,8 @@ def slot_states(rt: SlotView) -> dict[str, int]:
 class _SlotsAndGpu(Collector):
     """Read at scrape time: slots per state, and CUDA memory when torch and a GPU are there."""
 
-    def __init__(self, rt: SlotView) -> None:
-        self.rt = rt
+    def __init__(self, runtime: SlotView) -> None:
+        self.runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
         slots = GaugeMetricFamily(
@@ -110,8 +110,8 @@ class _SlotsAndGpu(Collector):
             "Slots of this worker process by state.",
             labels=["worker", "state"],
         )
-        for state, n in slot_states(self.rt).items():
-            slots.add_metric([self.rt.worker_id, state], n)
+        for state, n in slot_states(self.runtime).items():
+            slots.add_metric([self.runtime.worker_id, state], n)
         yield slots
         gpu = GaugeMetricFamily(
             "omniserve_gpu_memory_bytes",
@@ -211,10 +211,10 @@ class PersistedCounters(Collector):
 class WorkerMetrics:
     """The worker metrics of the contract on one registry, and the endpoint that serves it."""
 
-    def __init__(self, rt: SlotView, backend: str) -> None:
+    def __init__(self, runtime: SlotView, backend: str) -> None:
         self.backend = backend
         r = self.registry = CollectorRegistry(auto_describe=True)
-        r.register(_SlotsAndGpu(rt))
+        r.register(_SlotsAndGpu(runtime))
         r.register(GcPauseCollector(gc_pauses()))  # this process's collections (and frozen heap)
         self.step_rtf = Histogram(
             "omniserve_duplex_step_rtf",

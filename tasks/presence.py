@@ -61,7 +61,7 @@ class PresenceWatch:
             return Presence.ATTACHED
 
     def _check(self) -> Presence:
-        rt = self.ctx.rt
+        rt = self.ctx.runtime
         att = self.record.attachment() if self.grace_s > 0 else None
         if att is None and self.resumable:
             # the record was there and is gone: Redis restarted empty. Nobody can resume the

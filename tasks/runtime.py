@@ -28,9 +28,10 @@ from tasks.watchdog import StepWatchdog
 log = logging.getLogger("omniserve.worker")
 
 
-#: what a backend loads, for the progress line while it does
 def backend_options(s: Settings, name: str | None = None) -> dict[str, Any]:
-    """Constructor options for the configured backend, from the settings."""
+    """Constructor options for the configured backend: the typed settings each backend reads,
+    then ``backend_options`` (free-form, per backend) over them, so an operator can pass an
+    option the settings do not name without a new setting."""
     name = name or s.backend
     if name == "scripted":
         opts: dict[str, Any] = {
@@ -64,8 +65,9 @@ class WorkerRuntime:
         self.queue = worker_queue(self.worker_id)
         self.keys = Keys(self.settings.key_prefix)
         self.backend_name, self.backend_note = choose_backend(self.settings.backend)
-        # every session thread's connection, and the heartbeat's own (a busy pool never starves
-        # it): streaming/redis_connection.py
+        # Every session thread may hold a connection in XREAD BLOCK: the pool has one for each
+        # slot and a few to spare for the rest of the process. The heartbeat has a client of its
+        # own, so a busy pool never delays the beat that keeps the leases alive.
         self.redis = worker_client(self.settings.redis_url, slots + 8)
         self.beat_redis = worker_client(self.settings.redis_url, None)
         self.registry = WorkerRegistry(
@@ -140,7 +142,8 @@ class WorkerRuntime:
         self._beat.start()
 
     def load_backend(self) -> Backend:
-        """Create the configured backend (once)."""
+        """Create the configured backend (once), and record how long it took: the next worker
+        announces that figure, so queued clients are told how long its capacity will take."""
         if self.backend is None:
             name = self.backend_name
             t0 = time.perf_counter()
@@ -227,6 +230,9 @@ class WorkerRuntime:
 
     # ------------------------------------------------------------------ heartbeat
     def _heartbeat(self) -> None:
+        """Beat every ``heartbeat_interval_s`` until stopped. It must never die: the leases it
+        renews are what keeps this worker's sessions from being restarted elsewhere, so an error
+        is logged once (and again when Redis answers) and the next beat tries again."""
         interval = self.settings.heartbeat_interval_s
         while not self.stopped:
             started = time.monotonic()
@@ -315,16 +321,22 @@ class WorkerRuntime:
         return slot_id in self.taken
 
     def end(self, slot_id: str, session_id: str, held_s: float) -> None:
-        """A session ended: free its slot and its keys (a taken one's are its new holder's)."""
+        """A session ended: free its slot, and drop its lease and input streams.
+
+        The keys go only while this slot still holds the lease (``END_LEASE``): a session that
+        was taken over runs on another slot now, and those keys are that attempt's."""
         with self.lock:
             self.active.pop(slot_id, None)
             # a hung step came back: the backend answers again, so the slot may serve again
             self.quarantined.discard(slot_id)
             self.taken.discard(slot_id)
-        k, sid = self.keys, session_id
+        lease_and_input = [
+            self.keys.session_lease(session_id),
+            self.keys.input_audio(session_id),
+            self.keys.input_control(session_id),
+        ]
         try:
-            dropped = [k.session_lease(sid), k.input_audio(sid), k.input_control(sid)]
-            self._end_lease(keys=dropped, args=[slot_id])
+            self._end_lease(keys=lease_and_input, args=[slot_id])
             if self.shutting_down.is_set():
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:
@@ -345,7 +357,8 @@ class WorkerRuntime:
             log.warning("could not drop the lease of %s (%s)", session_id, exc)
 
     def count(self, name: str) -> None:
-        """Add one to a worker counter, here and in Redis (it outlives a restarted process)."""
+        """Add one to a worker counter, here and in Redis: the count must outlive this process
+        (a hung step restarts a prefork one)."""
         self.counters[name] = self.counters.get(name, 0) + 1
         if name == STEP_TIMEOUTS:
             self.metrics.count("omniserve_" + name, self.backend_name)
@@ -355,8 +368,11 @@ class WorkerRuntime:
             log.warning("could not count %s in Redis", name)
 
     def gateway_alive(self, gateway_id: str) -> bool:
-        """Whether the gateway relaying a session still holds its lease: read as held when the
-        read was slow or timed out, or Redis settles after a stall (``streaming/stalls.py``)."""
+        """Whether the gateway relaying a session still holds its lease.
+
+        A session ends when its gateway is gone, so a gone lease is believed only when Redis
+        answers on time: a read that was slow or timed out, or one just after Redis stalled
+        (``streaming/stalls.py``), says nothing about the gateway and reads as held."""
         began = time.monotonic()
         try:
             if self.redis.exists(self.keys.gateway_alive(gateway_id)):

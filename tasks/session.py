@@ -32,7 +32,7 @@ def new_id(prefix: str) -> str:
 class SessionContext:
     """One running session (or chat turn) on this worker."""
 
-    rt: WorkerRuntime
+    runtime: WorkerRuntime
     session_id: str
     slot_id: str
     gateway_id: str
@@ -167,7 +167,7 @@ def running_session(
         writer=rt.writer(slot_id),
     )
     ctx = SessionContext(
-        rt=rt,
+        runtime=rt,
         session_id=session_id,
         slot_id=slot_id,
         gateway_id=gateway_id,

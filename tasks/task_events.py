@@ -3,13 +3,13 @@ starts instead of while it starts.
 
 Celery buffers a worker's task events (``task-received``, ``task-started``, ``task-succeeded``)
 and asks its event loop to publish them at its next turn. That turn comes as the task is handed
-to the pool: the publish (serialising the batch, a Redis ``PUBLISH``) ran in the consumer's
-thread while the pool thread claimed the session and began the turn, and on the threads pool
-both wanted the same interpreter lock (and, where the worker shares a core with Redis, the
-same core). A chat turn's pickup took ~1 ms longer for it, ~0.4 ms with the worker pinned as
-the benchmark pins it (docs/BENCHMARKS.md, "task events after the start"). Here the buffer is
-published ``FLUSH_DELAY_S`` after the first event that entered it, in one batch with whatever
-followed: Flower sees the same events, that much later.
+to the pool: the publish (serialising the batch, a Redis ``PUBLISH``) would run in the consumer's
+thread while the pool thread claims the session and begins the turn, and on the threads pool
+both want the same interpreter lock (and, where the worker shares a core with Redis, the same
+core), so every chat turn's pickup would wait for it (docs/BENCHMARKS.md, "task events after the
+start", has the measurement). Here the buffer is published ``FLUSH_DELAY_S`` after the first
+event that entered it, in one batch with whatever followed: Flower sees the same events, that
+much later.
 
 Set as ``worker_consumer`` (tasks/celery_app.py). The buffer is also published when the
 consumer stops, so a warm shutdown loses none of it.

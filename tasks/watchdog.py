@@ -50,7 +50,7 @@ class Flushable(Protocol):
         ...
 
 
-class Watched(Protocol):
+class WatchedSession(Protocol):
     """What the watchdog uses of a running session (``tasks.session.SessionContext`` is one)."""
 
     @property
@@ -100,7 +100,7 @@ class Host(Protocol):
 @dataclass
 class _Running:
     since: float
-    ctx: Watched
+    ctx: WatchedSession
     kind: str
     what: str
     expired: bool = False
@@ -109,8 +109,8 @@ class _Running:
 class StepWatchdog:
     """Watches the backend calls of every session of one worker process."""
 
-    def __init__(self, rt: Host, timeout_s: float) -> None:
-        self.rt = rt
+    def __init__(self, runtime: Host, timeout_s: float) -> None:
+        self.runtime = runtime
         self.timeout_s = timeout_s
         self._running: dict[str, _Running] = {}  # slot id -> the call running on it
         self._lock = threading.Lock()
@@ -123,7 +123,7 @@ class StepWatchdog:
             self._thread.start()
 
     @contextmanager
-    def guard(self, ctx: Watched, kind: str, what: str = "step") -> Iterator[None]:
+    def guard(self, ctx: WatchedSession, kind: str, what: str = "step") -> Iterator[None]:
         """Run one backend call of ``ctx``'s session under the watchdog.
 
         Raises StepTimedOut when the call returns after the watchdog ended the session.
@@ -139,7 +139,7 @@ class StepWatchdog:
         if running.expired:
             raise StepTimedOut(f"backend {what} returned after the watchdog ended the session")
 
-    def guarded(self, ctx: Watched, kind: str, events: Iterable[T]) -> Iterator[T]:
+    def guarded(self, ctx: WatchedSession, kind: str, events: Iterable[T]) -> Iterator[T]:
         """Iterate over a backend's event stream, each ``next()`` under the watchdog."""
         it = iter(events)
         while True:
@@ -152,11 +152,11 @@ class StepWatchdog:
 
     def _run(self) -> None:
         interval = min(1.0, max(0.05, self.timeout_s / 10))
-        while not self.rt.stopped:
+        while not self.runtime.stopped:
             time.sleep(interval)
             try:
                 self.check()
-                if self.rt.only_hung_left():
+                if self.runtime.only_hung_left():
                     self._exit_stuck()
             except Exception:  # the watchdog must outlive any error
                 log.exception("step watchdog check failed")
@@ -170,14 +170,14 @@ class StepWatchdog:
             "without waiting for them",
             ", ".join(stuck) or "?",
         )
-        self.rt.leave_now()
+        self.runtime.leave_now()
         logging.shutdown()
         os._exit(EXIT_HUNG_STEP)
 
     def check(self, now: float | None = None) -> list[str]:
         """End every session whose current call exceeded the limit; returns their slot ids."""
         now = time.monotonic() if now is None else now
-        overdue = self.rt.overdue_s()  # stopping: the drain is over, the sessions must end
+        overdue = self.runtime.overdue_s()  # stopping: the drain is over, the sessions must end
         stop_limit = min(self.timeout_s, SHUTDOWN_STEP_S)
         with self._lock:
             late = [
@@ -195,7 +195,7 @@ class StepWatchdog:
 
     def _expire(self, slot: str, r: _Running, elapsed: float, limit: float | None) -> None:
         """``limit``: the step limit it passed; None when the drain's end made it late."""
-        rt, ctx = self.rt, r.ctx
+        rt, ctx = self.runtime, r.ctx
         action = (
             "restarting this worker process to reload the backend"
             if rt.restart_on_hang

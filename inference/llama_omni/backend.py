@@ -34,7 +34,7 @@ from inference.base import (
     VideoPart,
 )
 from inference.llama_omni import protocol
-from inference.llama_omni.connection import Connection
+from inference.llama_omni.connection import LlamaOmniConnection
 from inference.llama_omni.duplex import LlamaOmniDuplexSession
 
 log = logging.getLogger("omniserve.inference.llama_omni")
@@ -180,7 +180,7 @@ class LlamaOmniBackend(Backend):
             turn["image"] = {"max_slice_nums": int(request.max_slice_nums)}
 
         self._claim()
-        conn = Connection(self)
+        conn = LlamaOmniConnection(self)
         try:
             t0 = time.monotonic()
             conn.open(init)

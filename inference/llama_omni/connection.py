@@ -31,7 +31,7 @@ class ServerEndpoint(Protocol):
         ...
 
 
-class Connection:
+class LlamaOmniConnection:
     """Open, send, receive (server closes become ``LlamaOmniSessionClosed``), close."""
 
     def __init__(self, backend: ServerEndpoint) -> None:

@@ -25,7 +25,7 @@ from inference.base import (
     history_prompt,
 )
 from inference.llama_omni import protocol
-from inference.llama_omni.connection import Connection, ServerEndpoint
+from inference.llama_omni.connection import LlamaOmniConnection, ServerEndpoint
 
 
 class DuplexServer(ServerEndpoint, Protocol):
@@ -53,7 +53,7 @@ class LlamaOmniDuplexSession(DuplexSession):
 
     def __init__(self, backend: DuplexServer) -> None:
         self._backend = backend
-        self._conn: Connection | None = None
+        self._conn: LlamaOmniConnection | None = None
         self._pushes = 0
         self._terminated: set[str] = set()
         self._interrupt = False
@@ -82,7 +82,7 @@ class LlamaOmniDuplexSession(DuplexSession):
             )
         if voice:
             payload["voice"] = voice
-        conn = Connection(self._backend)
+        conn = LlamaOmniConnection(self._backend)
         self._conn = conn
         try:
             conn.open(payload)

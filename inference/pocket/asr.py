@@ -1,7 +1,7 @@
 """Speech to text: Whisper tiny.en through faster-whisper (CTranslate2, int8 on CPU).
 
-Whisper's encoder always reads 30 s of audio; for a 2 s question on two cores that is ~0.3 s
-of the ~0.35 s a transcription takes. An utterance is short and followed by silence, so the
+Whisper's encoder always reads 30 s of audio; for a short question that is most of the time a
+transcription takes. An utterance is short and followed by silence, so the
 encoder here reads only the utterance plus ``margin_s`` of silence, and the rest of the 30 s
 window is filled with the encoder's output for silence (computed once at load). The decoder
 thus sees what it was trained on: speech, then silence to the end of the window. Whisper

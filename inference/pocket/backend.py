@@ -67,7 +67,7 @@ class PocketBackend(Backend):
         first_clause_priority: bool = False,
         speculate_after_s: float | None = 0.16,
     ) -> None:
-        """Load the three models (~20 s on 2 cores). Every option has a default.
+        """Load the three models, here, before the worker offers a slot. Every option has a default.
 
         whisper_dir / llm_gguf / piper_voice: model files (default: those the PyPI packages ship).
         threads: CPU threads per model (default: CPU count, at most 4).

@@ -1,11 +1,11 @@
 """SmolLM2's GGUF file, converted once to a CTranslate2 int8 model (and cached on disk).
 
 Why: run token by token through transformers, the 135M model spends its time in Python and
-in small torch ops (~70 ms a token on two idle cores, 0.4-0.8 s on two loaded ones, measured
-in docs/POCKET.md), so its first clause alone took most of a second. CTranslate2 (already
-installed: faster-whisper runs on it) decodes the same weights in C++ at ~15 ms a token.
+in small torch ops (docs/POCKET.md has the figures), so its first clause alone would take most
+of a second. CTranslate2 (already installed: faster-whisper runs on it) decodes the same weights
+in C++, several times faster.
 
-How: transformers reads the GGUF file and de-quantizes it (as before), CTranslate2's own Llama
+How: transformers reads the GGUF file and de-quantizes it, CTranslate2's own Llama
 loader turns that model into its format, quantized to int8. That takes ~10-30 s, so the result
 is kept under ``cache_dir`` keyed by the GGUF file (path, size, mtime), the CTranslate2 version
 and the quantization; a later load reads it in ~1 s and never imports torch. Writes go to a

@@ -1,9 +1,9 @@
 """Cutting a stream of text deltas into sentences, so speech can start before the reply ends.
 
 The first clause is cut shorter than a sentence: the first audio waits for its tokens and for
-Piper to synthesize all of it, ~0.04 s per word on two cores. It ends at a comma, or before a
-word that opens a new phrase ("that", "and", "because", ...), once it has a few words; at
-``first_clause_max_words`` it is cut at the last space.
+Piper to synthesize all of it, which takes longer the more words it has. It ends at a comma, or
+before a word that opens a new phrase ("that", "and", "because", ...), once it has a few words;
+at ``first_clause_max_words`` it is cut at the last space.
 
 Pieces are slices of the text as it came, spaces and newlines included: joined, they give back
 the text (less any whitespace it ends with), so they can go out as text deltas; a piece's

@@ -40,7 +40,7 @@ class SileroVAD:
     def __init__(self, model_path: str | Path | None = None) -> None:
         ort = require("onnxruntime", "onnxruntime")
         options = ort.SessionOptions()
-        # one window is ~0.1 ms of work: more threads only add wake-ups on a shared CPU
+        # one window is very little work: more threads only add wake-ups on a shared CPU
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.log_severity_level = 4

@@ -53,6 +53,11 @@ async def test_a_thawed_worker_gives_way_to_the_new_attempt(
         # the thawed attempt ends and its slot is free again, while the client stays
         await await_for(lambda: stack.free_slots() == 1, 15, "its slot free")
         assert "runs on another slot now" in log_text(first)
+        await await_for(
+            lambda: "running on another slot now; this attempt ends" in log_text(first),
+            5,
+            "the attempt's end logged",
+        )
         await asyncio.sleep(4.0)
         kinds = [f["type"] for _, f in probe.frames]
         assert probe.closed_at is None, kinds[-5:]
