@@ -24,129 +24,416 @@ class Settings(BaseSettings):
     """Configuration of the gateway, the workers and the CLI.
 
     Every field reads ``OMNISERVE_<FIELD>`` (for example ``OMNISERVE_GATEWAY_PORT``); the Redis URL
-    also reads the conventional ``REDIS_URL``.
+    also reads the conventional ``REDIS_URL``. Each field's description is its entry in
+    docs/CONFIGURATION.md, and each ``# --- Title`` comment starts a section there: after a
+    change, ``python -m omnicore.settings_doc`` writes the document again.
     """
 
     model_config = SettingsConfigDict(env_prefix="OMNISERVE_", extra="ignore")
 
-    # --- shared state
+    # --- Shared state
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("OMNISERVE_REDIS_URL", "REDIS_URL"),
+        description="The shared Redis (queue, registry, streams) and the Celery broker; "
+        "`redis+sentinel://…` names the primary that Redis Sentinel watches "
+        "([Redis requirements](OPERATIONS.md#redis-requirements)). The gateway's commands time "
+        "out after 5 s; its connections, the workers' and their Celery consumers' are dropped "
+        "and reopened when nothing is acknowledged for 10 s (a dead host, a network dropping "
+        "packets). redis-py options in the URL win (`?socket_timeout=2`).",
     )
-    key_prefix: str = "omni"  # every Redis key and channel starts with this
-    redis_max_connections: int = 256  # per gateway process; callers wait for a free connection
+    key_prefix: str = Field(
+        "omni",
+        description="Prefix of every omniserve Redis key and channel (separates deployments "
+        "sharing a Redis; Celery's own queue keys are not prefixed).",
+    )
+    redis_max_connections: int = Field(
+        256,
+        description="Size of each gateway's blocking Redis connection pool (commands wait for a "
+        "free connection). Besides it, each gateway holds one pub/sub connection and one input "
+        "link (`omniserve-input-<gateway>` in `CLIENT LIST`).",
+    )
 
-    # --- gateway
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = 8006
-    api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no authentication
-    max_queue: int = 1000  # waiting tickets before queue_full
-    queue_update_interval_s: float = 3.0  # positions are pushed at least this often
-    chat_duration_s: float = 600.0
-    video_duration_s: float = 300.0
-    audio_duration_s: float = 600.0
-    legacy_chat_timeout_s: float = 300.0
-    init_timeout_s: float = 30.0  # worker must answer session.init within this
-    task_start_timeout_s: float = 15.0  # worker must pick up a session task within this
-    # a duplex relay loop is woken by what it waits for (api/realtime_duplex.py); it also looks
-    # at its session at least this often, a backstop (the test suite sets it high, to prove that)
-    relay_look_s: float = Field(5.0, gt=0)
-    # the largest WebSocket message (the reference server and its SDK allow 128 MiB); larger ones
-    # get an error event and close 1009 (api/ws_protocol.py)
-    max_frame_bytes: int = 128 * 1024 * 1024
-    ws_deflate: bool = False  # permessage-deflate: costs ~half the gateway CPU on audio frames
-    max_video_frames: int = 8
-    max_chat_turns_queued: int = Field(4, ge=1)  # chat mode: turns waiting behind the running one
+    # --- Gateway
+    gateway_host: str = Field(
+        "127.0.0.1", description="Gateway bind address (`0.0.0.0` in containers)."
+    )
+    gateway_port: int = Field(8006, description="Gateway port.")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Accepted API keys, a JSON list (`Authorization: Bearer` or `?api_key=`); "
+        "empty: no authentication.",
+    )
+    max_queue: int = Field(
+        1000,
+        description="Waiting tickets (beyond idle slots) before `queue_full`; `0`: no queue, "
+        "`worker_busy` when no slot is idle.",
+    )
+    queue_update_interval_s: float = Field(
+        3.0,
+        description="`session.queue_update` is sent on every position change and at least "
+        "this often.",
+    )
+    chat_duration_s: float = Field(
+        600.0, description="Total duration of a `mode=chat` connection (waiting included)."
+    )
+    video_duration_s: float = Field(
+        300.0, description="Total duration of a `mode=video` session (waiting included)."
+    )
+    audio_duration_s: float = Field(
+        600.0, description="Total duration of a `mode=audio` session (waiting included)."
+    )
+    legacy_chat_timeout_s: float = Field(
+        300.0,
+        description="Deadline of one `/ws/chat` request, from connect (waiting included).",
+    )
+    init_timeout_s: float = Field(
+        30.0,
+        description="A duplex backend must answer `session.init` within this, else `error` "
+        "`backend_error`, `session.closed` `backend_error`, close 1011.",
+    )
+    task_start_timeout_s: float = Field(
+        15.0,
+        description="A worker must start a submitted session or turn within this, else "
+        "`worker_connect_failed`. When the slot's worker process is gone before it started "
+        "(seen within a 0.5 s liveness tick), the session or turn goes to another slot instead "
+        "(`failover_wait_s`).",
+    )
+    relay_look_s: float = Field(
+        5.0,
+        gt=0,
+        description="A duplex session's relay loop sleeps until an event, a change it must act "
+        "on (the client's close or departure, a replaced connection, a lapsed worker lease) or "
+        "its next deadline wakes it; it also looks at least this often, a backstop that nothing "
+        "should need (the test suite sets it high to prove that).",
+    )
+    max_frame_bytes: int = Field(
+        128 * 1024 * 1024,
+        description="Largest WebSocket message the gateway accepts (uvicorn `ws_max_size`; the "
+        "reference server and its SDK allow 128 MiB); a larger one gets an `error` event and "
+        "close 1009.",
+    )
+    ws_deflate: bool = Field(
+        False,
+        description="Negotiate permessage-deflate. Off because compressing base64 audio costs "
+        "about half the gateway's CPU for little gain ([BENCHMARKS.md](BENCHMARKS.md)).",
+    )
+    max_video_frames: int = Field(
+        8, description="Video frames kept per `input.append` (extra frames are dropped)."
+    )
+    max_chat_turns_queued: int = Field(
+        4,
+        ge=1,
+        description="Chat mode: turns that may wait behind the running one on a connection; "
+        "more get `turn_queue_full`.",
+    )
 
-    # --- dead and stuck clients (issue #9; docs/PROTOCOL.md, "Dead and slow clients")
-    # a duplex client that sends nothing this long while it holds a slot is ended (0: off)
-    client_idle_timeout_s: float = Field(6.0, ge=0)
-    # WebSocket pings from the gateway; a peer that has not answered within the timeout is gone
-    ws_ping_interval_s: float = Field(5.0, gt=0)
-    ws_ping_timeout_s: float = Field(4.0, gt=0)
-    # output waiting on the gateway for a client that does not read; beyond either cap the
-    # session ends with output_backpressure
-    output_max_pending_events: int = Field(1000, ge=1)
-    output_max_pending_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # --- Dead and stuck clients
+    client_idle_timeout_s: float = Field(
+        6.0,
+        ge=0,
+        description="A duplex client holding a slot that sends nothing this long is ended "
+        "(`client_idle`); `0`: off ([PROTOCOL.md](PROTOCOL.md)).",
+    )
+    ws_ping_interval_s: float = Field(
+        5.0, gt=0, description="The gateway pings every WebSocket this often."
+    )
+    ws_ping_timeout_s: float = Field(
+        4.0,
+        gt=0,
+        description="The gateway closes a WebSocket that has not answered a ping within this "
+        "(a frozen client's slot is free within interval + timeout).",
+    )
+    output_max_pending_events: int = Field(
+        1000,
+        ge=1,
+        description="Output events waiting on the gateway for a client that does not read; "
+        "beyond it the session ends with `output_backpressure`.",
+    )
+    output_max_pending_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="The same cap in bytes (8 MiB).",
+    )
 
-    # --- recordings of every session (docs/ARCHITECTURE.md, "Recordings")
-    recordings: bool = False  # record every session (`omniserve up` turns it on)
-    recordings_url: str = ".omniserve/recordings"  # a directory or any fsspec URL (s3://b/x)
-    recordings_spool_dir: str | None = None  # local spool for a remote store (default: tmp)
-    recordings_max_age_s: float = Field(30 * 86400.0, ge=0)  # older ones are deleted; 0: keep
-    recordings_max_bytes: int = Field(50 * 1024**3, ge=0)  # oldest deleted above this; 0: no cap
-    recordings_prune_interval_s: float = Field(60.0, gt=0)  # how often retention runs
-    # queued items (frames, ~100 KB each with audio) before the writer drops media
-    recordings_max_pending: int = Field(1024, ge=1)
+    # --- Recordings
+    recordings: bool = Field(
+        False,
+        description="Record every session of every endpoint and mode; `omniserve up` turns it "
+        "on ([Recordings](OPERATIONS.md#recordings)).",
+    )
+    recordings_url: str = Field(
+        ".omniserve/recordings",
+        description="Where: a local directory, `file://…`, or any fsspec URL "
+        "(`s3://bucket/prefix` with `s3fs` installed, `gs://` with `gcsfs`, …). One it cannot "
+        "open stops the gateway at its start, as an invalid setting. Every gateway of a "
+        "deployment writes to the same store.",
+    )
+    recordings_spool_dir: str | None = Field(
+        None,
+        description="Local folder where a remote store's recordings are written while their "
+        "sessions run; unset: `<tmp>/omniserve-recordings` (a local store spools in its own "
+        "`.incoming/`).",
+    )
+    recordings_max_age_s: float = Field(
+        30 * 86400.0,
+        ge=0,
+        description="Recordings that ended longer ago are deleted (30 days); `0`: kept.",
+    )
+    recordings_max_bytes: int = Field(
+        50 * 1024**3,
+        ge=0,
+        description="Above this total the oldest recordings are deleted (50 GiB); `0`: no cap.",
+    )
+    recordings_prune_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often each gateway applies the two retention rules above.",
+    )
+    recordings_max_pending: int = Field(
+        1024,
+        ge=1,
+        description="Frames queued for the background writer per gateway (an audio frame holds "
+        "about 100 KB, so this bounds the queue's memory near 100 MB); beyond it media is "
+        "dropped (counted in the recording's `dropped`), never waited for.",
+    )
 
-    # --- resume and failover (docs/PROTOCOL.md, "Resume and failover")
-    resume_grace_s: float = Field(30.0, ge=0)  # a dropped client may resume this long; 0: off
-    resume_slot_hold_s: float = Field(5.0, ge=0)  # a detached session keeps its slot this long
-    failover_wait_s: float = Field(10.0, ge=0)  # a dead worker's session waits this for a slot
+    # --- Resume and failover
+    resume_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="A client (duplex or chat) whose connection drops may resume its session "
+        "(`session.resume`, any gateway) this long; `0`: off "
+        '([PROTOCOL.md](PROTOCOL.md), "Resume and failover").',
+    )
+    resume_slot_hold_s: float = Field(
+        5.0,
+        ge=0,
+        description="A detached session keeps its worker slot this long; a later resume "
+        "restarts it on a slot with the conversation so far.",
+    )
+    failover_wait_s: float = Field(
+        10.0,
+        ge=0,
+        description="A duplex session whose worker died waits this long at the head of the "
+        "queue for a new worker (`session.recovering`, `session.recovered`), else ends with "
+        "`backend_error`; a session or chat turn whose worker died before starting it waits as "
+        "long for another slot, else `worker_connect_failed`; `0`: off.",
+    )
 
-    # --- the official demo's frontend (docs/FRONTEND.md)
-    static_dir: str | None = None  # its static/ directory, served at / and the page routes
-    default_voice: str | None = None  # in voices_dir: /api/default_ref_audio (unset: the first)
-    presets_dir: str | None = None  # <mode>/*.yaml presets in the demo's format: /api/presets
-    playback_delay_ms: int = Field(200, ge=0, le=2000)  # GET /api/frontend_defaults
+    # --- The official demo's frontend
+    static_dir: str | None = Field(
+        None,
+        description="A frontend directory (the official demo's `static/`) served at `/`, "
+        "`/turnbased`, `/omni`, `/audio_duplex`, `/realtime`, `/admin` and `/static/…`; "
+        "omniserve's own client then answers at `/web/` ([FRONTEND.md](FRONTEND.md)).",
+    )
+    default_voice: str | None = Field(
+        None,
+        description="A voice name in `OMNISERVE_VOICES_DIR`: the official pages' default "
+        "reference voice (`GET /api/default_ref_audio`); unset: the directory's first voice "
+        "file by name.",
+    )
+    presets_dir: str | None = Field(
+        None,
+        description="The official demo's `assets/presets` (`<page>/*.yaml`), served by "
+        "`GET /api/presets`.",
+    )
+    playback_delay_ms: int = Field(
+        200,
+        ge=0,
+        le=2000,
+        description="`GET /api/frontend_defaults`: how long the official pages buffer speech "
+        "before playing it.",
+    )
 
-    # --- security (docs/SECURITY.md)
-    admin_token: SecretStr | None = None  # guards /metrics, /v1/workers, /v1/admin/*
-    voices_dir: str | None = None  # the only files a client may name (tts.ref_audio_path)
-    # X-Forwarded-For is believed only from these networks (CIDRs; a bare address is a /32)
-    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
-    allowed_origins: list[str] = Field(default_factory=list)  # browser origins besides our own
-    max_connections_per_client: int = Field(0, ge=0)  # per client address, all gateways; 0: off
-    # client WebSockets one gateway process holds; 0: what its open-files limit leaves after the
-    # Redis pool and a reserve (api/connection_cap.py)
-    gateway_max_connections: int = Field(0, ge=0)
+    # --- Security
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for `/metrics`, `/v1/workers`, `/v1/admin/*`, "
+        "`/v1/recordings*` and the official admin API ([FRONTEND.md](FRONTEND.md)); unset: "
+        "those are open on a loopback bind, 403 on any other ([SECURITY.md](SECURITY.md)).",
+    )
+    voices_dir: str | None = Field(
+        None,
+        description="The directory of reference voices a client may name in "
+        "`tts.ref_audio_path` (relative names only); unset: the field is refused.",
+    )
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="JSON list of networks (CIDRs; a bare address is a /32) whose "
+        "`X-Forwarded-For` is believed (your TLS proxy or ingress); others' is ignored.",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description='Web origins (`["https://app.example.com"]`; `["*"]`: any) whose pages '
+        "may connect, besides the gateway's own; requests without `Origin` are not browsers "
+        "and are not checked.",
+    )
+    max_connections_per_client: int = Field(
+        0,
+        ge=0,
+        description="Concurrent WebSockets per client address, counted over all gateways; "
+        "`0`: no limit.",
+    )
+    gateway_max_connections: int = Field(
+        0,
+        ge=0,
+        description="Client WebSockets one gateway process holds (both endpoints); more get "
+        "`service_unavailable` (1013) and `/readyz` answers 503. `0`: what the process's "
+        "open-files limit leaves after `redis_max_connections` and a reserve of 64 (the gateway "
+        "raises its soft open-files limit to the hard one at start and logs both figures: "
+        "`at most N client connections (open-files limit L)`).",
+    )
 
-    # --- leases (seconds): a dead worker's clients are told within about lease_ttl_s + 1 s
-    lease_ttl_s: float = 1.5  # worker alive keys and session leases
-    gateway_lease_ttl_s: float = 6.0  # gateway alive keys (a busy event loop must not lose it)
-    heartbeat_interval_s: float = 0.5
-    capacity_wait_s: float = 300.0  # queued while workers load: give up after this (0: forever)
+    # --- Leases and liveness
+    lease_ttl_s: float = Field(
+        1.5,
+        description="TTL of worker alive keys and session leases. With the gateway's 0.5 s "
+        "lease check, a dead worker's clients are told within about `lease_ttl_s` + 0.5 s "
+        "(after a stall of Redis itself, leases settle this long before a gone one is "
+        "believed).",
+    )
+    gateway_lease_ttl_s: float = Field(
+        6.0,
+        description="TTL of gateway alive keys (longer: a busy gateway event loop must not "
+        "lose its clients' tickets).",
+    )
+    heartbeat_interval_s: float = Field(
+        0.5,
+        description="How often gateways and workers renew their leases (and rewrite what they "
+        "own in Redis).",
+    )
+    capacity_wait_s: float = Field(
+        300.0,
+        description="A client queued while workers are registered but none is ready (models "
+        "loading) gets `service_unavailable` after this; `0`: waits without limit.",
+    )
 
-    # --- worker
-    backend: str = "scripted"
-    model_path: str | None = None
-    backend_url: str | None = None
-    device: str = "cuda"
-    backend_options: dict[str, Any] = Field(default_factory=dict)  # JSON, passed to the backend
-    worker_slots: int = Field(1, ge=1)  # concurrent sessions of one worker (threads pool when > 1)
-    worker_name: str | None = None
-    # seconds of input audio kept per session (in chunks: 2 of 1 s, 20 of 100 ms, ...); older
-    # chunks are dropped
-    input_max_pending: int = 2
-    output_log_maxlen: int = 64  # per-session replay log length (events; ~1 min of audio)
-    session_ttl_s: float = 900.0  # all per-session keys expire after this
-    model_load_timeout_s: float = 900.0  # a (re)started worker process may load this long
-    step_timeout_s: float = 30.0  # a backend step running longer ends its session (0: off)
-    # SIGTERM / `omniserve drain`: running sessions may finish this long, then server_shutdown
-    drain_grace_s: float = Field(600.0, ge=0)
-    worker_metrics_port: int = 9108  # each worker node's Prometheus endpoint (0: off)
-    worker_metrics_host: str = "0.0.0.0"  # scraped from other hosts (Prometheus)
+    # --- Worker
+    backend: str = Field(
+        "scripted",
+        description="Worker backend: `scripted`, `pocket`, `minicpmo`, `llama_omni`, or `auto` "
+        "(pocket when installed, else scripted with a note saying why; the default of "
+        "`omniserve up`) ([BACKENDS.md](BACKENDS.md)).",
+    )
+    model_path: str | None = Field(None, description="Local model directory (`minicpmo`).")
+    backend_url: str | None = Field(None, description="`llama-omni-server` URL (`llama_omni`).")
+    device: str = Field("cuda", description="Torch device (`minicpmo`).")
+    backend_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="JSON object of extra backend constructor options "
+        "([BACKENDS.md](BACKENDS.md)).",
+    )
+    worker_slots: int = Field(
+        1,
+        ge=1,
+        description="Concurrent sessions of one worker; more than 1 runs a threads pool (meant "
+        "for the scripted backend).",
+    )
+    worker_name: str | None = Field(
+        None,
+        description="Celery node name; the worker consumes queue `omni.w.<name>`. Must be "
+        "unique per running worker. Unset: `omni-<random>@<hostname>`.",
+    )
+    input_max_pending: int = Field(
+        2,
+        description="Seconds of input audio buffered per session (that many 1 s chunks, or as "
+        "many shorter ones as make it, at most 256); older chunks are dropped silently.",
+    )
+    output_log_maxlen: int = Field(
+        64,
+        description="Length of each session's output replay log in events (approximate trim; "
+        "about a minute of audio).",
+    )
+    session_ttl_s: float = Field(
+        900.0,
+        description="Expiry of every per-session key (a safety net; keys are deleted at "
+        "session end).",
+    )
+    model_load_timeout_s: float = Field(
+        900.0,
+        description="How long a (re)started prefork worker process may take to load its model "
+        "before Celery kills it (`worker_proc_alive_timeout`); also how long `omniserve up` "
+        "waits for ready.",
+    )
+    step_timeout_s: float = Field(
+        30.0,
+        description="Per-step watchdog: a backend call (duplex prepare or step, one chat event) "
+        "running longer ends its session with `backend_error` (chat turn: `inference_error`), "
+        "and the slot is not reused until the backend is healthy again; `0`: off.",
+    )
+    drain_grace_s: float = Field(
+        600.0,
+        ge=0,
+        description="On SIGTERM (or `omniserve drain`), running sessions of gateways and "
+        "workers may finish this long before `server_shutdown`; `omniserve up` sets 0 for its "
+        "children unless this is set ([Shutdown and drain](OPERATIONS.md#shutdown-and-drain)).",
+    )
+    worker_metrics_port: int = Field(
+        9108,
+        description="Each worker process's Prometheus `/metrics` port; `0`: off. `omniserve up` "
+        "gives worker *i* this port + *i*, and says which worker runs without metrics because "
+        "its port is taken.",
+    )
+    worker_metrics_host: str = Field(
+        "0.0.0.0",
+        description="Address the worker metrics endpoint binds, for scrapes from other hosts "
+        "(`omniserve up`, when this is not set: the gateway's host, `127.0.0.1` unless "
+        "`--host`).",
+    )
 
-    # --- scripted backend (deterministic, model-free)
-    scripted_step_delay_s: float = 0.0
-    scripted_token_delay_s: float = 0.01
-    scripted_tokens_per_step: int = 16
-    scripted_reply: str = "Hello from the scripted backend."
+    # --- Scripted backend (deterministic, model-free)
+    scripted_step_delay_s: float = Field(0.0, description="Time per duplex step.")
+    scripted_token_delay_s: float = Field(0.01, description="Time per chat token.")
+    scripted_tokens_per_step: int = Field(16, description="Tokens per duplex step.")
+    scripted_reply: str = Field("Hello from the scripted backend.", description="The answer.")
 
-    # --- omniserve up
-    flower: bool = False
-    flower_port: int = 5555
-    flower_basic_auth: SecretStr | None = None  # user:password (default: a random password)
-    # a part that exits after `up` said ready is started again after this delay, doubled per
-    # restart in a row (at most 30 s); past the limit in a row (0: none) `up` stops everything
-    up_restart_delay_s: float = Field(1.0, ge=0)
-    up_restart_limit: int = Field(5, ge=0)
-    up_log_dir: str = ".omniserve/logs"  # each part's output: gateway.log, worker-1.log, ...
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = "text"  # json: one object per line (log shippers)
-    # freeze the long-lived heap once a gateway or worker process is up (omnicore/gc_pauses.py)
-    gc_freeze: bool = True
+    # --- `omniserve up`
+    flower: bool = Field(
+        False, description="`omniserve up` also starts Flower (same as `--flower`)."
+    )
+    flower_port: int = Field(5555, description="Flower's port for `omniserve up`.")
+    flower_basic_auth: SecretStr | None = Field(
+        None,
+        description="`user:password` for the Flower of `omniserve up`; unset: user `omniserve` "
+        "and a random password per run, printed in the banner.",
+    )
+    up_restart_delay_s: float = Field(
+        1.0,
+        ge=0,
+        description="`omniserve up` starts a part that exited after `ready` again after this "
+        "long, doubled per restart in a row (at most 30 s).",
+    )
+    up_restart_limit: int = Field(
+        5,
+        ge=0,
+        description="Restarts in a row (each ending within 60 s of its start) after which "
+        "`omniserve up` stops everything and exits 1; `0`: no restarts, any exit stops it.",
+    )
+    up_log_dir: str = Field(
+        ".omniserve/logs",
+        description="Where `omniserve up` writes each part's output (`gateway.log`, "
+        "`worker-N.log`, `flower.log`, `redis.log`; emptied at each start); only warnings and "
+        "errors reach its console ([Logs](OPERATIONS.md#logs)).",
+    )
+
+    # --- Logs and the process
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of gateways, workers and Celery."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`json`: one JSON object per line for log shippers (`ts`, `level`, "
+        "`logger`, `pid`, `msg`, `session_id`, extra fields).",
+    )
+    gc_freeze: bool = Field(
+        True,
+        description="A gateway (once started) and a worker (once its backend loaded) freeze "
+        "their long-lived objects out of the garbage collector's reach, so a full collection "
+        "does not stall every session for tens to hundreds of milliseconds "
+        "(`omniserve_gc_pause_seconds`; [BENCHMARKS.md](BENCHMARKS.md)).",
+    )
 
     @field_validator("allowed_origins")
     @classmethod
@@ -204,11 +491,20 @@ class InvalidSettings(ValueError):
     """
 
 
+def environment_variables(field: str) -> list[str]:
+    """The environment variables a settings field is read from, the one to set first: its
+    aliases where it has them (``REDIS_URL``), else ``OMNISERVE_<FIELD>``."""
+    info = Settings.model_fields.get(field)
+    if info is not None and isinstance(info.validation_alias, AliasChoices):
+        return [str(choice) for choice in info.validation_alias.choices]
+    return [f"OMNISERVE_{field.upper()}"]
+
+
 def variable(field: str) -> str:
-    """The environment variable(s) a settings field is read from."""
-    if field == "redis_url":
-        return "OMNISERVE_REDIS_URL (or REDIS_URL)"
-    return f"OMNISERVE_{field.upper()}"
+    """The environment variable(s) a settings field is read from, as an error message names
+    them."""
+    first, *others = environment_variables(field)
+    return f"{first} (or {', '.join(others)})" if others else first
 
 
 @lru_cache(maxsize=1)
