@@ -16,12 +16,12 @@ from api import telemetry
 from api.access_log import AccessLog
 from api.connection import choose_subprotocol, refuse, refuse_with_error
 from api.connection_cap import ConnectionCap
-from api.dialects import legacy_error
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
 from api.metrics import CONTENT_TYPE
 from api.official_api import create_official_router
 from api.pages import install_pages
+from api.protocol.dialects import legacy_error
 from api.realtime_chat import ChatSession
 from api.realtime_duplex import DuplexSession
 from api.recordings.routes import create_recordings_router

@@ -25,10 +25,10 @@ from contextlib import asynccontextmanager, suppress
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.dialects import Dialect
 from api.duplex_recovery import ResumeRequest
-from api.errors import Frame
 from api.gateway import Gateway
+from api.protocol.dialects import Dialect
+from api.protocol.errors import Frame
 from api.realtime import SessionState
 from api.resumable import Resumable, resync_frame
 from api.slot_wait import Admitted

@@ -22,8 +22,8 @@ from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
 from api import client_watch, telemetry
-from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
+from api.protocol.errors import Frame, ProtocolError, error_frame
 from api.recordings.recorder import OFF, SessionRecording
 from streaming.events import CloseReason, ErrorCode
 

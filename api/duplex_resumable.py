@@ -18,10 +18,10 @@ import logging
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.dialects import Dialect, DuplexMapper
 from api.duplex_recovery import Failover, ResumeRequest
-from api.errors import Frame
 from api.gateway import Gateway
+from api.protocol.dialects import Dialect, DuplexMapper
+from api.protocol.errors import Frame
 from api.realtime import SessionState
 from api.resumable import Resumable, resync_frame
 from api.task_relay import TaskRelay

@@ -18,11 +18,11 @@ from starlette.websockets import WebSocket
 
 from api import telemetry
 from api.chat_turn import ChatTurn
-from api.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.connection import Connection, parse_json
-from api.dialects import LegacyChatMapper, legacy_error
-from api.errors import ProtocolError
 from api.gateway import Gateway
+from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
+from api.protocol.dialects import LegacyChatMapper, legacy_error
+from api.protocol.errors import ProtocolError
 from api.slot_wait import Refused, wait_for_slot
 from api.task_relay import TaskNotStarted, WorkerLost
 from api.waiting_events import WaitingTask

@@ -17,10 +17,10 @@ from starlette.websockets import WebSocket
 
 from api import telemetry
 from api.connection import Connection, Flag, new_session_id, parse_json
-from api.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
-from api.dialects import Dialect, dialect_of, older_close_reason
-from api.errors import Frame, ProtocolError
 from api.gateway import Gateway
+from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
+from api.protocol.dialects import Dialect, dialect_of, older_close_reason
+from api.protocol.errors import Frame, ProtocolError
 from api.queueing import Notify
 from api.slot_wait import Admitted, Refused, wait_for_slot
 from api.waiting_events import WaitingTask

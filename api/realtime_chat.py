@@ -26,11 +26,11 @@ from starlette.websockets import WebSocket
 from api import telemetry
 from api.chat_resumable import ResumableChat
 from api.chat_turn import ChatTurn
-from api.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
-from api.dialects import ChatMapper
 from api.duplex_recovery import parse_resume
-from api.errors import Frame, ProtocolError, error_frame
 from api.gateway import Gateway
+from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
+from api.protocol.dialects import ChatMapper
+from api.protocol.errors import Frame, ProtocolError, error_frame
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, WorkerLost

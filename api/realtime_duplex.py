@@ -26,15 +26,15 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api import client_watch, telemetry
-from api.dialects import Dialect, DuplexMapper
 from api.duplex_recovery import parse_resume
 from api.duplex_resumable import ResumableSession, with_seq
-from api.errors import Frame, ProtocolError
 from api.gateway import Gateway
+from api.protocol.dialects import Dialect, DuplexMapper
+from api.protocol.errors import Frame, ProtocolError
+from api.protocol.validation import DuplexInit, duplex_append, duplex_init
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
 from api.task_retry import start_elsewhere
-from api.validation import DuplexInit, duplex_append, duplex_init
 from api.waiting_events import WaitingTask
 from streaming.events import (
     Closed,

@@ -17,9 +17,9 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api.duplex_recovery import ResumeRequest
-from api.errors import Frame
 from api.gateway import Gateway
 from api.liveness import DETACHED, Answer
+from api.protocol.errors import Frame
 from api.realtime import RealtimeSession, SessionState
 from streaming.events import ErrorCode
 from streaming.resume import AttachResult, new_conn_id, new_token

@@ -16,8 +16,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.frames import CloseCode, Frame, Opcode
 
 from api import telemetry
-from api.dialects import legacy_error
-from api.errors import error_frame
+from api.protocol.dialects import legacy_error
+from api.protocol.errors import error_frame
 from streaming.events import ErrorCode
 
 LEGACY_CHAT_PATH = "/ws/chat"

@@ -1,5 +1,6 @@
 """Validation of chat requests (``input.append`` in chat mode, and ``/ws/chat``) into the
-normalised request a chat task reads; the shared field checks live in ``api/validation.py``.
+normalised request a chat task reads; the shared field checks live in
+``api/protocol/validation.py``.
 
 Every problem raises ProtocolError with the documented code and a message naming the field.
 """
@@ -11,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from api.errors import ProtocolError
-from api.validation import (
+from api.protocol.errors import ProtocolError
+from api.protocol.validation import (
     MAX_SLICE_NUMS,
     LooseModel,
     Number,

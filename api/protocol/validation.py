@@ -23,7 +23,7 @@ from pydantic import (
     ValidationError,
 )
 
-from api.errors import ProtocolError
+from api.protocol.errors import ProtocolError
 from omnicore.audio import AudioFormatError, b64_decode, is_wav, read_audio
 from streaming.controls import InitControl
 from streaming.events import ErrorCode

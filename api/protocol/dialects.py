@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from api.errors import Frame, error_frame
+from api.protocol.errors import Frame, error_frame
 from streaming.events import (
     AudioDelta,
     Closed,
