@@ -12,13 +12,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from api import telemetry
 from api.access_log import AccessLog
 from api.connection import choose_subprotocol, refuse, refuse_with_error
 from api.connection_cap import ConnectionCap
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
-from api.metrics import CONTENT_TYPE
+from api.metrics import telemetry
+from api.metrics.registry import CONTENT_TYPE
 from api.official_api import create_official_router
 from api.pages import install_pages
 from api.protocol.dialects import legacy_error

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from starlette.websockets import WebSocket
 
-from api.metrics import GatewayMetrics
+from api.metrics.registry import GatewayMetrics
 from omnicore.settings import Settings
 from streaming.events import CloseReason
 

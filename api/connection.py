@@ -21,8 +21,9 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
-from api import client_watch, telemetry
+from api import client_watch
 from api.gateway import Gateway
+from api.metrics import telemetry
 from api.protocol.errors import Frame, ProtocolError, error_frame
 from api.recordings.recorder import OFF, SessionRecording
 from streaming.events import CloseReason, ErrorCode

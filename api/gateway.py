@@ -15,7 +15,7 @@ from redis.exceptions import RedisError, ResponseError
 from api import task_submit
 from api.client_watch import ClientWatch
 from api.liveness import Liveness
-from api.metrics import GatewayMetrics
+from api.metrics.registry import GatewayMetrics
 from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
 from api.waiting_events import WaitingEvents

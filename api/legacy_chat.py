@@ -16,10 +16,10 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api import telemetry
 from api.chat_turn import ChatTurn
 from api.connection import Connection, parse_json
 from api.gateway import Gateway
+from api.metrics import telemetry
 from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError

@@ -15,9 +15,9 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api import telemetry
 from api.connection import Connection, Flag, new_session_id, parse_json
 from api.gateway import Gateway
+from api.metrics import telemetry
 from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError

@@ -23,11 +23,11 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api import telemetry
 from api.chat_resumable import ResumableChat
 from api.chat_turn import ChatTurn
 from api.duplex_recovery import parse_resume
 from api.gateway import Gateway
+from api.metrics import telemetry
 from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import ChatMapper
 from api.protocol.errors import Frame, ProtocolError, error_frame

@@ -25,10 +25,11 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api import client_watch, telemetry
+from api import client_watch
 from api.duplex_recovery import parse_resume
 from api.duplex_resumable import ResumableSession, with_seq
 from api.gateway import Gateway
+from api.metrics import telemetry
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame, ProtocolError
 from api.protocol.validation import DuplexInit, duplex_append, duplex_init

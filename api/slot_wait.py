@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from redis.exceptions import ResponseError
 
-from api import telemetry
 from api.connection import Connection
 from api.gateway import Gateway
+from api.metrics import telemetry
 from api.queueing import NoCapacity, Notify
 from api.waiting_events import WaitingTask
 from omnicore.aio import cancel_and_wait

@@ -15,7 +15,7 @@ import orjson
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import CloseCode, Frame, Opcode
 
-from api import telemetry
+from api.metrics import telemetry
 from api.protocol.dialects import legacy_error
 from api.protocol.errors import error_frame
 from streaming.events import ErrorCode

@@ -15,7 +15,7 @@ from typing import Any
 
 from api import client_watch
 from api.client_watch import ClientWatch
-from api.metrics import GatewayMetrics
+from api.metrics.registry import GatewayMetrics
 from omnicore.settings import Settings
 from streaming.events import CloseReason
 

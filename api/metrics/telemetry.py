@@ -1,8 +1,8 @@
 """Where the gateway's metrics move: one call at each point of the relay and of a session's life.
 
 The handlers (``api/realtime*.py``, ``api/legacy_chat.py``, ``api/slot_wait.py``,
-``api/connection.py``) call these functions and nothing else of ``api/metrics.py``, so that a
-relay point holds one line about metrics. Times are ``time.monotonic()`` unless named ``_ts``
+``api/connection.py``) call these functions and nothing else of ``api/metrics/registry.py``, so that
+a relay point holds one line about metrics. Times are ``time.monotonic()`` unless named ``_ts``
 (unix seconds, comparable with the worker's ``emitted_at``).
 """
 
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.metrics import GatewayMetrics
+from api.metrics.registry import GatewayMetrics
 from streaming.events import (
     AudioDelta,
     CloseReason,
