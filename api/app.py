@@ -14,7 +14,6 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api.access_log import AccessLog
 from api.connection import choose_subprotocol, refuse, refuse_with_error
-from api.connection_cap import ConnectionCap
 from api.gateway import Gateway
 from api.legacy_chat import LegacyChat
 from api.metrics import telemetry
@@ -25,7 +24,8 @@ from api.protocol.dialects import legacy_error
 from api.realtime_chat import ChatSession
 from api.realtime_duplex import DuplexSession
 from api.recordings.routes import create_recordings_router
-from api.security import SecurityPolicy, admitted, require_admin
+from api.security.connection_cap import ConnectionCap
+from api.security.policy import SecurityPolicy, admitted, require_admin
 from api.static_site import install_static_site
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings

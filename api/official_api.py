@@ -35,7 +35,7 @@ from api.official_assets import (
     preset_audio,
 )
 from api.official_state import OfficialView
-from api.security import require_admin
+from api.security.policy import require_admin
 from omnicore.settings import Settings
 from streaming.wait_estimate import HOLD_EMA_ALPHA, HoldTimes
 

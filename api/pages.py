@@ -11,7 +11,7 @@ Two small JSON endpoints exist only because the pages need them:
   an API key is required).
 - ``GET /v1/admin/overview``: workers with the state of each slot, the global queue, live
   sessions and the latest recordings, for the operator page. It is behind the admin guard
-  (``api.security.require_admin``: ``Authorization: Bearer <admin token>``; without a token,
+  (``api.security.policy.require_admin``: ``Authorization: Bearer <admin token>``; without a token,
   open on a loopback bind only). The pages themselves hold no data; a recording's details come
   from ``/v1/recordings`` (``api/recordings/routes.py``).
 """
@@ -29,7 +29,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from api.gateway import Gateway
-from api.security import require_admin
+from api.security.policy import require_admin
 from omnicore import __version__
 from omnicore.settings import Settings
 from streaming.keys import slot_worker

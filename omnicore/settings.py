@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list)  # browser origins besides our own
     max_connections_per_client: int = Field(0, ge=0)  # per client address, all gateways; 0: off
     # client WebSockets one gateway process holds; 0: what its open-files limit leaves after the
-    # Redis pool and a reserve (api/connection_cap.py)
+    # Redis pool and a reserve (api/security/connection_cap.py)
     gateway_max_connections: int = Field(0, ge=0)
 
     # --- leases (seconds): a dead worker's clients are told within about lease_ttl_s + 1 s

@@ -39,7 +39,7 @@ from starlette.status import (
     WS_1013_TRY_AGAIN_LATER,
 )
 
-from api.connection_cap import ConnectionCap
+from api.security.connection_cap import ConnectionCap
 from omnicore.settings import Settings
 from streaming.connections import ClientConnections, TooManyConnections
 from streaming.events import ErrorCode
