@@ -14,7 +14,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api.access_log import AccessLog
 from api.connection import choose_subprotocol, refuse, refuse_with_error
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.legacy_chat import LegacyChat
 from api.metrics import telemetry
 from api.metrics.registry import CONTENT_TYPE

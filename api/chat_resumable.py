@@ -26,7 +26,7 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api.duplex_recovery import ResumeRequest
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect
 from api.protocol.errors import Frame
 from api.realtime import SessionState
@@ -288,7 +288,8 @@ class ResumableChat(Resumable):
 
     async def end_record(self) -> None:
         """The session is over: its record says so (until Redis takes it, as a duplex
-        session's: ``api/worker_stops.py``; else a resume of the closed session would be let in)."""
+        session's: ``api/gateway/worker_stops.py``; else a resume of the closed session would be let
+        in)."""
         if not self.resumable:
             return
         await self.gw.stops.end_record(self.session_id, self.deadline)

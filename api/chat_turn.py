@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, TaskRelay
 from api.task_retry import start_elsewhere

@@ -21,8 +21,8 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketState
 
-from api import client_watch
-from api.gateway import Gateway
+from api.gateway import client_watch
+from api.gateway.state import Gateway
 from api.metrics import telemetry
 from api.protocol.errors import Frame, ProtocolError, error_frame
 from api.recordings.recorder import OFF, SessionRecording
@@ -104,7 +104,7 @@ class Connection:
         self.last_server_error: str | None = None  # the last server error code sent, if any
         self.recording: SessionRecording = OFF  # a subclass opens one (api/recordings)
         self.log_id = "-"  # names the connection in log lines (a session or turn id)
-        # dead and stuck clients (api/client_watch.py)
+        # dead and stuck clients (api/gateway/client_watch.py)
         self.last_heard = time.monotonic()  # the client's last frame
         self.last_sent = 0.0  # our last frame that the socket took
         self.output_overflowed = False

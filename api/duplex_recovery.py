@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.protocol.errors import ProtocolError
 from api.task_relay import TaskNotStarted, TaskRelay
 from api.task_retry import front_slot, next_attempt

@@ -19,7 +19,7 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api.duplex_recovery import Failover, ResumeRequest
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame
 from api.realtime import SessionState
@@ -155,13 +155,14 @@ class ResumableSession(Resumable):
         ``CLOSE_GRACE_S``, or an attempt that started after its gateway gave up on it) reads
         that within ``DETACHED_CHECK_S`` and gives its slot back; a later resume gets
         ``resume_expired``. A record Redis would not end now is ended when it will
-        (``api/worker_stops.py``)."""
+        (``api/gateway/worker_stops.py``)."""
         if not self.closed_sent and self.resumable and not self.replaced:
             await self.gw.stops.end_record(self.session_id, self.deadline)
         await super().finish(reason, code)
 
     async def _tell_worker(self, reason: str | None) -> None:
-        """Ask the worker to end the session (until Redis takes it: ``api/worker_stops.py``)."""
+        """Ask the worker to end the session (until Redis takes it:
+        ``api/gateway/worker_stops.py``)."""
         await self.gw.stops.close(self.session_id, reason, self.deadline)
 
 

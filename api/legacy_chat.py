@@ -18,14 +18,14 @@ from starlette.websockets import WebSocket
 
 from api.chat_turn import ChatTurn
 from api.connection import Connection, parse_json
-from api.gateway import Gateway
+from api.gateway.state import Gateway
+from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
 from api.slot_wait import Refused, wait_for_slot
 from api.task_relay import TaskNotStarted, WorkerLost
-from api.waiting_events import WaitingTask
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
 from streaming.events import CloseReason, ErrorCode
@@ -61,7 +61,7 @@ class LegacyChat(Connection):
         return self.gone.is_set() or bool(self.evict_reason) or time.time() >= self.deadline
 
     async def on_evict(self, reason: CloseReason) -> None:
-        """Stop the turn now: its output has nowhere to go (api/client_watch.py)."""
+        """Stop the turn now: its output has nowhere to go (api/gateway/client_watch.py)."""
         if self.turn_running:
             await self.gw.inputs.control(self.turn_id, CloseControl(reason=reason))
 

@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.official_assets import (
     AssetError,
     default_voice,

@@ -15,9 +15,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from api.gateway import Gateway
+from api.gateway.queueing import Waiter
+from api.gateway.state import Gateway
 from api.pages import slot_states
-from api.queueing import Waiter
 from streaming.admission import QueueSnapshot
 
 # the id a duplex session holds its slot with (api/connection.new_session_id); chat turns hold

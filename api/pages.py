@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.security.policy import require_admin
 from omnicore import __version__
 from omnicore.settings import Settings

@@ -16,14 +16,14 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api.connection import Connection, Flag, new_session_id, parse_json
-from api.gateway import Gateway
+from api.gateway.queueing import Notify
+from api.gateway.state import Gateway
+from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
-from api.queueing import Notify
 from api.slot_wait import Admitted, Refused, wait_for_slot
-from api.waiting_events import WaitingTask
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
@@ -234,8 +234,8 @@ class RealtimeSession(Connection):
         return {"type": "session.closed", "session_id": self.session_id, "reason": str(reason)}
 
     async def on_evict(self, reason: CloseReason) -> None:
-        """The client stopped keeping up: the session ends with ``reason`` (api/client_watch.py);
-        the modes also tell the worker at once."""
+        """The client stopped keeping up: the session ends with ``reason``
+        (api/gateway/client_watch.py); the modes also tell the worker at once."""
         self.close_wanted.set()
 
     async def shutdown(self) -> None:

@@ -26,7 +26,8 @@ from starlette.websockets import WebSocket
 from api.chat_resumable import ResumableChat
 from api.chat_turn import ChatTurn
 from api.duplex_recovery import parse_resume
-from api.gateway import Gateway
+from api.gateway.state import Gateway
+from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import ChatMapper
@@ -34,7 +35,6 @@ from api.protocol.errors import Frame, ProtocolError, error_frame
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.slot_wait import Admitted
 from api.task_relay import TaskNotStarted, WorkerLost
-from api.waiting_events import WaitingTask
 from streaming.controls import CloseControl
 from streaming.events import Closed, CloseReason, ErrorCode, Gap
 from streaming.jobs import ChatJob

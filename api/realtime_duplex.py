@@ -25,10 +25,11 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api import client_watch
 from api.duplex_recovery import parse_resume
 from api.duplex_resumable import ResumableSession, with_seq
-from api.gateway import Gateway
+from api.gateway import client_watch
+from api.gateway.state import Gateway
+from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame, ProtocolError
@@ -36,7 +37,6 @@ from api.protocol.validation import DuplexInit, duplex_append, duplex_init
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
 from api.task_retry import start_elsewhere
-from api.waiting_events import WaitingTask
 from streaming.events import (
     Closed,
     CloseReason,

@@ -17,8 +17,8 @@ from starlette import status
 from starlette.websockets import WebSocket
 
 from api.duplex_recovery import ResumeRequest
-from api.gateway import Gateway
-from api.liveness import DETACHED, Answer
+from api.gateway.liveness import DETACHED, Answer
+from api.gateway.state import Gateway
 from api.protocol.errors import Frame
 from api.realtime import RealtimeSession, SessionState
 from streaming.events import ErrorCode
@@ -196,7 +196,7 @@ class Resumable(RealtimeSession):
         return await self._replaced_by(owner)
 
     async def _was_replaced_lately(self) -> bool:
-        """``_was_replaced`` from the gateway's batched liveness read (``api/liveness.py``),
+        """``_was_replaced`` from the gateway's batched liveness read (``api/gateway/liveness.py``),
         for a relay loop that must not wait on Redis: the first call starts a watch (read every
         tick; a replacement wakes the loop), later ones see what it found (a failed read: the
         next tick decides)."""

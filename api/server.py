@@ -11,7 +11,7 @@ from typing import cast
 
 import uvicorn
 
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from omnicore.gc_pauses import freeze_heap
 
 log = logging.getLogger("omniserve.gateway")

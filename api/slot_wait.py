@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from redis.exceptions import ResponseError
 
 from api.connection import Connection
-from api.gateway import Gateway
+from api.gateway.queueing import NoCapacity, Notify
+from api.gateway.state import Gateway
+from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
-from api.queueing import NoCapacity, Notify
-from api.waiting_events import WaitingTask
 from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode

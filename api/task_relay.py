@@ -8,7 +8,7 @@ Every relay needs the same three guarantees, so they live here once:
 - once it started (or, when abandoning it finds it claimed, once claimed: a worker that died
   between its claim and its ``Started`` would otherwise leave the client waiting), its worker
   must keep renewing the session lease (watched at every tick of the gateway's
-  batched liveness read, ``api/liveness.py``, without holding up the events: only a lapsed
+  batched liveness read, ``api/gateway/liveness.py``, without holding up the events: only a lapsed
   lease wakes the reader, through ``SessionOutput.wake``); at the first read that finds it gone
   (its TTL is the grace period) the rest of the replay log is read and returned, and unless it
   ends the task, ``WorkerLost`` follows; a claimed task whose log holds nothing, not even its
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 
 from redis.exceptions import ResponseError
 
-from api.gateway import Gateway
-from api.liveness import Answer
+from api.gateway.liveness import Answer
+from api.gateway.state import Gateway
 from streaming.events import FINAL_EVENTS, Created, Event, Started
 from streaming.jobs import Job
 from streaming.keys import slot_worker
@@ -185,8 +185,8 @@ class TaskRelay:
         return float("inf") if self.started or self._claimed else self._start_by - now
 
     async def stop(self, reason: str | None) -> None:
-        """Ask the worker to end the task, until Redis takes it (``api/worker_stops.py``); one
-        that has not started is abandoned (never runs)."""
+        """Ask the worker to end the task, until Redis takes it (``api/gateway/worker_stops.py``);
+        one that has not started is abandoned (never runs)."""
         gw, task_id = self.gw, self.task_id
         until = self.job.deadline_ts if self.job else time.time() + gw.settings.session_ttl_s
         await gw.stops.close(task_id, reason, until)

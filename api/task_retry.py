@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from api.gateway import Gateway
+from api.gateway.state import Gateway
 from api.task_relay import TaskNotStarted, TaskRelay
 from streaming.jobs import DuplexJob, Job
 

@@ -64,7 +64,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         proxy_headers=False,
         ws=ExplainedCloseProtocol,  # an oversized message gets an error event before close 1009
         ws_max_size=s.max_frame_bytes,
-        # a peer that stops answering is failed within interval + timeout (api/client_watch.py)
+        # a peer that stops answering is failed within interval + timeout
+        # (api/gateway/client_watch.py)
         ws_ping_interval=s.ws_ping_interval_s,
         ws_ping_timeout=s.ws_ping_timeout_s,
         ws_per_message_deflate=s.ws_deflate,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api.liveness import Answer, Liveness
+from api.gateway.liveness import Answer, Liveness
 from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
 from omnicore.settings import Settings
 from streaming.events import Started, TextDelta

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.waiting_events import WaitingEvents, WaitingTask
+from api.gateway.waiting_events import WaitingEvents, WaitingTask
 from omnicore.aio import cancel_and_wait
 from streaming.admission import Admission, QueueFull, QueueSnapshot
 
@@ -129,8 +129,8 @@ class QueueManager:
         ``assigned_at`` (monotonic: when the slot was taken) is set when the client was told it
         is queued, None when it never waited. ``front``: a failover's session goes ahead of every
         ordinary ticket. ``task``: the task the client is admitted for; while it waits, Flower
-        shows it as sent (``api/waiting_events.py``), and revoked if the wait ends without a slot.
-        ``mode`` and ``deadline`` (unix time: the session's duration limit) make the wait
+        shows it as sent (``api/gateway/waiting_events.py``), and revoked if the wait ends without a
+        slot. ``mode`` and ``deadline`` (unix time: the session's duration limit) make the wait
         estimates of this ticket and those behind it.
 
         Sends ``session.queued`` and then ``session.queue_update`` through ``notify`` while

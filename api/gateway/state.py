@@ -12,14 +12,14 @@ from typing import Protocol
 from celery import Celery
 from redis.exceptions import RedisError, ResponseError
 
-from api import task_submit
-from api.client_watch import ClientWatch
-from api.liveness import Liveness
+from api.gateway import task_submit
+from api.gateway.client_watch import ClientWatch
+from api.gateway.liveness import Liveness
+from api.gateway.queueing import QueueManager
+from api.gateway.waiting_events import WaitingEvents
+from api.gateway.worker_stops import WorkerStops
 from api.metrics.registry import GatewayMetrics
-from api.queueing import QueueManager
 from api.recordings.recorder import Recorder
-from api.waiting_events import WaitingEvents
-from api.worker_stops import WorkerStops
 from omnicore.redact import redact_url
 from omnicore.settings import Settings
 from streaming import redis_requirements
@@ -276,7 +276,7 @@ class Gateway:
     def _note_unreachable(self, exc: Exception) -> None:
         """The lease could not be renewed: Redis is away (or the renewal timed out). Logged
         once per outage, not at every heartbeat; sessions' leases are judged as always
-        (``api/liveness.py``)."""
+        (``api/gateway/liveness.py``)."""
         if self.redis_unreachable is None:
             log.warning(
                 "gateway %s cannot reach Redis %s (%s); retrying every %.1f s",
@@ -305,7 +305,7 @@ class Gateway:
     ) -> None:
         """Send a task to the queue of the worker that owns the job's slot (``with_values``:
         keys the task reads, written with it in one transaction)."""
-        # from the event loop, not send_task in a thread (api/task_submit.py says why)
+        # from the event loop, not send_task in a thread (api/gateway/task_submit.py says why)
         await task_submit.submit(
             self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id)), with_values
         )

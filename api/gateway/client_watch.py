@@ -38,7 +38,7 @@ log = logging.getLogger("omniserve.gateway")
 
 
 class WatchHost(Protocol):
-    """What the watch needs of the gateway (``api/gateway.py``, which holds the watch)."""
+    """What the watch needs of the gateway (``api/gateway/state.py``, which holds the watch)."""
 
     settings: Settings
     metrics: GatewayMetrics
