@@ -14,9 +14,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from api.gateway.state import Gateway
+from api.relay.retry import start_elsewhere
+from api.relay.task import TaskNotStarted, TaskRelay
 from api.slot_wait import Admitted
-from api.task_relay import TaskNotStarted, TaskRelay
-from api.task_retry import start_elsewhere
 from streaming.chat_requests import chat_request_value, drop_chat_request
 from streaming.events import Done, Event, TurnEnd
 from streaming.jobs import ChatJob
@@ -75,7 +75,7 @@ class ChatTurn:
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
         is abandoned, so it never will) and the iteration ends. A turn whose worker died before
-        starting it starts on another slot (``api/task_retry.py``); one of ``until`` set while
+        starting it starts on another slot (``api/relay/retry.py``); one of ``until`` set while
         it waits for that slot ends the wait, and the iteration. Raises TaskNotStarted, or
         WorkerLost after yielding whatever the replay log still held. Use it inside
         ``contextlib.aclosing`` so the output channel is closed however the caller leaves.

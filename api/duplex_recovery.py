@@ -19,8 +19,8 @@ from typing import Any
 
 from api.gateway.state import Gateway
 from api.protocol.errors import ProtocolError
-from api.task_relay import TaskNotStarted, TaskRelay
-from api.task_retry import front_slot, next_attempt
+from api.relay.retry import front_slot, next_attempt
+from api.relay.task import TaskNotStarted, TaskRelay
 from streaming.events import ErrorCode, Recovering
 from streaming.jobs import DuplexJob
 from streaming.output import SessionOutput

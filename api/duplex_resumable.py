@@ -23,8 +23,8 @@ from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame
 from api.realtime import SessionState
+from api.relay.task import TaskRelay
 from api.resumable import Resumable, resync_frame
-from api.task_relay import TaskRelay
 from streaming.controls import InitControl, encode_control
 from streaming.events import CloseReason, Created, ErrorCode, Event, Gap
 from streaming.output import SessionOutput

@@ -24,8 +24,8 @@ from api.metrics import telemetry
 from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
+from api.relay.task import TaskNotStarted, WorkerLost
 from api.slot_wait import Refused, wait_for_slot
-from api.task_relay import TaskNotStarted, WorkerLost
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
 from streaming.events import CloseReason, ErrorCode

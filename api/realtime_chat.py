@@ -33,8 +33,8 @@ from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import ChatMapper
 from api.protocol.errors import Frame, ProtocolError, error_frame
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.relay.task import TaskNotStarted, WorkerLost
 from api.slot_wait import Admitted
-from api.task_relay import TaskNotStarted, WorkerLost
 from streaming.controls import CloseControl
 from streaming.events import Closed, CloseReason, ErrorCode, Gap
 from streaming.jobs import ChatJob

@@ -35,8 +35,8 @@ from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame, ProtocolError
 from api.protocol.validation import DuplexInit, duplex_append, duplex_init
 from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
-from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
-from api.task_retry import start_elsewhere
+from api.relay.retry import start_elsewhere
+from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
 from streaming.events import (
     Closed,
     CloseReason,
@@ -258,7 +258,7 @@ class DuplexSession(ResumableSession):
                 moved = await start_elsewhere(
                     self.gw, relay, exc, self.stopping(), until=(self.gone, self.close_wanted)
                 )
-                if moved is not None:  # its worker died before starting it (api/task_retry.py)
+                if moved is not None:  # its worker died before starting it (api/relay/retry.py)
                     relay = moved
                     self.slot_id, self.worker_id = moved.slot_id, slot_worker(moved.slot_id)
                     continue

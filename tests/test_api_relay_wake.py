@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from api.gateway.liveness import Answer, Liveness
-from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
+from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
 from omnicore.settings import Settings
 from streaming.events import Started, TextDelta
 from streaming.keys import Keys

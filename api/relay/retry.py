@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from api.gateway.state import Gateway
-from api.task_relay import TaskNotStarted, TaskRelay
+from api.relay.task import TaskNotStarted, TaskRelay
 from streaming.jobs import DuplexJob, Job
 
 log = logging.getLogger("omniserve.gateway")
