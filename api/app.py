@@ -13,16 +13,16 @@ from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api.access_log import AccessLog
-from api.connection import choose_subprotocol, refuse, refuse_with_error
 from api.gateway.state import Gateway
-from api.legacy_chat import LegacyChat
 from api.metrics import telemetry
 from api.metrics.registry import CONTENT_TYPE
 from api.official_api import create_official_router
 from api.pages import install_pages
 from api.protocol.dialects import legacy_error
-from api.realtime_chat import ChatSession
-from api.realtime_duplex import DuplexSession
+from api.realtime.chat import ChatSession
+from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
+from api.realtime.duplex import DuplexSession
+from api.realtime.legacy_chat import LegacyChat
 from api.recordings.routes import create_recordings_router
 from api.security.connection_cap import ConnectionCap
 from api.security.policy import SecurityPolicy, admitted, require_admin

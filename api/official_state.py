@@ -42,8 +42,9 @@ def request_type(holder: str | None, gw: Gateway) -> str | None:
 
 
 def _waiting_connection(waiter: Waiter | None) -> object | None:
-    """The connection a local ticket belongs to (``api.slot_wait`` names it): a /v1/realtime
-    session has a mode and an id, a /ws/chat request (``LegacyChat``) its ``turn_id``."""
+    """The connection a local ticket belongs to (``api.realtime.slot_wait`` names it): a
+    /v1/realtime session has a mode and an id, a /ws/chat request (``LegacyChat``) its
+    ``turn_id``."""
     return waiter.owner if waiter is not None else None
 
 

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     legacy_chat_timeout_s: float = 300.0
     init_timeout_s: float = 30.0  # worker must answer session.init within this
     task_start_timeout_s: float = 15.0  # worker must pick up a session task within this
-    # a duplex relay loop is woken by what it waits for (api/realtime_duplex.py); it also looks
+    # a duplex relay loop is woken by what it waits for (api/realtime/duplex.py); it also looks
     # at its session at least this often, a backstop (the test suite sets it high, to prove that)
     relay_look_s: float = Field(5.0, gt=0)
     # the largest WebSocket message (the reference server and its SDK allow 128 MiB); larger ones

@@ -45,7 +45,7 @@ class WatchHost(Protocol):
 
 
 class Watched(Protocol):
-    """What the watch needs of a connection (``api/connection.py``'s ``Connection``)."""
+    """What the watch needs of a connection (``api/realtime/connection.py``'s ``Connection``)."""
 
     @property
     def gw(self) -> WatchHost: ...

@@ -2,7 +2,7 @@
 
 Every relayed session must notice, twice a second, when its worker stopped renewing the session
 lease (``api/relay/task.py``) and, when resumable, when another connection took it over (the
-``conn`` field of its resume record, ``api/resumable.py``); a task not started yet, when the
+``conn`` field of its resume record, ``api/realtime/resume.py``); a task not started yet, when the
 worker process of its slot is gone (it will never start). Asked one session at a time that
 was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here one
 script call (``lua.LIVENESS``) per tick answers all of them with one character each: Redis runs

@@ -1,9 +1,9 @@
 """Where the gateway's metrics move: one call at each point of the relay and of a session's life.
 
-The handlers (``api/realtime*.py``, ``api/legacy_chat.py``, ``api/slot_wait.py``,
-``api/connection.py``) call these functions and nothing else of ``api/metrics/registry.py``, so that
-a relay point holds one line about metrics. Times are ``time.monotonic()`` unless named ``_ts``
-(unix seconds, comparable with the worker's ``emitted_at``).
+The handlers (``api/realtime/``) call these functions and nothing else of
+``api/metrics/registry.py``, so that a relay point holds one line about metrics. Times are
+``time.monotonic()`` unless named ``_ts`` (unix seconds, comparable with the worker's
+``emitted_at``).
 """
 
 from __future__ import annotations

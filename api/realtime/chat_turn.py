@@ -14,9 +14,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from api.gateway.state import Gateway
+from api.realtime.slot_wait import Admitted
 from api.relay.retry import start_elsewhere
 from api.relay.task import TaskNotStarted, TaskRelay
-from api.slot_wait import Admitted
 from streaming.chat_requests import chat_request_value, drop_chat_request
 from streaming.events import Done, Event, TurnEnd
 from streaming.jobs import ChatJob

@@ -16,16 +16,16 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.chat_turn import ChatTurn
-from api.connection import Connection, parse_json
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
+from api.realtime.chat_turn import ChatTurn
+from api.realtime.connection import Connection, parse_json
+from api.realtime.slot_wait import Refused, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
-from api.slot_wait import Refused, wait_for_slot
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
 from streaming.events import CloseReason, ErrorCode

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from redis.exceptions import ResponseError
 
-from api.connection import Connection
 from api.gateway.queueing import NoCapacity, Notify
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
+from api.realtime.connection import Connection
 from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode

@@ -1,10 +1,10 @@
 """What makes a chat session resumable (docs/PROTOCOL.md, "Resume and failover");
-``ChatSession`` (``api/realtime_chat.py``) builds on it.
+``ChatSession`` (``api/realtime/chat.py``) builds on it.
 
 A chat session holds no worker slot between turns and each turn streams on its own channel, so
 its session-wide ``seq`` is numbered here, on the gateway: every frame after ``session.created``
 (``emit``) goes to the session's frame log (``streaming/chat_log.py``) alongside the client.
-The resume record (``api/resumable.py``) keeps the init payload and the number of accepted
+The resume record (``api/realtime/resume.py``) keeps the init payload and the number of accepted
 inputs; the conversation itself travels in each turn's ``messages``.
 
 - a client that drops mid-turn: the connection detaches the session and finishes the turn in
@@ -25,13 +25,13 @@ from contextlib import asynccontextmanager, suppress
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.duplex_recovery import ResumeRequest
 from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect
 from api.protocol.errors import Frame
-from api.realtime import SessionState
-from api.resumable import Resumable, resync_frame
-from api.slot_wait import Admitted
+from api.realtime.recovery import ResumeRequest
+from api.realtime.resume import Resumable, resync_frame
+from api.realtime.session import SessionState
+from api.realtime.slot_wait import Admitted
 from streaming.chat_log import ChatLog
 
 log = logging.getLogger("omniserve.gateway")

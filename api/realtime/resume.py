@@ -3,8 +3,8 @@
 over with its token, detaching when the client vanishes, and noticing it was replaced.
 
 The modes differ only in where their numbered events come from: a duplex session's from its
-worker's replay log (``api/duplex_resumable.py``), a chat session's from the frame log its gateway
-writes (``api/chat_resumable.py``).
+worker's replay log (``api/realtime/duplex_resume.py``), a chat session's from the frame log its
+gateway writes (``api/realtime/chat_resume.py``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import time
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.duplex_recovery import ResumeRequest
 from api.gateway.liveness import DETACHED, Answer
 from api.gateway.state import Gateway
 from api.protocol.errors import Frame
-from api.realtime import RealtimeSession, SessionState
+from api.realtime.recovery import ResumeRequest
+from api.realtime.session import RealtimeSession, SessionState
 from streaming.events import ErrorCode
 from streaming.resume import AttachResult, new_conn_id, new_token
 

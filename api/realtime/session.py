@@ -1,7 +1,7 @@
 """``WS /v1/realtime``: what every mode shares (framing, dialect, queueing, closing).
 
-The modes themselves are ``DuplexSession`` (video, audio: ``api/realtime_duplex.py``), which
-holds one worker slot for the whole session, and ``ChatSession`` (``api/realtime_chat.py``),
+The modes themselves are ``DuplexSession`` (video, audio: ``api/realtime/duplex.py``), which
+holds one worker slot for the whole session, and ``ChatSession`` (``api/realtime/chat.py``),
 which holds a slot only while a turn runs.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.connection import Connection, Flag, new_session_id, parse_json
 from api.gateway.queueing import Notify
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
@@ -23,7 +22,8 @@ from api.metrics import telemetry
 from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
-from api.slot_wait import Admitted, Refused, wait_for_slot
+from api.realtime.connection import Connection, Flag, new_session_id, parse_json
+from api.realtime.slot_wait import Admitted, Refused, wait_for_slot
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
@@ -110,7 +110,7 @@ class RealtimeSession(Connection):
 
     def session_goes_on(self) -> bool:
         """Whether the session outlives this connection (a resumable one may: see
-        ``api/duplex_resumable.py``); then its end is neither counted nor logged here."""
+        ``api/realtime/duplex_resume.py``); then its end is neither counted nor logged here."""
         return False
 
     def time_left(self) -> float:

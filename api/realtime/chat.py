@@ -7,8 +7,8 @@ the extension events ``response.queued`` / ``response.queue_update`` / ``respons
 (same fields, plus the turn's ``response_id`` and ``input_id``), which a client that knows only
 the spec ignores.
 
-A session is resumable (``api/chat_resumable.py``): its frames after ``session.created`` carry a
-``seq`` and a connection whose first event is ``session.resume`` takes an existing session over.
+A session is resumable (``api/realtime/chat_resume.py``): its frames after ``session.created`` carry
+a ``seq`` and a connection whose first event is ``session.resume`` takes an existing session over.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.chat_resumable import ResumableChat
-from api.chat_turn import ChatTurn
-from api.duplex_recovery import parse_resume
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import ChatMapper
 from api.protocol.errors import Frame, ProtocolError, error_frame
-from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.realtime.chat_resume import ResumableChat
+from api.realtime.chat_turn import ChatTurn
+from api.realtime.recovery import parse_resume
+from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.realtime.slot_wait import Admitted
 from api.relay.task import TaskNotStarted, WorkerLost
-from api.slot_wait import Admitted
 from streaming.controls import CloseControl
 from streaming.events import Closed, CloseReason, ErrorCode, Gap
 from streaming.jobs import ChatJob

@@ -2,7 +2,7 @@
 
 States (docs/PROTOCOL.md): QUEUED until a slot is assigned, CONNECTED until a valid init,
 INITIALIZING until the worker's ``Created``, ACTIVE until ``Closed``; then CLOSED. RECOVERING
-while a failover looks for a new worker (``api/duplex_recovery.py``).
+while a failover looks for a new worker (``api/realtime/recovery.py``).
 
 A connection whose first event is ``session.resume`` drops the new session it was starting and
 takes over an existing one instead (``resume``); the session's record (``streaming/resume.py``)
@@ -25,8 +25,6 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.duplex_recovery import parse_resume
-from api.duplex_resumable import ResumableSession, with_seq
 from api.gateway import client_watch
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
@@ -34,7 +32,9 @@ from api.metrics import telemetry
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame, ProtocolError
 from api.protocol.validation import DuplexInit, duplex_append, duplex_init
-from api.realtime import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.realtime.duplex_resume import ResumableSession, with_seq
+from api.realtime.recovery import parse_resume
+from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, SessionState
 from api.relay.retry import start_elsewhere
 from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
 from streaming.events import (

@@ -1,5 +1,5 @@
 """What makes a duplex session resumable and restartable, on the gateway (docs/PROTOCOL.md,
-"Resume and failover"); ``DuplexSession`` (``api/realtime_duplex.py``) builds on it.
+"Resume and failover"); ``DuplexSession`` (``api/realtime/duplex.py``) builds on it.
 
 - ``session.created`` carries a resume token and the session's record goes to Redis
   (``streaming/resume.py``); every later event carries its ``seq`` (the worker's sequence number
@@ -8,7 +8,7 @@
 - ``resume``: a new connection takes the session over with its token, gets what it missed from
   the replay log (or ``session.resync_required``), then the live stream; the connection it
   replaced learns so from the record (``_was_replaced``) and closes with ``replaced``;
-- ``_restart``: a failover (``api/duplex_recovery.py``) when the worker is gone.
+- ``_restart``: a failover (``api/realtime/recovery.py``) when the worker is gone.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import logging
 from starlette import status
 from starlette.websockets import WebSocket
 
-from api.duplex_recovery import Failover, ResumeRequest
 from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame
-from api.realtime import SessionState
+from api.realtime.recovery import Failover, ResumeRequest
+from api.realtime.resume import Resumable, resync_frame
+from api.realtime.session import SessionState
 from api.relay.task import TaskRelay
-from api.resumable import Resumable, resync_frame
 from streaming.controls import InitControl, encode_control
 from streaming.events import CloseReason, Created, ErrorCode, Event, Gap
 from streaming.output import SessionOutput
