@@ -12,12 +12,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from api.access_log import AccessLog
 from api.gateway.state import Gateway
 from api.metrics import telemetry
 from api.metrics.registry import CONTENT_TYPE
-from api.official_api import create_official_router
-from api.pages import install_pages
+from api.official.routes import create_official_router
+from api.official.static_site import install_static_site
+from api.ops.access_log import AccessLog
+from api.ops.pages import install_pages
 from api.protocol.dialects import legacy_error
 from api.realtime.chat import ChatSession
 from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
@@ -26,7 +27,6 @@ from api.realtime.legacy_chat import LegacyChat
 from api.recordings.routes import create_recordings_router
 from api.security.connection_cap import ConnectionCap
 from api.security.policy import SecurityPolicy, admitted, require_admin
-from api.static_site import install_static_site
 from omnicore import __version__
 from omnicore.settings import Settings, get_settings
 from streaming.connections import ClientConnections

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     # at its session at least this often, a backstop (the test suite sets it high, to prove that)
     relay_look_s: float = Field(5.0, gt=0)
     # the largest WebSocket message (the reference server and its SDK allow 128 MiB); larger ones
-    # get an error event and close 1009 (api/ws_protocol.py)
+    # get an error event and close 1009 (api/server/ws_protocol.py)
     max_frame_bytes: int = 128 * 1024 * 1024
     ws_deflate: bool = False  # permessage-deflate: costs ~half the gateway CPU on audio frames
     max_video_frames: int = 8

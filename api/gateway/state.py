@@ -39,7 +39,7 @@ REQUIREMENTS_EVERY_S = 60.0  # how often Redis's configuration is read again
 
 class LiveSession(Protocol):
     """What the gateway needs of a session handler: a way to end it at shutdown, and what the
-    operator page shows of it (``api/pages.py``)."""
+    operator page shows of it (``api/ops/pages.py``)."""
 
     @property
     def public_mode(self) -> str: ...

@@ -3,7 +3,7 @@
 The official gateway (OpenBMB/MiniCPM-o-Demo, ``gateway.py``) drives one GPU worker per session,
 so its pages count *workers*. An omniserve worker process may hold several slots, each running
 one session at a time; a slot is what the official API calls a worker, and every figure here
-counts slots. The sources are the same as the operator page's (``api/pages.py``): the worker
+counts slots. The sources are the same as the operator page's (``api/ops/pages.py``): the worker
 registry and slot pool in Redis (all gateways), the global queue, and this gateway's own
 sessions and waiting clients (start times and modes are known only for those).
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from api.gateway.queueing import Waiter
 from api.gateway.state import Gateway
-from api.pages import slot_states
+from api.ops.pages import slot_states
 from streaming.admission import QueueSnapshot
 
 # the id a duplex session holds its slot with (api/connection.new_session_id); chat turns hold

@@ -1,9 +1,9 @@
 """The HTTP API the official demo's pages call, in the official gateway's shapes.
 
 Operators who already run the official MiniCPM-o demo keep its web pages and point them at
-omniserve (``OMNISERVE_STATIC_DIR``, ``api/static_site.py``). The pages poll and fetch these
-endpoints; each answers from omniserve's real state (``api/official_state.py``) or files
-(``api/official_assets.py``). docs/FRONTEND.md lists every endpoint and what backs it.
+omniserve (``OMNISERVE_STATIC_DIR``, ``api/official/static_site.py``). The pages poll and fetch
+these endpoints; each answers from omniserve's real state (``api/official/state.py``) or files
+(``api/official/assets.py``). docs/FRONTEND.md lists every endpoint and what backs it.
 
 Public (the pages a user opens): ``/status``, ``/api/apps``, ``/api/presets``,
 ``/api/presets/{page}/{id}/audio``, ``/api/default_ref_audio``, ``/api/frontend_defaults``, and
@@ -27,14 +27,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.gateway.state import Gateway
-from api.official_assets import (
+from api.official.assets import (
     AssetError,
     default_voice,
     list_voices,
     load_presets,
     preset_audio,
 )
-from api.official_state import OfficialView
+from api.official.state import OfficialView
 from api.security.policy import require_admin
 from omnicore.settings import Settings
 from streaming.wait_estimate import HOLD_EMA_ALPHA, HoldTimes

@@ -1,7 +1,7 @@
 """The gateway's own web pages: the browser client at ``/``, the operator page at ``/ops``.
 
 With ``OMNISERVE_STATIC_DIR`` set, that directory (the official demo's static files) takes over
-``/`` and the demo's page routes (``api/static_site.py``); omniserve's own client stays at
+``/`` and the demo's page routes (``api/official/static_site.py``); omniserve's own client stays at
 ``/web/``. Assets are served from the package directory ``api/web/`` under ``/web/``: plain ES
 modules, no build step, nothing loaded from another host.
 
@@ -34,7 +34,7 @@ from omnicore import __version__
 from omnicore.settings import Settings
 from streaming.keys import slot_worker
 
-WEB_DIR = Path(__file__).resolve().parent / "web"
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 MODES = ("chat", "video", "audio")
 CONTEXT_TOKENS = 8192  # spec/04: fixed duplex context window
 RECORDINGS_LISTED = 50
@@ -119,7 +119,7 @@ def create_router(settings: Settings) -> APIRouter:
     """The page routes and the two JSON endpoints behind them."""
     router = APIRouter(include_in_schema=False)
 
-    if not settings.static_dir:  # else "/" is the static directory's (api/static_site.py)
+    if not settings.static_dir:  # else "/" is the static directory's (api/official/static_site.py)
 
         @router.get("/")
         async def index() -> FileResponse:
@@ -178,7 +178,7 @@ def create_router(settings: Settings) -> APIRouter:
 
 def install_pages(app: FastAPI, settings: Settings) -> None:
     """Add the pages, their JSON endpoints and the ``/web`` assets to the gateway app (with
-    ``OMNISERVE_STATIC_DIR`` set, ``api/static_site.py`` serves ``/`` instead)."""
+    ``OMNISERVE_STATIC_DIR`` set, ``api/official/static_site.py`` serves ``/`` instead)."""
     app.include_router(create_router(settings))
     # html=True: omniserve's own client also answers at /web/ (needed when "/" is another's)
     app.mount("/web", StaticFiles(directory=WEB_DIR, html=True), name="web")

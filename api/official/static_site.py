@@ -2,7 +2,7 @@
 
 Pointed at the official demo's ``static/`` directory, its pages open at the routes the official
 gateway serves them on and reach ``/v1/realtime``, ``/ws/chat`` and the HTTP API
-(``api/official_api.py``) on the same origin, so the browser needs no CORS and no origin
+(``api/official/routes.py``) on the same origin, so the browser needs no CORS and no origin
 allow-list. Any directory with an ``index.html`` works at ``/`` (omniserve's own client,
 ``api/web/``, stays at ``/web/``).
 
