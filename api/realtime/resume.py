@@ -3,7 +3,7 @@
 over with its token, detaching when the client vanishes, and noticing it was replaced.
 
 The modes differ only in where their numbered events come from: a duplex session's from its
-worker's replay log (``api/realtime/duplex_resume.py``), a chat session's from the frame log its
+worker's replay log (``api/realtime/duplex.py``), a chat session's from the frame log its
 gateway writes (``api/realtime/chat_resume.py``).
 """
 

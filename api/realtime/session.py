@@ -110,7 +110,7 @@ class RealtimeSession(Connection):
 
     def session_goes_on(self) -> bool:
         """Whether the session outlives this connection (a resumable one may: see
-        ``api/realtime/duplex_resume.py``); then its end is neither counted nor logged here."""
+        ``api/realtime/duplex.py``); then its end is neither counted nor logged here."""
         return False
 
     def time_left(self) -> float:
