@@ -20,8 +20,8 @@ from api.gateway.state import Gateway
 from api.ops.pages import slot_states
 from streaming.admission import QueueSnapshot
 
-# the id a duplex session holds its slot with (api/connection.new_session_id); chat turns hold
-# theirs as ``<session>_t<n>`` (/v1/realtime chat) or ``chat_<hex>`` (/ws/chat)
+# the id a duplex session holds its slot with (api/realtime/connection.new_session_id); chat
+# turns hold theirs as ``<session>_t<n>`` (/v1/realtime chat) or ``chat_<hex>`` (/ws/chat)
 _DUPLEX_HOLDER = re.compile(r"^rt_\d+_[0-9a-f]+$")
 _REQUEST_TYPES = {"video": "omni_duplex", "audio": "audio_duplex", "chat": "chat"}
 
