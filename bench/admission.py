@@ -202,7 +202,7 @@ def _rates(
 
 
 async def _direct(url: str, n: int, seconds: float, interval_s: float) -> dict[str, Any]:
-    from api.queueing import QueueManager, Waiter
+    from api.gateway.queueing import QueueManager, Waiter
     from streaming.admission import Admission
     from streaming.keys import Keys
     from streaming.output import OutputBus

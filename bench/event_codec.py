@@ -6,8 +6,8 @@ For the two events that dominate a duplex session's traffic (a speaking step wit
 audio, ~128 KB of base64, and a listen step), it times, per event, in this process:
 - ``decode``: Redis bytes -> the value the gateway works with (what the relay pays per event);
 - ``encode``: the worker's value -> bytes (what the worker pays per event);
-- ``relay``: decode, map to the client's frame (api/dialects.py) and serialise that frame: the
-  gateway's whole CPU cost of one delta, without the socket.
+- ``relay``: decode, map to the client's frame (api/protocol/dialects.py) and serialise that frame:
+  the gateway's whole CPU cost of one delta, without the socket.
 
 Candidates: ``dict`` (orjson, what the relay did before streaming/events.py), ``dataclass``
 (orjson + constructing the class from the dict), ``pydantic`` (BaseModel, validate_json /
@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 import pydantic
 
-from api.dialects import Dialect, DuplexMapper
+from api.protocol.dialects import Dialect, DuplexMapper
 from omnicore.audio import pcm_to_b64
 from streaming import events as E
 

@@ -43,7 +43,7 @@ def session_context(session_id: str) -> Iterator[None]:
 
 def _celery_task_id(record: logging.LogRecord) -> str | None:
     """The task id of Celery's own task lines (received, succeeded, failed): they pass it in a
-    mapping of arguments. A session's task id is its session id (``api/gateway.py``)."""
+    mapping of arguments. A session's task id is its session id (``api/gateway/state.py``)."""
     if record.name.startswith("celery.") and isinstance(record.args, Mapping):
         task_id = record.args.get("id")
         return task_id if isinstance(task_id, str) else None

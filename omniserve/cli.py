@@ -35,10 +35,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     env_from_args(args)
     import uvicorn
 
-    from api.access_log import quiet_uvicorn_request_lines
     from api.app import create_app
-    from api.server import GatewayServer
-    from api.ws_protocol import ExplainedCloseProtocol
+    from api.ops.access_log import quiet_uvicorn_request_lines
+    from api.server.drain import GatewayServer
+    from api.server.ws_protocol import ExplainedCloseProtocol
     from omnicore.logs import setup_logging
     from omnicore.settings import get_settings
 
@@ -56,7 +56,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         port=s.gateway_port,
         log_level=s.log_level,
         # our logging (redacted lines) instead of uvicorn's handlers; the app writes its own
-        # access line without the query string (api/access_log.py)
+        # access line without the query string (api/ops/access_log.py)
         log_config=None,
         access_log=False,
         # the app decides whom to believe about X-Forwarded-For (OMNISERVE_TRUSTED_PROXIES);
@@ -64,7 +64,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         proxy_headers=False,
         ws=ExplainedCloseProtocol,  # an oversized message gets an error event before close 1009
         ws_max_size=s.max_frame_bytes,
-        # a peer that stops answering is failed within interval + timeout (api/client_watch.py)
+        # a peer that stops answering is failed within interval + timeout
+        # (api/gateway/client_watch.py)
         ws_ping_interval=s.ws_ping_interval_s,
         ws_ping_timeout=s.ws_ping_timeout_s,
         ws_per_message_deflate=s.ws_deflate,

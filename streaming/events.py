@@ -2,8 +2,8 @@
 
 A worker emits these events through its session's output channel (``streaming/output.py``); the
 gateway decodes them back into the same classes and maps them to the client's dialect
-(``api/dialects.py``). Both sides import this module, so an event, a field, an error code or a
-close reason is spelled in exactly one place and the type checker follows it everywhere.
+(``api/protocol/dialects.py``). Both sides import this module, so an event, a field, an error code
+or a close reason is spelled in exactly one place and the type checker follows it everywhere.
 
 The events are plain slotted dataclasses: ``orjson`` encodes them natively (about as fast as the
 dicts they replaced), and one pydantic ``TypeAdapter`` over the tagged union decodes and checks

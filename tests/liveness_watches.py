@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from api.liveness import Liveness
+from api.gateway.liveness import Liveness
 
 
 async def watched(live: Liveness, kind: str, step_s: float = 0.005) -> list[tuple[str, Any]]:

@@ -1,7 +1,7 @@
 """``GET /v1/admin/overview``: what the operator page shows of the live sessions and slots.
 
-The page reads the gateway's session handlers (``api/pages.py``); these tests keep that view true
-to the real sessions: a duplex session names the slot it holds, a chat session holds one only
+The page reads the gateway's session handlers (``api/ops/pages.py``); these tests keep that view
+true to the real sessions: a duplex session names the slot it holds, a chat session holds one only
 while a turn runs.
 """
 

@@ -1,4 +1,5 @@
-"""``api.client_watch.ClientWatch``: one task looks at every connection; what it does to each.
+"""``api.gateway.client_watch.ClientWatch``: one task looks at every connection; what it does to
+each.
 
 The connections here are small stand-ins with the attributes the watch reads (its ``Watched``
 protocol); the end-to-end behaviour with real clients, frozen with SIGSTOP or never reading, is
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from api import client_watch
-from api.client_watch import ClientWatch
-from api.metrics import GatewayMetrics
+from api.gateway import client_watch
+from api.gateway.client_watch import ClientWatch
+from api.metrics.registry import GatewayMetrics
 from omnicore.settings import Settings
 from streaming.events import CloseReason
 

@@ -1,4 +1,5 @@
-"""A gateway's cap on client connections, and its open-files limit (``api/connection_cap.py``).
+"""A gateway's cap on client connections, and its open-files limit
+(``api/security/connection_cap.py``).
 
 Past its open-files limit a gateway's handshakes went unanswered (the clients saw "did not
 receive a valid HTTP response") and its Redis pool could not open connections. Now the soft

@@ -1,10 +1,10 @@
-"""api/dialects.py: worker events -> client frames for every endpoint and dialect."""
+"""api/protocol/dialects.py: worker events -> client frames for every endpoint and dialect."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.dialects import (
+from api.protocol.dialects import (
     ChatMapper,
     Dialect,
     DuplexMapper,

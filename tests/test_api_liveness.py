@@ -1,4 +1,4 @@
-"""api/liveness.py: the sessions' lease and resume-owner checks, answered together per tick.
+"""api/gateway/liveness.py: the sessions' lease and resume-owner checks, answered together per tick.
 
 A real Redis; the relays that use these answers (lost worker, replaced session) are exercised
 end to end by tests/test_failover.py, tests/test_resume*.py and tests/faults/.
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api import liveness
-from api.liveness import Answer, Liveness
+from api.gateway import liveness
+from api.gateway.liveness import Answer, Liveness
 from omniserve.redis_server import start_embedded
 from streaming import lua
 from streaming.keys import Keys

@@ -1,4 +1,4 @@
-"""api/official_assets.py: presets and voices never reach a file outside the voices directory."""
+"""api/official/assets.py: presets and voices never reach a file outside the voices directory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from api.official_assets import (
+from api.official.assets import (
     AssetError,
     default_voice,
     find_voice,

@@ -1,5 +1,5 @@
-"""api/queueing.py against a real Redis: slots handed over from the scripts' replies, the round
-trips that costs, and that no slot leaks whichever way a wait ends.
+"""api/gateway/queueing.py against a real Redis: slots handed over from the scripts' replies, the
+round trips that costs, and that no slot leaks whichever way a wait ends.
 
 The QueueManager, Admission and OutputBus are the gateway's own classes, run in this process;
 ``FULL_REFRESH_S`` is raised so that only queue events drive them (no periodic safety net).
@@ -18,8 +18,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api import queueing
-from api.queueing import QueueManager
+from api.gateway import queueing
+from api.gateway.queueing import QueueManager
 from streaming import lua
 from streaming.admission import Admission
 from streaming.keys import Keys

@@ -1,4 +1,4 @@
-"""A relay loop sleeps until something wakes it (api/realtime_duplex.py): the wake itself
+"""A relay loop sleeps until something wakes it (api/realtime/duplex.py): the wake itself
 (``SessionOutput.wake``) and the lease watch of ``TaskRelay``, which reads its worker's lease at
 every tick of the gateway's liveness read without waking the reader, and wakes it only when the
 lease lapsed. A real Redis and a real ``Liveness``; the whole loop is exercised end to
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api.liveness import Answer, Liveness
-from api.task_relay import TaskNotStarted, TaskRelay, WorkerLost
+from api.gateway.liveness import Answer, Liveness
+from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
 from omnicore.settings import Settings
 from streaming.events import Started, TextDelta
 from streaming.keys import Keys

@@ -1,4 +1,4 @@
-"""api/security.py and api/access_log.py: the rules themselves, on hand-made requests.
+"""api/security/policy.py and api/ops/access_log.py: the rules themselves, on hand-made requests.
 
 The same rules against real gateway processes are in tests/test_security_e2e.py.
 """
@@ -12,8 +12,8 @@ from fastapi import HTTPException
 from pydantic import SecretStr
 from starlette.requests import Request
 
-from api.access_log import safe_target
-from api.security import (
+from api.ops.access_log import safe_target
+from api.security.policy import (
     SecurityPolicy,
     is_loopback,
     key_matches,

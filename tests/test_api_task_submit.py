@@ -1,4 +1,5 @@
-"""api/task_submit.py: the message pushed from the event loop is the one Celery's send_task pushes.
+"""api/gateway/task_submit.py: the message pushed from the event loop is the one Celery's send_task
+pushes.
 
 Both go to a real Redis; the envelopes are compared field by field, except what is new for every
 message (``delivery_tag``) or names the sending process (``origin``). That the worker runs such
@@ -16,12 +17,12 @@ import redis
 import redis.asyncio as aioredis
 from celery import Celery
 
-from api.task_submit import submit, task_message
+from api.gateway.task_submit import submit, task_message
 from streaming.jobs import ChatJob, DuplexJob
 
 
 def _app(url: str) -> Celery:
-    app = Celery("omniserve-gateway", broker=url)  # as api/gateway.py configures it
+    app = Celery("omniserve-gateway", broker=url)  # as api/gateway/state.py configures it
     app.conf.update(
         broker_transport_options={"ack_emulation": False},
         task_serializer="json",

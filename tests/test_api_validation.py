@@ -1,4 +1,5 @@
-"""api/validation.py: client events -> normalised values, or the documented error and field."""
+"""api/protocol/validation.py: client events -> normalised values, or the documented error and
+field."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from api.chat_validation import LEGACY_CHAT_DEFAULTS, REALTIME_CHAT_DEFAULTS, chat_request
-from api.errors import ProtocolError
-from api.validation import (
+from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, REALTIME_CHAT_DEFAULTS, chat_request
+from api.protocol.errors import ProtocolError
+from api.protocol.validation import (
     OLDER_MIN_INPUT_SAMPLES,
     check_voice,
     decode_pcm,

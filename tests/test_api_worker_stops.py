@@ -1,4 +1,4 @@
-"""api/worker_stops.py: a write that stops a worker's session is tried until Redis takes it.
+"""api/gateway/worker_stops.py: a write that stops a worker's session is tried until Redis takes it.
 
 The writes here refuse as Redis does when full (``OutOfMemoryError``); the end-to-end case, a
 real Redis at ``maxmemory`` while clients close and leave, is tests/faults/test_redis_full.py.
@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
 
-from api.worker_stops import WorkerStops
+from api.gateway.worker_stops import WorkerStops
 from streaming.controls import CloseControl
 from streaming.input import InputReader, InputWriter
 from streaming.keys import Keys

@@ -1,4 +1,4 @@
-"""The waiting room in Flower (api/waiting_events.py), read through Flower's own API as an
+"""The waiting room in Flower (api/gateway/waiting_events.py), read through Flower's own API as an
 operator's browser reads it: a real gateway, a real worker with one slot, a real Flower.
 
 A session that waits for the slot is a task that was sent and is pending, with no user content,

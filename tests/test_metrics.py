@@ -21,7 +21,7 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.metrics import GatewayMetrics
+from api.metrics.registry import GatewayMetrics
 from omniserve.redis_server import free_port
 from tasks.metrics import NODE_COUNTERS_TTL_S, WorkerMetrics, killed_field
 from tests.client import Client, silence, speech

@@ -32,7 +32,7 @@ LEASE_S = 60  # the leases of these tests: a gateway frozen for seconds must not
 # A chat turn that ended while its gateway was deaf is finished by the gateway when it reads the
 # turn's lease gone. A freeze that lands inside the gateway's liveness read (after its start
 # was stamped, before it was sent) looks like a Redis stall, and gone leases then read as held
-# for one lease TTL (api/liveness.py, streaming/stalls.py): 60 s here, where the default is
+# for one lease TTL (api/gateway/liveness.py, streaming/stalls.py): 60 s here, where the default is
 # 1.5 s. The client waits that long and more (a CI run hit exactly that at a 60 s wait).
 AFTER_THAW_S = LEASE_S + 30
 SHORT = " ".join(f"w{i}" for i in range(1, 41))  # 43 events: the log keeps them all

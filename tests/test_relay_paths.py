@@ -1,5 +1,5 @@
 """A duplex session's output takes one of two paths through the gateway (``SessionOutput.direct``,
-``api/realtime_duplex.py``): while the client reads what it is sent, the output bus's reader
+``api/realtime/duplex.py``): while the client reads what it is sent, the output bus's reader
 sends each delta itself; while it does not (uvicorn's flow control), the session's own task
 sends, waiting for the client, and the events queue. A client that stops reading for a while and
 then reads again must get every delta once, numbered without a hole, whichever path each took.

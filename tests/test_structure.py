@@ -7,6 +7,7 @@ imported, so the check needs no ML stack.
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,21 @@ ALLOWED = {
     "tasks": {"streaming", "inference", "omnicore"},
     "omniserve": {"api", "tasks", "streaming", "inference", "omnicore", "bench"},
     "bench": {"api", "streaming", "omnicore", "inference", "omniserve"},
+}
+# docs/ARCHITECTURE.md, "Inside the gateway": what each part of ``api/`` may import of the others.
+# ``app`` (``api/app.py``) builds the app from the features; ``server`` runs it under uvicorn.
+API_ALLOWED = {
+    "protocol": set(),
+    "metrics": set(),
+    "security": set(),
+    "recordings": {"security"},
+    "gateway": {"metrics", "recordings"},
+    "relay": {"gateway"},
+    "realtime": {"protocol", "metrics", "security", "recordings", "gateway", "relay"},
+    "ops": {"gateway", "metrics", "security"},
+    "official": {"gateway", "ops", "security"},
+    "server": {"gateway", "metrics", "protocol"},
+    "app": {"gateway", "official", "ops", "realtime", "recordings", "security"},
 }
 # Third-party packages that would pull an ML stack or worker code into a gateway.
 GATEWAY_FORBIDDEN = {"torch", "transformers", "inference", "tasks", "celery.signals"}
@@ -74,6 +90,38 @@ def test_packages_import_only_downwards(package: str) -> None:
         for imported in _imports(path):
             top = imported.split(".")[0]
             if top in ALLOWED and top != package and top not in ALLOWED[package]:
+                wrong.append(f"{name} imports {imported}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def _api_part(name: str) -> str | None:
+    """``api.realtime.chat`` -> ``realtime``; None for ``api`` itself and for other packages."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "api" and len(parts) > 1 else None
+
+
+def test_every_api_module_lives_in_its_concern() -> None:
+    api_modules = [name for name in MODULES if name.startswith("api.")]
+    stray = sorted(name for name in api_modules if _api_part(name) not in API_ALLOWED)
+    assert api_modules and not stray, f"api/ modules outside {sorted(API_ALLOWED)}: {stray}"
+
+
+def test_the_parts_of_api_depend_in_one_direction() -> None:
+    order = graphlib.TopologicalSorter(API_ALLOWED)
+    order.prepare()  # raises CycleError when two parts may import each other
+    unknown = {dep for deps in API_ALLOWED.values() for dep in deps} - API_ALLOWED.keys()
+    assert not unknown, f"rules name parts that do not exist: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("part", sorted(API_ALLOWED))
+def test_api_parts_import_only_what_they_may(part: str) -> None:
+    wrong = []
+    for name, path in MODULES.items():
+        if _api_part(name) != part:
+            continue
+        for imported in _imports(path):
+            other = _api_part(imported)
+            if other is not None and other != part and other not in API_ALLOWED[part]:
                 wrong.append(f"{name} imports {imported}")
     assert not wrong, "\n".join(sorted(wrong))
 

@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from api.recordings.store import BadName, RecordingStore, check_file_name, check_id
-from api.security import require_admin
+from api.security.policy import require_admin
 
 MEDIA_TYPES = {
     ".wav": "audio/wav",

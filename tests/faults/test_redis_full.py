@@ -16,7 +16,8 @@ The role change of ``readonly`` also ends every blocking read with ``UNBLOCKED``
 
 Now a gateway whose own lease renewal is refused reads leases as held until its writes go
 through again (``streaming/stalls.py``), refuses new clients with the reason, and says so on
-``/health``; a stop Redis refused is written again until it takes it (``api/worker_stops.py``).
+``/health``; a stop Redis refused is written again until it takes it
+(``api/gateway/worker_stops.py``).
 """
 
 from __future__ import annotations

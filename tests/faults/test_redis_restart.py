@@ -106,7 +106,7 @@ async def test_gateway_commands_after_a_restart_use_fresh_connections(
     """Pooled connections still hold the dead server's sockets after a restart: the first
     command on each must be retried on a new connection, not fail (a client admitted just after
     Redis came back was refused ``service_unavailable`` before)."""
-    from api.gateway import Gateway
+    from api.gateway.state import Gateway
     from omnicore.settings import Settings
 
     gw = Gateway(Settings(redis_url=own_redis.url, key_prefix="restart-pool"))

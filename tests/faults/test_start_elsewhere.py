@@ -1,5 +1,5 @@
 """A slot's worker process killed (SIGKILL) after its slot was handed out and before it started
-the task: the session, or the chat turn, starts on another slot (api/task_retry.py).
+the task: the session, or the chat turn, starts on another slot (api/relay/retry.py).
 
 To hold the task in the node's queue until the kill, the worker's Celery parent is frozen
 (SIGSTOP) first (``admitted_to_a_dying_worker``); once thawed, it hands the task to the

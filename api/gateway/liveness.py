@@ -1,0 +1,174 @@
+"""The gateway's liveness checks of its sessions, batched: one Redis round trip per tick.
+
+Every relayed session must notice, twice a second, when its worker stopped renewing the session
+lease (``api/relay/task.py``) and, when resumable, when another connection took it over (the
+``conn`` field of its resume record, ``api/realtime/resume.py``); a task not started yet, when the
+worker process of its slot is gone (it will never start). Asked one session at a time that
+was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here one
+script call (``lua.LIVENESS``) per tick answers all of them with one character each: Redis runs
+one command a tick where a pipeline brought it two per session.
+
+A relay registers a watch once (``watch_lease``, ``watch_replaced``, ``watch_worker``); every
+tick's read then calls it with the answer, or with the error of a failed read, until it returns
+False. The callback runs in this module's task and only notes the answer; the relay's own loop
+acts on it, woken only when there is something to do. (Questions asked anew each tick cost a
+future and a callback per session per tick, ~4 of the ~14 callbacks a duplex session cost the
+gateway's event loop per second: docs/BENCHMARKS.md.) A watch is first read at the tick after it
+was made.
+
+A lease or a presence key read as gone right after Redis itself stalled says nothing about its
+worker (``streaming/stalls.py``): until Redis has answered this loop's reads on time for
+``settle_s`` (the lease TTL), such a key reads as held, and a dead worker's clients are told
+that much later. A read that timed out (Redis stalls still) reads as held too; a refused or
+lost connection is the watches' error (Redis restarted: its sessions end). Redis's clock in
+each answer tells such a stall from one of this gateway itself, after which the leases are news
+as usual (a session that ended meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from omnicore.aio import cancel_and_wait
+from streaming import lua
+from streaming.keys import Keys
+from streaming.stalls import StallWatch
+
+log = logging.getLogger("omniserve.gateway")
+
+TICK_S = 0.5  # one round trip per this for all sessions; with lease_ttl_s (1.5 s) a dead
+# worker's clients are told within ~2 s (a lapsed lease wakes its relay at once)
+KEYS_PER_CALL = 500  # a script call reads at most this many keys: Redis serves other clients
+# between the calls of a very large gateway's tick
+
+DETACHED: Final = "detached"  # a resume record nobody relays: its worker took the gateway for gone
+Answer = bool | Literal["detached"] | Exception  # what a tick read for one watch, or why it failed
+Watch = Callable[[Answer], bool]  # called with each tick's answer; False: stop watching
+
+
+class Liveness:
+    """Batched lease and resume-owner reads; see the module docstring."""
+
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, tick_s: float = TICK_S, settle_s: float = 0.0
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.tick_s = tick_s
+        self.stalls = StallWatch(tick_s, settle_s)  # 0: every gone key is believed at once
+        self._server_s: float | None = None  # Redis's clock at the last read (``lua.LIVENESS``)
+        self.leases: list[tuple[str, Watch]] = []
+        self.replaced: list[tuple[str, str, Watch]] = []
+        self.workers: list[tuple[str, Watch]] = []
+        self._script = redis.register_script(lua.LIVENESS)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start reading (one read per tick while anything is watched)."""
+        self._task = asyncio.create_task(self._run(), name="gateway-liveness")
+
+    async def stop(self) -> None:
+        """Stop; the watches are dropped without a last call."""
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+        self.leases.clear()
+        self.replaced.clear()
+        self.workers.clear()
+
+    def watch_lease(self, session_id: str, watch: Watch) -> None:
+        """From the next tick on, tell ``watch`` whether the session's worker still renews its
+        lease."""
+        self.leases.append((session_id, watch))
+
+    def watch_worker(self, worker_id: str, watch: Watch) -> None:
+        """From the next tick on, tell ``watch`` whether the worker process is alive (its
+        presence key, which it renews and its Celery parent deletes when it dies, exists)."""
+        self.workers.append((worker_id, watch))
+
+    def watch_replaced(self, session_id: str, conn_id: str, watch: Watch) -> None:
+        """From the next tick on, tell ``watch`` whether a connection other than ``conn_id``
+        relays the session now (its resume record names another one; no record: False;
+        ``DETACHED``: nobody does)."""
+        self.replaced.append((session_id, conn_id, watch))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            await self.check(timed=True)
+
+    async def check(self, timed: bool = False) -> None:
+        """Read every watched key once (nothing when nothing is watched; a very large tick in
+        several calls, ``KEYS_PER_CALL``) and tell each watch its answer. ``timed``: the loop's
+        read, timed for stalls (module docstring)."""
+        leases, workers, replaced = self.leases, self.workers, self.replaced
+        if not leases and not workers and not replaced:
+            self.stalls.paused()
+            return
+        # (watches made during the read go on the new lists)
+        self.leases, self.workers, self.replaced = [], [], []
+        keys = [self.keys.session_lease(sid) for sid, _ in leases]
+        keys += [self.keys.worker_alive(wid) for wid, _ in workers]
+        keys += [self.keys.session_resume(sid) for sid, _, _ in replaced]
+        conns = [conn for _, conn, _ in replaced]
+        answers: list[Answer]
+        n, m = len(leases), len(leases) + len(workers)
+        began = time.monotonic()
+        try:
+            flags = await self._read(keys, m, conns)
+            if len(flags) != len(keys):
+                raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
+            answers = [flag == ord("1") for flag in flags[:m]]
+            answers += [DETACHED if flag == ord("2") else flag == ord("1") for flag in flags[m:]]
+            stalled = timed and self.stalls.answered(began, self._server_s)
+            if stalled and self.stalls.settle_s > 0:
+                log.warning(
+                    "liveness: Redis answered after a stall; leases settle for %.1f s",
+                    self.stalls.settle_s,
+                )
+        except Exception as exc:  # noqa: BLE001 - each watch decides, as with its own command
+            log.warning("liveness check failed: %s", exc)
+            answers = [exc] * len(keys)
+            if isinstance(exc, RedisTimeoutError):  # Redis stalls: no news of any worker
+                answers[:m] = [True] * m
+            self.stalls.failed()
+        if timed and not self.stalls.settled():  # a gone lease or presence reads as held
+            answers[:m] = [True if a is False else a for a in answers[:m]]
+        self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]
+        self.workers += [w for w, a in zip(workers, answers[n:m], strict=True) if _tell(w[1], a)]
+        self.replaced += [w for w, a in zip(replaced, answers[m:], strict=True) if _tell(w[2], a)]
+
+    async def _read(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
+        """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys;
+        the first ``leases`` keys are asked whether they exist (leases, worker presence)."""
+        flags = b""
+        for i in range(0, len(keys), KEYS_PER_CALL):
+            part = keys[i : i + KEYS_PER_CALL]
+            n = max(0, min(len(part), leases - i))  # of them leases, then resume records
+            first = max(0, i - leases)
+            args: list[str | int] = [n, *conns[first : first + len(part) - n]]
+            reply = await self._script(keys=part, args=args)
+            if i == 0:  # Redis's clock as it ran the first part
+                self._server_s = int(reply[1]) + int(reply[2]) / 1e6
+            flags += _flags(reply[0])
+        return flags
+
+
+def _flags(reply: Any) -> bytes:
+    """The script's flags (bytes, or str on a client that decodes responses)."""
+    return reply.encode() if isinstance(reply, str) else bytes(reply)
+
+
+def _tell(watch: Watch, answer: Answer) -> bool:
+    """Call a watch; one that fails is logged and dropped (the other sessions' reads go on)."""
+    try:
+        return watch(answer)
+    except Exception:
+        log.exception("a liveness watch failed")
+        return False

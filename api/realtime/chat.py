@@ -1,0 +1,295 @@
+"""``/v1/realtime?mode=chat``: turns run one at a time, each taking its own place in the queue.
+
+The connection holds no worker slot between turns: ``session.queue_done`` is sent at once, and
+each ``input.append`` waits in the global FIFO and runs as one ``ChatTurn``. spec/01 sends the
+``session.queue*`` events only before ``session.init``, so a turn that has to wait is told with
+the extension events ``response.queued`` / ``response.queue_update`` / ``response.queue_done``
+(same fields, plus the turn's ``response_id`` and ``input_id``), which a client that knows only
+the spec ignores.
+
+A session is resumable (``api/realtime/chat_resume.py``): its frames after ``session.created`` carry
+a ``seq`` and a connection whose first event is ``session.resume`` takes an existing session over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from contextlib import aclosing
+from typing import Any
+
+import orjson
+from starlette import status
+from starlette.websockets import WebSocket
+
+from api.gateway.state import Gateway
+from api.gateway.waiting_events import WaitingTask
+from api.metrics import telemetry
+from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
+from api.protocol.dialects import ChatMapper
+from api.protocol.errors import Frame, ProtocolError, error_frame
+from api.realtime.chat_resume import ResumableChat
+from api.realtime.chat_turn import ChatTurn
+from api.realtime.recovery import parse_resume
+from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.realtime.slot_wait import Admitted
+from api.relay.task import TaskNotStarted, WorkerLost
+from streaming.controls import CloseControl
+from streaming.events import Closed, CloseReason, ErrorCode, Gap
+from streaming.jobs import ChatJob
+from streaming.keys import slot_worker
+from streaming.output import SessionOutput
+
+log = logging.getLogger("omniserve.gateway")
+
+TURN_QUEUE_EVENTS = {
+    "session.queued": "response.queued",
+    "session.queue_update": "response.queue_update",
+}
+"""The queue's own events -> the names a waiting chat turn hears them by."""
+# a turn its worker stopped while this connection still waits for it: no client sees client_closed
+TURN_INTERRUPTED = {CloseReason.CLIENT_CLOSED.value: "its worker took this gateway for gone"}
+CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
+
+
+class ChatSession(ResumableChat):
+    """Chat mode: turns run one at a time, each taking its own place in the global queue."""
+
+    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
+        super().__init__(gw, ws)
+        self.turns: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.current_turn: str | None = None  # the id of the turn running or last run
+        self.turn_running = False  # from taking the turn lease to the turn's end
+        # the next turn's output channel, subscribed while the session waits for its input,
+        # so a turn's start does not wait for the SUBSCRIBE (issue #16)
+        self.next_out: tuple[str, SessionOutput] | None = None
+
+    async def on_event(self, event: dict[str, Any]) -> None:
+        """Handle one client event according to the current state."""
+        self.first_event.set()  # (after this call: the held session.queue_done goes out, or not)
+        kind = self.accept_event(event)
+        if kind is None or kind == CLOSE_EVENT:
+            return
+        if kind == "session.resume":
+            if self.resume_request or self.state is not SessionState.CONNECTED:
+                raise ProtocolError(
+                    ErrorCode.INVALID_PAYLOAD, "session.resume must be the first event", "type"
+                )
+            self.resume_request = parse_resume(event)
+            self.superseded.set()
+            return
+        if kind in INIT_EVENTS:
+            if self.state is not SessionState.CONNECTED:
+                raise ProtocolError(
+                    ErrorCode.INVALID_PAYLOAD, "session already initialised", "type"
+                )
+            field = "payload" if kind == "session.init" else "session"
+            if field not in event:
+                raise ProtocolError(
+                    ErrorCode.MISSING_FIELD, f"missing required field {field}", field
+                )
+            if not isinstance(event[field], dict):
+                raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{field} must be an object", field)
+            self.state = SessionState.ACTIVE
+            created = {
+                "type": "session.created",
+                "session_id": self.session_id,
+                "mode": "turn_based",
+                "metrics": {},
+            }
+            if self.recording.id:
+                created["recording_id"] = self.recording.id
+            await self.offer(created, orjson.dumps(event[field]))
+            await self.send(created)
+            return
+        if self.state is not SessionState.ACTIVE:
+            raise ProtocolError(ErrorCode.NOT_READY, "send input only after session.created")
+        if kind != "input.append":
+            raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "chat mode takes input.append", "type")
+        if "input" not in event:
+            raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
+        limit = self.gw.settings.max_chat_turns_queued
+        if self.turns.qsize() >= limit:
+            raise ProtocolError(
+                ErrorCode.TURN_QUEUE_FULL,
+                f"{limit} turns are already waiting on this connection; send the next one after"
+                " a response.done",
+            )
+        voices = self.gw.settings.voices_dir
+        request = chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
+        self.note_input()
+        self.turns.put_nowait((f"input_{self.input_seq}", request))
+        if self.turn_running:  # its turn lease was taken with an older count
+            await self.note_waiting_input()
+
+    async def on_evict(self, reason: CloseReason) -> None:
+        await super().on_evict(reason)
+        if self.slot_id is not None and self.current_turn:  # stop the running turn now: its
+            # output has nowhere to go
+            await self.gw.inputs.control(self.current_turn, CloseControl(reason=reason))
+
+    async def run(self) -> None:
+        """Turns one at a time until the session ends; a vanished client's session is kept
+        for a resume (detached) when it has a token."""
+        self.state = SessionState.CONNECTED
+        await self.queue_frame({"type": "session.queue_done", "session_id": self.session_id})
+        try:
+            await self.run_turns()
+        finally:
+            await self._drop_next_output()
+            await self.turn_ended()
+            await self.logged()
+            await self.note_gone()
+
+    async def run_turns(self) -> None:
+        resumed = False
+        while True:
+            if self.resume_request is not None and not resumed:
+                resumed = True
+                if not await self.resume_chat(self.resume_request):
+                    return
+                self.superseded.clear()  # this connection's own turns queue from now on
+            if self.state is SessionState.ACTIVE and self.turns.empty():
+                await self._open_next_output()
+            if not self.turns.empty() and not self.gone.is_set():
+                # an input that came while the last turn ended runs now, with no wait set up
+                if not await self.turn(*self.turns.get_nowait()):
+                    return
+                continue
+            get = asyncio.ensure_future(self.turns.get())
+            stops = [self.gone, self.close_wanted] + ([] if resumed else [self.superseded])
+            waits = [asyncio.ensure_future(ev.wait()) for ev in stops]
+            done, _ = await asyncio.wait(
+                {get, *waits},
+                timeout=min(self.time_left(), CHECK_S),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            for t in waits:
+                t.cancel()
+            if get not in done:
+                get.cancel()
+            if self.vanished():
+                return
+            if self.close_wanted.is_set() or self.time_left() <= 0:
+                return await self.finish(*self.end_reason())
+            if get in done:
+                if not await self.turn(*get.result()):
+                    return
+            elif self.resumable and await self._was_replaced():
+                return
+
+    def turn_id(self, input_seq: int) -> str:
+        """The id (and output channel) of the turn that answers ``input_<input_seq>`` (input
+        ids are unique in a session, across resumes: so are the turn ids)."""
+        return f"{self.session_id}_t{input_seq}"
+
+    async def _open_next_output(self) -> None:
+        """Subscribe the next input's turn channel now, while the session is idle."""
+        turn_id = self.turn_id(self.input_seq + 1)
+        if self.next_out is not None and self.next_out[0] == turn_id:
+            return
+        await self._drop_next_output()
+        try:
+            out = await self.gw.bus.open(turn_id, on_overflow=self.output_overflow)
+        except Exception:  # Redis away: the turn subscribes for itself
+            log.debug("could not subscribe %s ahead", turn_id, exc_info=True)
+            return
+        self.next_out = (turn_id, out)
+
+    def _take_next_output(self, turn_id: str) -> SessionOutput | None:
+        """The channel subscribed ahead, if it is this turn's (the turn closes it)."""
+        if self.next_out is None or self.next_out[0] != turn_id:
+            return None
+        out, self.next_out = self.next_out[1], None
+        return out
+
+    async def _drop_next_output(self) -> None:
+        if self.next_out is not None:
+            turn_id, out = self.next_out
+            self.next_out = None
+            await self.gw.bus.close(turn_id, out)
+
+    async def turn(self, input_id: str, request: dict[str, Any]) -> bool:
+        """Run one turn through the queue and a worker; False when the session ended."""
+        names: Frame = {
+            "session_id": self.session_id,
+            "response_id": f"resp_{uuid.uuid4().hex[:12]}",
+            "input_id": input_id,
+        }
+
+        async def queue_event(frame: Frame) -> None:
+            await self.send({**frame, "type": TURN_QUEUE_EVENTS[frame["type"]], **names})
+
+        self.turn_running = True
+        try:
+            task = WaitingTask(self.turn_id(int(input_id.removeprefix("input_"))), ChatJob.task)
+            async with self.hold_turn(lambda: self.acquire_slot(task, queue_event)) as admitted:
+                if admitted is None:
+                    return False
+                return await self.run_turn(admitted, input_id, request, names)
+        finally:
+            self.turn_running = False
+
+    def _moved(self, slot_id: str) -> None:
+        """The running turn went to another slot (its first worker died before starting it)."""
+        self.slot_id, self.worker_id = slot_id, slot_worker(slot_id)
+
+    async def run_turn(
+        self, admitted: Admitted, input_id: str, request: dict[str, Any], names: Frame
+    ) -> bool:
+        """Relay one admitted turn; False when the session ended."""
+        self.slot_id = admitted.slot_id
+        if admitted.waited:
+            await self.send({"type": "response.queue_done", **names})
+            telemetry.handed_off(self.gw.metrics, admitted.assigned_at)
+        turn_id = self.turn_id(int(input_id.removeprefix("input_")))
+        self.current_turn = turn_id
+        self.clock.input_sent(turn_id)
+        turn = ChatTurn(
+            self.gw,
+            turn_id,
+            admitted,
+            request,
+            self.deadline,
+            on_overflow=self.output_overflow,
+            out=self._take_next_output(turn_id),
+            on_slot=self._moved,
+        )
+        mapper = ChatMapper(self.session_id, names["response_id"], input_id)
+        try:
+            async with aclosing(turn.events(self.must_stop_turn, self.turn_stops())) as events:
+                async for ev in events:
+                    if isinstance(ev, Closed):
+                        # the worker ended the turn early (drain, deadline, cancel)
+                        if not self.must_stop_turn():
+                            why = TURN_INTERRUPTED.get(ev.reason, ev.reason)
+                            await self.emit(
+                                error_frame(ErrorCode.INFERENCE_ERROR, f"turn interrupted: {why}")
+                            )
+                        continue
+                    for frame in mapper.frames(ev):
+                        # (an output_gap error is about this connection: not replayed)
+                        await (self.send(frame) if isinstance(ev, Gap) else self.emit(frame))
+                    telemetry.relayed(self.gw.metrics, self.clock, ev, turn_id)
+        except TaskNotStarted as exc:
+            await self.emit(
+                error_frame(
+                    ErrorCode.WORKER_CONNECT_FAILED, f"Worker connection failed: {exc.detail}"
+                )
+            )
+            await self.end_record()
+            await self.close(status.WS_1013_TRY_AGAIN_LATER)
+            return False
+        except WorkerLost:
+            await self.emit(
+                error_frame(ErrorCode.INFERENCE_ERROR, "the worker running this turn was lost")
+            )
+            return True
+        finally:
+            self.slot_id = None
+        if not self.stopping():
+            return True
+        if not self.vanished():
+            await self.finish(*self.end_reason())
+        return False

@@ -1,0 +1,254 @@
+"""What every resumable ``/v1/realtime`` session shares, duplex and chat (docs/PROTOCOL.md,
+"Resume and failover"): the resume record it offers with ``session.created``, taking a session
+over with its token, detaching when the client vanishes, and noticing it was replaced.
+
+The modes differ only in where their numbered events come from: a duplex session's from its
+worker's replay log (``api/realtime/duplex.py``), a chat session's from the frame log its
+gateway writes (``api/realtime/chat_resume.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from starlette import status
+from starlette.websockets import WebSocket
+
+from api.gateway.liveness import DETACHED, Answer
+from api.gateway.state import Gateway
+from api.protocol.errors import Frame
+from api.realtime.recovery import ResumeRequest
+from api.realtime.session import RealtimeSession, SessionState
+from streaming.events import ErrorCode
+from streaming.resume import AttachResult, new_conn_id, new_token
+
+log = logging.getLogger("omniserve.gateway")
+
+QUEUE_HOLD_S = 0.25  # a resuming client's session.resume arrives within this of its connect
+
+
+def resync_frame(session_id: str, first: int, last: int) -> Frame:
+    """``session.resync_required``: the log no longer holds client seqs ``first``..``last``."""
+    return {
+        "type": "session.resync_required",
+        "session_id": session_id,
+        "first_missing_seq": first,
+        "last_missing_seq": last,
+    }
+
+
+class Resumable(RealtimeSession):
+    """A session whose record (``streaming/resume.py``) lets another connection take it over."""
+
+    def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:
+        super().__init__(gw, ws, public_mode)
+        self.conn_id = new_conn_id()  # owner id in the session's resume record
+        self.resumable = False  # the record exists: watch for being replaced
+        self.resume_offered = False  # the client has a token: a drop detaches, not closes
+        self.replaced = False
+        self.detached = False  # the client vanished and the session waits for a resume
+        self.resume_request: ResumeRequest | None = None
+        self.opened = time.monotonic()
+        self.first_event = asyncio.Event()
+        self._held: list[Frame] | None = []  # queue events of the new session, held briefly
+        self._flusher: asyncio.Future[None] | None = None
+        self._replaced_watch: tuple[str, str] | None = None  # (session, conn) gw.liveness watches
+        self._replaced_seen = False  # the watch read another owner
+        self._detached_seen = False  # the watch read no owner while this connection relays
+
+    async def queue_frame(self, frame: Frame) -> None:
+        """The new session's queue events wait until the client's first event, at most
+        ``QUEUE_HOLD_S`` after connect: a client that resumes instead never sees them."""
+        if self._held is None:
+            if not self.superseded.is_set():
+                await self.send(frame)
+            return
+        self._held.append(frame)
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._release_later())
+
+    async def _release_later(self) -> None:
+        wait = QUEUE_HOLD_S - (time.monotonic() - self.opened)
+        try:
+            await asyncio.wait_for(self.first_event.wait(), max(0.0, wait))
+        except TimeoutError:
+            pass
+        await self.release_queue_frames()
+
+    async def release_queue_frames(self) -> None:
+        """Send the held queue events (none once the client resumes another session)."""
+        held, self._held = self._held, None
+        if held and not self.superseded.is_set():
+            for frame in held:
+                await self.send(frame)
+
+    async def offer_resume(self, created_seq: int, init: bytes, offer: bool) -> str | None:
+        """Write the session's record; the token for ``session.created`` when ``offer`` (and
+        resume is on), else None. A Redis failure leaves the session simply not resumable."""
+        gw, s = self.gw, self.gw.settings
+        token = new_token()
+        try:
+            await gw.resumes.create(
+                self.session_id,
+                token=token,
+                mode=self.public_mode,
+                gateway=gw.gateway_id,
+                conn=self.conn_id,
+                created_seq=created_seq,
+                deadline=self.deadline,
+                init=init,
+                ttl_s=self.time_left() + s.resume_grace_s + 60,
+            )
+        except Exception:
+            log.warning("no resume record for %s", self.session_id, exc_info=True)
+            return None
+        self.resumable = True
+        if offer and s.resume_grace_s > 0:
+            self.resume_offered = True
+            return token
+        return None
+
+    async def take_over(self, req: ResumeRequest) -> tuple[str, dict[str, str]] | None:
+        """Attach to ``req``'s session: its new token and record, now registered as this
+        connection's session; None when refused (the client got the documented error and the
+        socket is closed)."""
+        gw, s = self.gw, self.gw.settings
+        token = new_token()
+        result = AttachResult.NOT_FOUND
+        if s.resume_grace_s > 0:
+            result = await gw.resumes.attach(
+                req.session_id,
+                req.resume_token,
+                token,
+                self.public_mode,
+                gw.gateway_id,
+                self.conn_id,
+                s.resume_grace_s,
+            )
+        if result is not AttachResult.OK:
+            expired = result is AttachResult.EXPIRED
+            code = ErrorCode.RESUME_EXPIRED if expired else ErrorCode.SESSION_NOT_FOUND
+            what = (
+                "can no longer be resumed" if expired else "was not found (or the token is wrong)"
+            )
+            await self.send_error(code, f"session {req.session_id} {what}", "session_id")
+            self.closed_sent = True
+            await self.close(status.WS_1008_POLICY_VIOLATION)
+            return None
+        record = await gw.resumes.fields(req.session_id)
+        gw.sessions.pop(self.session_id, None)
+        self.session_id = req.session_id
+        gw.sessions[req.session_id] = self
+        self.deadline = float(record["deadline"])
+        self.state, self.resumable, self.resume_offered = SessionState.ACTIVE, True, True
+        self.admitted_at = time.time()  # (the session-end line: this connection never queued)
+        return token, record
+
+    def resumed_frame(self, token: str, last_seq: int) -> Frame:
+        """``session.resumed``, the first answer to an accepted ``session.resume``."""
+        return {
+            "type": "session.resumed",
+            "session_id": self.session_id,
+            "resume_token": token,
+            "last_seq": last_seq,
+        }
+
+    def session_goes_on(self) -> bool:
+        """This connection ended but the session did not: it waits for a resume (detached), or
+        another connection took it over (replaced)."""
+        return self.detached or self.replaced
+
+    async def detach(self) -> bool:
+        """The client vanished: start the grace period. False (the caller then stops the worker:
+        a session nobody can resume must not keep its slot): not resumable, or its record is gone
+        (Redis restarted empty), or Redis away."""
+        if not self.resume_offered or self.replaced:
+            return False
+        try:
+            detached = await self.gw.resumes.detach(self.session_id, self.conn_id)
+        except Exception:
+            log.warning("could not detach %s", self.session_id, exc_info=True)
+            return False
+        if detached:
+            log.info("session %s detached: resumable", self.session_id)
+            self.detached = True
+            return True
+        try:
+            owner = await self.gw.resumes.owner(self.session_id)
+        except Exception:  # noqa: BLE001 - Redis away: the caller stops the worker
+            owner = None
+        if owner is not None:  # already detached, or another connection resumed it meanwhile
+            self.replaced = owner != ""
+            self.detached = not self.replaced
+            return True
+        # no record any more (Redis restarted empty): nobody can resume it
+        log.warning("session %s: its resume record is gone; the session ends", self.session_id)
+        return False
+
+    async def _was_replaced(self) -> bool:
+        """Another connection resumed this session: tell the client and stop relaying."""
+        try:
+            owner = await self.gw.resumes.owner(self.session_id)
+        except Exception:  # noqa: BLE001 - Redis away: decided at the next check
+            return False
+        return await self._replaced_by(owner)
+
+    async def _was_replaced_lately(self) -> bool:
+        """``_was_replaced`` from the gateway's batched liveness read (``api/gateway/liveness.py``),
+        for a relay loop that must not wait on Redis: the first call starts a watch (read every
+        tick; a replacement wakes the loop), later ones see what it found (a failed read: the
+        next tick decides)."""
+        key = (self.session_id, self.conn_id)
+        if self._replaced_watch != key:  # (a connection that resumed another session: its id)
+            self._replaced_watch, self._replaced_seen = key, False
+            self.gw.liveness.watch_replaced(*key, lambda answer: self._replaced_read(key, answer))
+        await self._reclaim()
+        return self._replaced_seen and await self._close_replaced()
+
+    async def _reclaim(self) -> None:
+        """When the watch read that nobody relays the session, yet this connection does: its
+        worker took this gateway for gone (frozen past its lease) and would give the slot back,
+        and each failover's new attempt would read the record detached again. Attach it again."""
+        if not self._detached_seen:
+            return
+        self._detached_seen = False
+        try:
+            if await self.gw.resumes.reclaim(self.session_id, self.conn_id, self.gw.gateway_id):
+                log.warning(
+                    "session %s: its worker took this gateway for gone; attached again",
+                    self.session_id,
+                )
+        except Exception:  # Redis away: the next tick reads the record again
+            log.warning("could not attach %s again", self.session_id, exc_info=True)
+
+    def _replaced_read(self, key: tuple[str, str], answer: Answer) -> bool:
+        """A tick's read of the owner: False (stop watching) once replaced or no longer
+        relayed."""
+        if self.gone.is_set() or key != self._replaced_watch:
+            return False
+        if answer is True:
+            self._replaced_seen = True
+            self.wake_relay()
+            return False
+        if answer == DETACHED:
+            self._detached_seen = True
+            self.wake_relay()
+        return True
+
+    async def _replaced_by(self, owner: str | None) -> bool:
+        if owner is None or owner == self.conn_id or owner == "":
+            return False
+        return await self._close_replaced()
+
+    async def _close_replaced(self) -> bool:
+        """Tell the client that another connection took the session over, and close."""
+        self.replaced = True
+        self.closed_sent = True
+        self.state = SessionState.CLOSED
+        await self.send(
+            {"type": "session.closed", "session_id": self.session_id, "reason": "replaced"}
+        )
+        await self.close(status.WS_1000_NORMAL_CLOSURE)
+        return True

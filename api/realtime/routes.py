@@ -1,0 +1,77 @@
+"""The WebSocket routes: ``/v1/realtime`` (one handler per mode) and the legacy ``/ws/chat``.
+
+Each accepts the socket with the client's subprotocol, then asks the security policy
+(``admitted``: key, origin, per-client and per-gateway connection limits) before anything else;
+a refusal is rendered in the endpoint's own dialect.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, WebSocket
+from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
+
+from api.gateway.state import Gateway
+from api.metrics import telemetry
+from api.protocol.dialects import legacy_error
+from api.realtime.chat import ChatSession
+from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
+from api.realtime.duplex import DuplexSession
+from api.realtime.legacy_chat import LegacyChat
+from api.security.policy import SecurityPolicy, admitted
+from streaming.events import ErrorCode
+
+MODES = {"chat", "video", "audio"}
+
+
+def create_router(security: SecurityPolicy) -> APIRouter:
+    """``/v1/realtime`` and ``/ws/chat``, admitted by ``security``."""
+    router = APIRouter()
+
+    @router.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket, mode: str = "video") -> None:
+        gw: Gateway = ws.app.state.gateway
+        await ws.accept(subprotocol=choose_subprotocol(ws))
+        state = ws.app.state
+        async with admitted(ws, security, state.connections, state.connection_cap) as refusal:
+            if refusal is not None:
+                code, message, close_code = refusal.code, refusal.message, refusal.close_code
+                telemetry.rejected(gw.metrics, code)
+                return await refuse_with_error(ws, code, message, close_code)
+            await _realtime(ws, gw, mode)
+
+    @router.websocket("/ws/chat")
+    async def legacy_chat(ws: WebSocket) -> None:
+        gw: Gateway = ws.app.state.gateway
+        await ws.accept(subprotocol=choose_subprotocol(ws))
+        state = ws.app.state
+        async with admitted(ws, security, state.connections, state.connection_cap) as refusal:
+            if refusal is not None:
+                telemetry.rejected(gw.metrics, refusal.code)
+                return await refuse(ws, legacy_error(refusal.message), refusal.close_code)
+            await LegacyChat(gw, ws).serve()
+
+    return router
+
+
+async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
+    """An admitted ``/v1/realtime`` client: its mode's session, unless the mode is unknown or
+    the gateway drains."""
+    if mode not in MODES:
+        telemetry.rejected(gw.metrics, "invalid_mode")
+        return await refuse_with_error(
+            ws,
+            ErrorCode.INVALID_PAYLOAD,
+            "mode must be chat, video or audio",
+            WS_1008_POLICY_VIOLATION,
+            field="mode",
+        )
+    if gw.shutting_down:
+        telemetry.rejected(gw.metrics, "shutting_down")
+        return await refuse_with_error(
+            ws,
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "server is shutting down",
+            WS_1013_TRY_AGAIN_LATER,
+        )
+    session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
+    await session.serve()
