@@ -397,7 +397,7 @@ def test_gpu_memory_reads_the_configured_device(monkeypatch):
 
 
 def test_minicpmo_extra_pins_what_the_models_code_supports():
-    """Issue #10.7: torch/torchaudio pinned to the model README's range (<= 2.8.0)."""
+    """torch/torchaudio pinned to the model README's range (<= 2.8.0)."""
     import tomllib
 
     from packaging.requirements import Requirement
