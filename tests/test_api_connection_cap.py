@@ -39,13 +39,18 @@ async def refused(url: str, path: str = "/v1/realtime", query: str = "?mode=audi
 
 async def test_clients_over_the_cap_are_refused_and_the_count_comes_back(stack: Stack) -> None:
     stack.start_worker()
-    port = stack.start_gateway(OMNISERVE_GATEWAY_MAX_CONNECTIONS="3")
+    # the first client holds the slot silently for the whole test: not ended as idle
+    port = stack.start_gateway(
+        OMNISERVE_GATEWAY_MAX_CONNECTIONS="3", OMNISERVE_CLIENT_IDLE_TIMEOUT_S="0"
+    )
     url = stack.url()
     assert health(port)["connection_limit"] == 3
-    held = [await Client.connect(url, query="?mode=audio") for _ in range(3)]
+    # one after the other, so that their places in the queue are in this order
+    held = [await Client.connect(url, query="?mode=audio")]
     await held[0].until("session.queue_done")
-    for c in held[1:]:
-        await c.until("session.queued")
+    for _ in range(2):
+        held.append(await Client.connect(url, query="?mode=audio"))
+        await held[-1].until("session.queued")
     frame = await refused(url)
     assert frame["error"]["code"] == "service_unavailable"
     assert "at its connection limit (3)" in frame["error"]["message"]
@@ -56,13 +61,17 @@ async def test_clients_over_the_cap_are_refused_and_the_count_comes_back(stack: 
     assert any("connection limit" in n for n in body["notes"])
     ready = readyz(port)
     assert ready.status_code == 503 and ready.json()["at_connection_limit"] is True
-    # one leaves: its place is given back, a new client is served end to end
+    # one leaves: its place is given back, a new client is served end to end (each holder
+    # leaves with session.close, so its slot is not kept for a resume)
+    await held[0].send({"type": "session.close"})
     await held[0].close()
     await held[1].until("session.queue_done", timeout=15)
+    await held[1].send({"type": "session.close"})
     await held[1].close()
+    await held[2].until("session.queue_done", timeout=15)
+    await held[2].send({"type": "session.close"})
+    await held[2].close()
     await served_end_to_end(url, timeout=20)
-    for c in held[2:]:
-        await c.close()
     deadline = asyncio.get_running_loop().time() + 10
     while health(port)["connections"] != 0:  # every way out gave its place back
         assert asyncio.get_running_loop().time() < deadline, health(port)
