@@ -69,7 +69,7 @@ CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not
 CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
 
 
-class DuplexSession(Resumable):
+class RealtimeDuplex(Resumable):
     """Video / audio full-duplex: one long task pinned to one worker slot."""
 
     def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:

@@ -15,7 +15,7 @@ from api.metrics import telemetry
 from api.protocol.dialects import legacy_error
 from api.realtime.chat import ChatSession
 from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
-from api.realtime.duplex import DuplexSession
+from api.realtime.duplex import RealtimeDuplex
 from api.realtime.legacy_chat import LegacyChat
 from api.security.policy import SecurityPolicy, admitted
 from streaming.events import ErrorCode
@@ -73,5 +73,5 @@ async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
             "server is shutting down",
             WS_1013_TRY_AGAIN_LATER,
         )
-    session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
+    session = ChatSession(gw, ws) if mode == "chat" else RealtimeDuplex(gw, ws, mode)
     await session.serve()
