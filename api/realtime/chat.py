@@ -53,7 +53,7 @@ TURN_INTERRUPTED = {CloseReason.CLIENT_CLOSED.value: "its worker took this gatew
 CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
 
 
-class ChatSession(ResumableChat):
+class RealtimeChat(ResumableChat):
     """Chat mode: turns run one at a time, each taking its own place in the global queue."""
 
     def __init__(self, gw: Gateway, ws: WebSocket) -> None:

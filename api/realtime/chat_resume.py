@@ -1,5 +1,5 @@
 """What makes a chat session resumable (docs/PROTOCOL.md, "Resume and failover");
-``ChatSession`` (``api/realtime/chat.py``) builds on it.
+``RealtimeChat`` (``api/realtime/chat.py``) builds on it.
 
 A chat session holds no worker slot between turns and each turn streams on its own channel, so
 its session-wide ``seq`` is numbered here, on the gateway: every frame after ``session.created``

@@ -47,7 +47,7 @@ class ChatTurn:
         self.slot_id = admitted.slot_id
         self.request = request
         self.deadline_ts = deadline_ts
-        self.out = out  # the turn's output channel when opened already (see ChatSession)
+        self.out = out  # the turn's output channel when opened already (see RealtimeChat)
         self.on_slot = on_slot  # told the slot the turn moved to (its worker died first)
 
     def _job(self) -> ChatJob:

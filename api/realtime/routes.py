@@ -13,7 +13,7 @@ from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 from api.gateway.state import Gateway
 from api.metrics import telemetry
 from api.protocol.dialects import legacy_error
-from api.realtime.chat import ChatSession
+from api.realtime.chat import RealtimeChat
 from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
 from api.realtime.duplex import RealtimeDuplex
 from api.realtime.legacy_chat import LegacyChat
@@ -73,5 +73,5 @@ async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
             "server is shutting down",
             WS_1013_TRY_AGAIN_LATER,
         )
-    session = ChatSession(gw, ws) if mode == "chat" else RealtimeDuplex(gw, ws, mode)
+    session = RealtimeChat(gw, ws) if mode == "chat" else RealtimeDuplex(gw, ws, mode)
     await session.serve()

@@ -1,7 +1,7 @@
 """``WS /v1/realtime``: what every mode shares (framing, dialect, queueing, closing).
 
 The modes themselves are ``RealtimeDuplex`` (video, audio: ``api/realtime/duplex.py``), which
-holds one worker slot for the whole session, and ``ChatSession`` (``api/realtime/chat.py``),
+holds one worker slot for the whole session, and ``RealtimeChat`` (``api/realtime/chat.py``),
 which holds a slot only while a turn runs.
 """
 
