@@ -10,7 +10,7 @@ three signs:
 - output: the session's undelivered output passed its caps (``streaming/output.py``):
   ``output_backpressure``.
 
-Ending such a client frees its worker first (``Connection.on_evict`` tells the worker to close
+Ending such a client frees its worker first (``ClientSocket.on_evict`` tells the worker to close
 the session, so the slot is back within a step), then gives the session ``EVICT_GRACE_S`` to end
 the ordinary way (a client that still reads gets ``session.closed`` with the reason), and then
 aborts the TCP connection. Without the abort a client that never reads would keep a blocked send,
@@ -45,7 +45,7 @@ class WatchHost(Protocol):
 
 
 class Watched(Protocol):
-    """What the watch needs of a connection (``api/realtime/connection.py``'s ``Connection``)."""
+    """What the watch needs of a connection (``api/realtime/connection.py``'s ``ClientSocket``)."""
 
     @property
     def gw(self) -> WatchHost: ...

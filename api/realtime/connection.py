@@ -1,6 +1,6 @@
 """The base of every WebSocket handler: it owns the receive loop and declares hooks.
 
-Like starlette's ``WebSocketEndpoint``, ``Connection`` reads the socket itself and calls the
+Like starlette's ``WebSocketEndpoint``, ``ClientSocket`` reads the socket itself and calls the
 subclass's hooks: ``decode`` (one text frame -> an event, or None to ignore it), ``on_event``,
 ``on_client_error`` and ``on_event_failure``. Unlike it, the session's own work (``run``: queueing,
 relaying the worker) runs beside the receive loop, because a client may send while its output
@@ -86,7 +86,7 @@ class Flag(asyncio.Event):
             self._on_set()
 
 
-class Connection:
+class ClientSocket:
     """A client WebSocket: ordered sends, one close, and the receive loop with its hooks."""
 
     def __init__(self, gw: Gateway, ws: WebSocket) -> None:

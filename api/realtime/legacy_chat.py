@@ -23,7 +23,7 @@ from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
 from api.realtime.chat_turn import ChatTurn
-from api.realtime.connection import Connection, parse_json
+from api.realtime.connection import ClientSocket, parse_json
 from api.realtime.slot_wait import Refused, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
 from omnicore.logs import session_context
@@ -35,7 +35,7 @@ from streaming.keys import slot_worker
 REQUEST_TIMEOUT_S = 60.0
 
 
-class LegacyChat(Connection):
+class LegacyChat(ClientSocket):
     """One request, one answer, then close."""
 
     def __init__(self, gw: Gateway, ws: WebSocket) -> None:

@@ -22,7 +22,7 @@ from api.metrics import telemetry
 from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
-from api.realtime.connection import Connection, Flag, new_session_id, parse_json
+from api.realtime.connection import ClientSocket, Flag, new_session_id, parse_json
 from api.realtime.slot_wait import Admitted, Refused, wait_for_slot
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
@@ -64,7 +64,7 @@ def refusal_message(refused: Refused) -> str:
     return f"Service is not ready: {refused.detail}"
 
 
-class RealtimeSession(Connection):
+class RealtimeSession(ClientSocket):
     """Base of both modes: framing, dialect, queue entry, timing, closing."""
 
     def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:

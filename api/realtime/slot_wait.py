@@ -19,7 +19,7 @@ from api.gateway.queueing import NoCapacity, Notify
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
-from api.realtime.connection import Connection
+from api.realtime.connection import ClientSocket
 from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
@@ -46,7 +46,7 @@ class Refused:
 
 
 async def wait_for_slot(
-    conn: Connection,
+    conn: ClientSocket,
     deadline: float,
     *stop_events: asyncio.Event,
     notify: Notify | None = None,
