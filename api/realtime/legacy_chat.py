@@ -24,7 +24,7 @@ from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
 from api.realtime.chat_turn import ChatTurn
 from api.realtime.connection import ClientSocket, parse_json
-from api.realtime.slot_wait import Refused, wait_for_slot
+from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
@@ -131,7 +131,7 @@ class LegacyChat(ClientSocket):
             if not self.gone.is_set():
                 await self.fail("timed out waiting for a worker")
             return
-        if isinstance(got, Refused):
+        if isinstance(got, NoSlot):
             full = got.code in (ErrorCode.QUEUE_FULL, ErrorCode.WORKER_BUSY)
             message = "Queue full" if full else f"service unavailable: {got.detail}"
             return await self.fail(message, status.WS_1013_TRY_AGAIN_LATER)

@@ -23,7 +23,7 @@ from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
 from api.realtime.connection import ClientSocket, Flag, new_session_id, parse_json
-from api.realtime.slot_wait import Admitted, Refused, wait_for_slot
+from api.realtime.slot_wait import Admitted, NoSlot, wait_for_slot
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
@@ -55,13 +55,13 @@ class SessionState(StrEnum):
     CLOSED = "CLOSED"
 
 
-def refusal_message(refused: Refused) -> str:
-    """The ``/v1/realtime`` message of a refused wait for a slot."""
-    if refused.code is ErrorCode.QUEUE_FULL:
+def no_slot_message(no_slot: NoSlot) -> str:
+    """The ``/v1/realtime`` message of a wait for a slot that ended without one."""
+    if no_slot.code is ErrorCode.QUEUE_FULL:
         return "Queue full"
-    if refused.code is ErrorCode.WORKER_BUSY:
+    if no_slot.code is ErrorCode.WORKER_BUSY:
         return "No idle worker available"
-    return f"Service is not ready: {refused.detail}"
+    return f"Service is not ready: {no_slot.detail}"
 
 
 class RealtimeSession(ClientSocket):
@@ -204,8 +204,8 @@ class RealtimeSession(ClientSocket):
             return got
         if self.superseded.is_set():
             return None
-        if isinstance(got, Refused):
-            message = refusal_message(got)
+        if isinstance(got, NoSlot):
+            message = no_slot_message(got)
             await self.send_error(got.code, message)
             unavailable = got.code is ErrorCode.SERVICE_UNAVAILABLE
             await self.close(

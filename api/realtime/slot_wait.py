@@ -1,9 +1,9 @@
 """Waiting for a worker slot, for every endpoint: the global queue raced against the client.
 
 The client hears ``session.queued`` / ``session.queue_update`` while it waits. The wait ends with
-a slot (``Admitted``), a refusal the endpoint renders in its own dialect (``Refused``), or None
-when the client left, asked to close, or the deadline passed; the ticket (or a slot assigned in
-the meantime) is given back in every case.
+a slot (``Admitted``), the news that none will come (``NoSlot``, which the endpoint renders in
+its own dialect), or None when the client left, asked to close, or the deadline passed; the
+ticket (or a slot assigned in the meantime) is given back in every case.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Admitted:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class NoSlot:
     """No slot will come: ``service_unavailable``, ``queue_full`` or ``worker_busy``."""
 
     code: ErrorCode
@@ -51,7 +51,7 @@ async def wait_for_slot(
     *stop_events: asyncio.Event,
     notify: Notify | None = None,
     task: WaitingTask | None = None,
-) -> Admitted | Refused | None:
+) -> Admitted | NoSlot | None:
     """Queue ``conn`` for a slot until ``deadline`` (unix time); see the module docstring.
 
     ``notify`` receives the queue events instead of the client (a chat turn renames them).
@@ -61,20 +61,20 @@ async def wait_for_slot(
     since = time.monotonic()
     if gw.writes_refused is not None:  # no ticket could be queued, no slot handed out
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gw.writes_refused}")
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gw.writes_refused}")
     try:
         await gw.ensure_lease()
         ready = await gw.has_workers()
     except ResponseError as exc:  # (ensure_lease noted it)
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {exc}")
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {exc}")
     except Exception as exc:  # noqa: BLE001 - Redis unreachable
         log.warning("cannot count the worker slots: %s", exc)
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, "the gateway cannot reach Redis")
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, "the gateway cannot reach Redis")
     if not ready:
         telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
     acquire = asyncio.ensure_future(
         gw.queue.acquire(
             notify or conn.send,
@@ -108,14 +108,14 @@ async def wait_for_slot(
     except QueueFull:
         code = ErrorCode.WORKER_BUSY if gw.settings.max_queue == 0 else ErrorCode.QUEUE_FULL
         telemetry.rejected(gw.metrics, code)
-        return Refused(code, "")
+        return NoSlot(code, "")
     except NoCapacity as exc:  # workers were loading, none became ready in time
         log.warning("admission gave up: %s", exc)
         telemetry.rejected(gw.metrics, "no_capacity")
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     except Exception as exc:
         log.exception("admission failed")
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     conn.recording.admitted(slot)
     telemetry.admitted(gw.metrics, telemetry.mode_of(conn), since)
     return Admitted(ticket, slot, assigned_at is not None, assigned_at)
