@@ -48,7 +48,7 @@ class Watched(Protocol):
     """What the watch needs of a connection (``api/realtime/connection.py``'s ``ClientSocket``)."""
 
     @property
-    def gw(self) -> WatchHost: ...
+    def gateway(self) -> WatchHost: ...
 
     ws: WebSocket
     log_id: str
@@ -112,13 +112,14 @@ def note(conn: Watched, reason: CloseReason) -> None:
     """The operator's view of a dropped client: one log line and the metric."""
     why = {
         CloseReason.CLIENT_IDLE: (
-            f"sent nothing for {conn.gw.settings.client_idle_timeout_s:g} s while holding a slot"
+            f"sent nothing for {conn.gateway.settings.client_idle_timeout_s:g} s"
+            " while holding a slot"
         ),
         CloseReason.PING_TIMEOUT: "stopped answering WebSocket pings",
         CloseReason.OUTPUT_BACKPRESSURE: "did not read its output (over the cap)",
     }.get(reason, str(reason))
     log.warning("%s: the client %s; ending the session (%s)", conn.log_id, why, reason)
-    conn.gw.metrics.clients_dropped.labels(str(reason)).inc()
+    conn.gateway.metrics.clients_dropped.labels(str(reason)).inc()
 
 
 def verdict(conn: Watched, stalled: bool = False) -> CloseReason | None:
@@ -131,7 +132,7 @@ def verdict(conn: Watched, stalled: bool = False) -> CloseReason | None:
         return CloseReason.OUTPUT_BACKPRESSURE
     if pings_failed(conn.ws):
         return CloseReason.PING_TIMEOUT
-    limit = conn.gw.settings.client_idle_timeout_s
+    limit = conn.gateway.settings.client_idle_timeout_s
     if limit > 0 and not stalled and conn.idle_seconds() > limit:
         return CloseReason.CLIENT_IDLE
     return None

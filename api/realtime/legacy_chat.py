@@ -38,12 +38,12 @@ REQUEST_TIMEOUT_S = 60.0
 class LegacyChat(ClientSocket):
     """One request, one answer, then close."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
-        super().__init__(gw, ws)
+    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
+        super().__init__(gateway, ws)
         self.turn_id = self.log_id = f"chat_{uuid.uuid4().hex[:12]}"
         self.turn_running = False
-        self.recording = gw.recorder.open(self.turn_id, "legacy_chat", endpoint="/ws/chat")
-        self.deadline = time.time() + gw.settings.legacy_chat_timeout_s
+        self.recording = gateway.recorder.open(self.turn_id, "legacy_chat", endpoint="/ws/chat")
+        self.deadline = time.time() + gateway.settings.legacy_chat_timeout_s
         # what the session-end line and the metrics read (telemetry.EndedSession)
         self.session_id = self.turn_id
         self.public_mode = "chat"
@@ -63,7 +63,7 @@ class LegacyChat(ClientSocket):
     async def on_evict(self, reason: CloseReason) -> None:
         """Stop the turn now: its output has nowhere to go (api/gateway/client_watch.py)."""
         if self.turn_running:
-            await self.gw.inputs.control(self.turn_id, CloseControl(reason=reason))
+            await self.gateway.inputs.control(self.turn_id, CloseControl(reason=reason))
 
     def session_goes_on(self) -> bool:
         """A turn ends with its connection."""
@@ -75,7 +75,7 @@ class LegacyChat(ClientSocket):
             try:
                 await super().serve()
             finally:
-                telemetry.session_ended(self.gw.metrics, self)
+                telemetry.session_ended(self.gateway.metrics, self)
 
     async def fail(self, message: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
         """Send the endpoint's error frame and close."""
@@ -100,7 +100,7 @@ class LegacyChat(ClientSocket):
                 event,
                 LEGACY_CHAT_DEFAULTS,
                 prefix="request",
-                voices_dir=self.gw.settings.voices_dir,
+                voices_dir=self.gateway.settings.voices_dir,
             )
         except ProtocolError as exc:
             result = exc
@@ -139,9 +139,14 @@ class LegacyChat(ClientSocket):
         self.clock.input_sent(self.turn_id)
         if got.waited:
             await self.send({"type": "session.queue_done"})
-            telemetry.handed_off(self.gw.metrics, got.assigned_at)
+            telemetry.handed_off(self.gateway.metrics, got.assigned_at)
         turn = ChatTurn(
-            self.gw, self.turn_id, got, request, self.deadline, on_overflow=self.output_overflow
+            self.gateway,
+            self.turn_id,
+            got,
+            request,
+            self.deadline,
+            on_overflow=self.output_overflow,
         )
         mapper = LegacyChatMapper(self.turn_id)
         self.turn_running = True
@@ -151,10 +156,10 @@ class LegacyChat(ClientSocket):
                     for frame in mapper.frames(ev):
                         await self.send(frame)
                         if frame["type"] in mapper.ENDING:
-                            telemetry.relayed(self.gw.metrics, self.clock, ev, self.turn_id)
+                            telemetry.relayed(self.gateway.metrics, self.clock, ev, self.turn_id)
                             self.ended_reason = self.ended_reason or frame["type"]
                             return await self.close()
-                    telemetry.relayed(self.gw.metrics, self.clock, ev, self.turn_id)
+                    telemetry.relayed(self.gateway.metrics, self.clock, ev, self.turn_id)
         except TaskNotStarted:
             return await self.fail("worker connection failed", status.WS_1013_TRY_AGAIN_LATER)
         except WorkerLost:

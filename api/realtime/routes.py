@@ -29,35 +29,35 @@ def create_router(security: SecurityPolicy) -> APIRouter:
 
     @router.websocket("/v1/realtime")
     async def realtime(ws: WebSocket, mode: str = "video") -> None:
-        gw: Gateway = ws.app.state.gateway
+        gateway: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         state = ws.app.state
         async with let_in(ws, security, state.connections, state.connection_cap) as denied:
             if denied is not None:
                 code, message, close_code = denied.code, denied.message, denied.close_code
-                telemetry.rejected(gw.metrics, code)
+                telemetry.rejected(gateway.metrics, code)
                 return await refuse_with_error(ws, code, message, close_code)
-            await _realtime(ws, gw, mode)
+            await _realtime(ws, gateway, mode)
 
     @router.websocket("/ws/chat")
     async def legacy_chat(ws: WebSocket) -> None:
-        gw: Gateway = ws.app.state.gateway
+        gateway: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         state = ws.app.state
         async with let_in(ws, security, state.connections, state.connection_cap) as denied:
             if denied is not None:
-                telemetry.rejected(gw.metrics, denied.code)
+                telemetry.rejected(gateway.metrics, denied.code)
                 return await refuse(ws, legacy_error(denied.message), denied.close_code)
-            await LegacyChat(gw, ws).serve()
+            await LegacyChat(gateway, ws).serve()
 
     return router
 
 
-async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
+async def _realtime(ws: WebSocket, gateway: Gateway, mode: str) -> None:
     """A ``/v1/realtime`` client let in: its mode's session, unless the mode is unknown or
     the gateway drains."""
     if mode not in MODES:
-        telemetry.rejected(gw.metrics, "invalid_mode")
+        telemetry.rejected(gateway.metrics, "invalid_mode")
         return await refuse_with_error(
             ws,
             ErrorCode.INVALID_PAYLOAD,
@@ -65,13 +65,13 @@ async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
             WS_1008_POLICY_VIOLATION,
             field="mode",
         )
-    if gw.shutting_down:
-        telemetry.rejected(gw.metrics, "shutting_down")
+    if gateway.shutting_down:
+        telemetry.rejected(gateway.metrics, "shutting_down")
         return await refuse_with_error(
             ws,
             ErrorCode.SERVICE_UNAVAILABLE,
             "server is shutting down",
             WS_1013_TRY_AGAIN_LATER,
         )
-    session = RealtimeChat(gw, ws) if mode == "chat" else RealtimeDuplex(gw, ws, mode)
+    session = RealtimeChat(gateway, ws) if mode == "chat" else RealtimeDuplex(gateway, ws, mode)
     await session.serve()

@@ -57,26 +57,28 @@ async def wait_for_slot(
     ``notify`` receives the queue events instead of the client (a chat turn renames them).
     ``task``: the task the slot is for, which Flower shows while the client waits.
     """
-    gw = conn.gw
+    gateway = conn.gateway
     since = time.monotonic()
-    if gw.writes_refused is not None:  # no ticket could be queued, no slot handed out
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gw.writes_refused}")
+    if gateway.writes_refused is not None:  # no ticket could be queued, no slot handed out
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return NoSlot(
+            ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gateway.writes_refused}"
+        )
     try:
-        await gw.ensure_lease()
-        ready = await gw.has_workers()
+        await gateway.ensure_lease()
+        ready = await gateway.has_workers()
     except ResponseError as exc:  # (ensure_lease noted it)
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {exc}")
     except Exception as exc:  # noqa: BLE001 - Redis unreachable
         log.warning("cannot count the worker slots: %s", exc)
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, "the gateway cannot reach Redis")
     if not ready:
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
         return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
     acquire = asyncio.ensure_future(
-        gw.queue.acquire(
+        gateway.queue.acquire(
             notify or conn.send,
             owner=conn,
             task=task,
@@ -95,34 +97,34 @@ async def wait_for_slot(
     except BaseException:
         # this wait itself was cancelled (a chat turn gives its slot back while the turn lease
         # is held elsewhere): the acquire is a task of its own, and got a slot no one released
-        await asyncio.shield(_withdraw(gw, acquire, task))
+        await asyncio.shield(_withdraw(gateway, acquire, task))
         raise
     finally:
         for stop in stops:
             stop.cancel()
     if acquire not in done:
-        await _withdraw(gw, acquire, task)
+        await _withdraw(gateway, acquire, task)
         return None
     try:
         ticket, slot, assigned_at = acquire.result()
     except QueueFull:
-        code = ErrorCode.WORKER_BUSY if gw.settings.max_queue == 0 else ErrorCode.QUEUE_FULL
-        telemetry.rejected(gw.metrics, code)
+        code = ErrorCode.WORKER_BUSY if gateway.settings.max_queue == 0 else ErrorCode.QUEUE_FULL
+        telemetry.rejected(gateway.metrics, code)
         return NoSlot(code, "")
     except NoCapacity as exc:  # workers were loading, none became ready in time
         log.warning("admission gave up: %s", exc)
-        telemetry.rejected(gw.metrics, "no_capacity")
+        telemetry.rejected(gateway.metrics, "no_capacity")
         return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     except Exception as exc:
         log.exception("admission failed")
         return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     conn.recording.admitted(slot)
-    telemetry.admitted(gw.metrics, telemetry.mode_of(conn), since)
+    telemetry.admitted(gateway.metrics, telemetry.mode_of(conn), since)
     return Admitted(ticket, slot, assigned_at is not None, assigned_at)
 
 
 async def _withdraw(
-    gw: Gateway,
+    gateway: Gateway,
     acquire: asyncio.Future[tuple[str, str, float | None]],
     task: WaitingTask | None = None,
 ) -> None:
@@ -137,5 +139,5 @@ async def _withdraw(
         return
     _ticket, slot, _assigned_at = acquire.result()
     if task is not None:
-        gw.waiting_events.left(task)  # its task is never sent
-    await gw.admission.release(slot)
+        gateway.waiting_events.left(task)  # its task is never sent
+    await gateway.admission.release(slot)
