@@ -42,20 +42,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("%s", warning)
         cap = ConnectionCap.for_gateway(settings)  # raises the open-files limit first
         log.info("at most %d client connections (open-files limit %d)", cap.limit, cap.open_files)
-        gw = Gateway(settings)
-        await gw.start()
+        gateway = Gateway(settings)
+        await gateway.start()
         conns = ClientConnections(
-            gw.redis, gw.keys, gw.gateway_id, settings.max_connections_per_client
+            gateway.redis, gateway.keys, gateway.gateway_id, settings.max_connections_per_client
         )
         await conns.start()
-        app.state.gateway = gw
+        app.state.gateway = gateway
         app.state.connections = conns
         app.state.connection_cap = cap
         try:
             yield
         finally:
             await conns.stop()
-            await gw.stop()
+            await gateway.stop()
 
     app = FastAPI(title="omniserve gateway", version=__version__, lifespan=lifespan)
     app.state.security = security

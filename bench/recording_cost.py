@@ -4,7 +4,7 @@ Both figures come from one run in this process with the real ``Recorder`` (write
 local store in a temporary directory):
 
 - the hook on the relay path: ``SessionRecording.sent`` / ``client_event`` per call, next to the
-  ``orjson.dumps`` that ``Connection.send`` already pays for the same frame;
+  ``orjson.dumps`` that ``ClientSocket.send`` already pays for the same frame;
 - the writer thread: CPU seconds per second of recorded duplex session (1 s of 16 kHz input with
   a JPEG frame in, 1 s of 24 kHz speech and a text delta out, per second), i.e. how much of the
   gateway's CPU (and GIL) the background writer takes per concurrent session.

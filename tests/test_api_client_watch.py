@@ -23,7 +23,7 @@ from streaming.events import CloseReason
 
 @dataclass(eq=False)
 class _Conn:
-    gw: Any
+    gateway: Any
     silent_for: float = 0.0
     output_overflowed: bool = False
     evict_reason: CloseReason | None = None

@@ -86,7 +86,7 @@ def test_bench_loop_census_counts_the_gateways_callbacks() -> None:
         (line.split(maxsplit=1)[1], float(line.split()[0])) for line in proc.stdout.splitlines()[1:]
     )
     assert "callbacks/session-s" in proc.stdout.splitlines()[0], proc.stdout
-    assert 0.5 < rows["task Connection._receive_loop"] < 8, proc.stdout
+    assert 0.5 < rows["task ClientSocket._receive_loop"] < 8, proc.stdout
 
 
 def test_bench_publish_path_times_both_ways_of_writing_an_event() -> None:

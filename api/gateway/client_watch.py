@@ -10,7 +10,7 @@ three signs:
 - output: the session's undelivered output passed its caps (``streaming/output.py``):
   ``output_backpressure``.
 
-Ending such a client frees its worker first (``Connection.on_evict`` tells the worker to close
+Ending such a client frees its worker first (``ClientSocket.on_evict`` tells the worker to close
 the session, so the slot is back within a step), then gives the session ``EVICT_GRACE_S`` to end
 the ordinary way (a client that still reads gets ``session.closed`` with the reason), and then
 aborts the TCP connection. Without the abort a client that never reads would keep a blocked send,
@@ -45,10 +45,10 @@ class WatchHost(Protocol):
 
 
 class Watched(Protocol):
-    """What the watch needs of a connection (``api/realtime/connection.py``'s ``Connection``)."""
+    """What the watch needs of a connection (``api/realtime/connection.py``'s ``ClientSocket``)."""
 
     @property
-    def gw(self) -> WatchHost: ...
+    def gateway(self) -> WatchHost: ...
 
     ws: WebSocket
     log_id: str
@@ -112,13 +112,14 @@ def note(conn: Watched, reason: CloseReason) -> None:
     """The operator's view of a dropped client: one log line and the metric."""
     why = {
         CloseReason.CLIENT_IDLE: (
-            f"sent nothing for {conn.gw.settings.client_idle_timeout_s:g} s while holding a slot"
+            f"sent nothing for {conn.gateway.settings.client_idle_timeout_s:g} s"
+            " while holding a slot"
         ),
         CloseReason.PING_TIMEOUT: "stopped answering WebSocket pings",
         CloseReason.OUTPUT_BACKPRESSURE: "did not read its output (over the cap)",
     }.get(reason, str(reason))
     log.warning("%s: the client %s; ending the session (%s)", conn.log_id, why, reason)
-    conn.gw.metrics.clients_dropped.labels(str(reason)).inc()
+    conn.gateway.metrics.clients_dropped.labels(str(reason)).inc()
 
 
 def verdict(conn: Watched, stalled: bool = False) -> CloseReason | None:
@@ -131,7 +132,7 @@ def verdict(conn: Watched, stalled: bool = False) -> CloseReason | None:
         return CloseReason.OUTPUT_BACKPRESSURE
     if pings_failed(conn.ws):
         return CloseReason.PING_TIMEOUT
-    limit = conn.gw.settings.client_idle_timeout_s
+    limit = conn.gateway.settings.client_idle_timeout_s
     if limit > 0 and not stalled and conn.idle_seconds() > limit:
         return CloseReason.CLIENT_IDLE
     return None

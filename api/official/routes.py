@@ -93,8 +93,8 @@ class ViewCache:
     async def get(self, request: Request) -> OfficialView:
         now = time.monotonic()
         if self.view is None or now - self.read_at > VIEW_TTL_S:
-            gw: Gateway = request.app.state.gateway
-            self.view = await OfficialView.read(gw)
+            gateway: Gateway = request.app.state.gateway
+            self.view = await OfficialView.read(gateway)
             self.read_at = now
         return self.view
 

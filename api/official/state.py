@@ -30,12 +30,12 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
 
 
-def request_type(holder: str | None, gw: Gateway) -> str | None:
+def request_type(holder: str | None, gateway: Gateway) -> str | None:
     """The official ``request_type`` of what holds a slot: ``omni_duplex`` / ``audio_duplex`` /
     ``chat``; ``duplex`` for a duplex session another gateway relays (its mode is not known)."""
     if holder is None:
         return None
-    local = gw.sessions.get(holder)
+    local = gateway.sessions.get(holder)
     if local is not None:
         return _REQUEST_TYPES.get(local.public_mode, "duplex")
     return "duplex" if _DUPLEX_HOLDER.match(holder) else "chat"
@@ -65,19 +65,21 @@ def _slot_status(worker: dict[str, Any], slot: dict[str, Any], kind: str | None)
 class OfficialView:
     """One consistent read of the registry, the slots and the queue, rendered on demand."""
 
-    def __init__(self, gw: Gateway, workers: list[dict[str, Any]], snap: QueueSnapshot) -> None:
-        self.gw = gw
+    def __init__(
+        self, gateway: Gateway, workers: list[dict[str, Any]], snap: QueueSnapshot
+    ) -> None:
+        self.gateway = gateway
         self.workers = workers
         self.snap = snap
         self.now = time.time()
         # slot id -> the local session holding it (when it got the slot is known)
-        self.local = {h.slot_id: h for h in list(gw.sessions.values()) if h.slot_id}
+        self.local = {h.slot_id: h for h in list(gateway.sessions.values()) if h.slot_id}
 
     @classmethod
-    async def read(cls, gw: Gateway) -> OfficialView:
-        workers = await slot_states(gw)
-        snap = await gw.admission.snapshot()
-        return cls(gw, workers, snap)
+    async def read(cls, gateway: Gateway) -> OfficialView:
+        workers = await slot_states(gateway)
+        snap = await gateway.admission.snapshot()
+        return cls(gateway, workers, snap)
 
     def _slots(self) -> list[tuple[dict[str, Any], int, dict[str, Any]]]:
         return [(w, i, s) for w in self.workers for i, s in enumerate(w.get("slot_states", []))]
@@ -99,7 +101,7 @@ class OfficialView:
             out.append(
                 {
                     "worker_id": f"slot{n}" if public else slot["slot_id"],
-                    "request_type": request_type(slot["holder"], self.gw) or "unknown",
+                    "request_type": request_type(slot["holder"], self.gateway) or "unknown",
                     "started_at": _iso(started),
                     "elapsed_s": elapsed,
                     "estimated_remaining_s": round(max(0.0, mean - (elapsed or 0.0)), 1),
@@ -111,12 +113,12 @@ class OfficialView:
         """``GET /status`` (``ServiceStatus``): public, so counts and no names."""
         counts = dict.fromkeys(("idle", "busy", "duplex", "loading", "offline"), 0)
         for worker, _, slot in self._slots():
-            kind = request_type(slot["holder"], self.gw)
+            kind = request_type(slot["holder"], self.gateway)
             status = _slot_status(worker, slot, kind)
             key = {"busy_chat": "busy", "duplex_active": "duplex"}.get(status, status)
             counts[key] += 1
         return {
-            "gateway_healthy": not self.gw.shutting_down,
+            "gateway_healthy": not self.gateway.shutting_down,
             "total_workers": sum(counts.values()),
             "idle_workers": counts["idle"],
             "busy_workers": counts["busy"],
@@ -125,7 +127,7 @@ class OfficialView:
             "error_workers": 0,  # a failed worker leaves the registry; it is never listed
             "offline_workers": counts["offline"],
             "queue_length": self.snap.length,
-            "max_queue_size": self.gw.settings.max_queue,
+            "max_queue_size": self.gateway.settings.max_queue,
             "running_tasks": self.running_tasks(public=True),
         }
 
@@ -133,7 +135,7 @@ class OfficialView:
         """``GET /workers`` (``WorkersResponse``): one entry per slot."""
         out = []
         for worker, index, slot in self._slots():
-            kind = request_type(slot["holder"], self.gw)
+            kind = request_type(slot["holder"], self.gateway)
             local = self.local.get(slot["slot_id"])
             out.append(
                 {
@@ -155,7 +157,7 @@ class OfficialView:
 
     def queue(self) -> dict[str, Any]:
         """``GET /api/queue`` (``QueueStatus``): the global FIFO, oldest first."""
-        waiters = self.gw.queue.waiters
+        waiters = self.gateway.queue.waiters
         mono = time.monotonic()
         items = []
         for ticket, position in sorted(self.snap.order.items(), key=lambda kv: kv[1]):
@@ -177,7 +179,7 @@ class OfficialView:
             )
         return {
             "queue_length": self.snap.length,
-            "max_queue_size": self.gw.settings.max_queue,
+            "max_queue_size": self.gateway.settings.max_queue,
             "items": items,
             "running_tasks": self.running_tasks(),
         }
@@ -194,7 +196,7 @@ class OfficialView:
                     "worker_id": slot["slot_id"],
                     "messages_hash": "",  # no KV cache is kept between requests
                     "last_active": _iso(self.now),  # holding a slot: active now
-                    "request_type": request_type(slot["holder"], self.gw),
+                    "request_type": request_type(slot["holder"], self.gateway),
                 }
             )
         return {"total": len(out), "sessions": out}

@@ -18,23 +18,25 @@ def create_router() -> APIRouter:
 
     @router.get("/v1/workers", dependencies=[Depends(require_admin)])
     async def workers(request: Request) -> JSONResponse:
-        gw: Gateway = request.app.state.gateway
-        raw = await gw.redis.hgetall(gw.keys.workers)
+        gateway: Gateway = request.app.state.gateway
+        raw = await gateway.redis.hgetall(gateway.keys.workers)
         out = []
         for wid, info in raw.items():
             wid_s = wid.decode() if isinstance(wid, bytes) else str(wid)
-            alive = bool(await gw.redis.exists(gw.keys.worker_alive(wid_s)))
+            alive = bool(await gateway.redis.exists(gateway.keys.worker_alive(wid_s)))
             out.append({**orjson.loads(info), "alive": alive})
         return JSONResponse({"workers": out})
 
     @router.get("/metrics", dependencies=[Depends(require_admin)])
     async def metrics(request: Request) -> Response:
-        gw: Gateway = request.app.state.gateway
+        gateway: Gateway = request.app.state.gateway
         try:
-            waiting: int | None = (await gw.admission.snapshot()).length
+            waiting: int | None = (await gateway.admission.snapshot()).length
         except Exception:  # noqa: BLE001 - Redis unreachable: the gauge keeps its last value
             waiting = None
-        gw.metrics.refresh(((s.public_mode, s.state) for s in gw.sessions.values()), waiting)
-        return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
+        gateway.metrics.refresh(
+            ((s.public_mode, s.state) for s in gateway.sessions.values()), waiting
+        )
+        return Response(gateway.metrics.exposition(), media_type=CONTENT_TYPE)
 
     return router

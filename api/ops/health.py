@@ -27,39 +27,39 @@ def create_router() -> APIRouter:
     async def readyz(request: Request) -> JSONResponse:
         """Readiness: Redis answers and at least one worker slot is live, and this gateway is
         not draining; 503 otherwise (a load balancer then sends no new clients here)."""
-        gw: Gateway = request.app.state.gateway
+        gateway: Gateway = request.app.state.gateway
         try:
-            await gw.redis.ping()
-            slots = await gw.worker_count()
+            await gateway.redis.ping()
+            slots = await gateway.worker_count()
             redis_ok = True
         except Exception:  # noqa: BLE001 - Redis unreachable: not ready
             slots, redis_ok = 0, False
-        writable = gw.writes_refused is None
+        writable = gateway.writes_refused is None
         full = request.app.state.connection_cap.full  # new clients would be refused here
-        ready = redis_ok and writable and slots > 0 and not gw.shutting_down and not full
+        ready = redis_ok and writable and slots > 0 and not gateway.shutting_down and not full
         body = {
             "ready": ready,
             "redis": redis_ok,
             "redis_writable": writable,
             "live_slots": slots,
-            "draining": gw.shutting_down,
+            "draining": gateway.shutting_down,
             "at_connection_limit": full,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @router.get("/health")
     async def health(request: Request) -> JSONResponse:
-        gw: Gateway = request.app.state.gateway
+        gateway: Gateway = request.app.state.gateway
         try:
-            await gw.redis.ping()
-            cap = await gw.admission.capacity()
-            snap = await gw.admission.snapshot()
+            await gateway.redis.ping()
+            cap = await gateway.admission.capacity()
+            snap = await gateway.admission.snapshot()
             redis_ok = True
         except Exception:  # noqa: BLE001 - Redis unreachable: not ready
             cap, redis_ok, snap = None, False, None
         ready = cap.ready if cap else 0
         loading = cap.loading if cap else 0
-        writable = gw.writes_refused is None
+        writable = gateway.writes_refused is None
         if not writable:
             status = "degraded"  # Redis answers but takes no write: nothing can be admitted
         elif ready:
@@ -70,20 +70,20 @@ def create_router() -> APIRouter:
             status = "degraded"
         notes = list(cap.notes) if cap else []
         if not writable:
-            notes.append(f"Redis refuses writes: {gw.writes_refused}")
-        notes.extend(gw.redis_unmet)
+            notes.append(f"Redis refuses writes: {gateway.writes_refused}")
+        notes.extend(gateway.redis_unmet)
         clients = request.app.state.connection_cap
         if clients.full:
             notes.append(f"at its connection limit ({clients.limit}): new clients are refused")
         body = {
             "status": status,
-            "gateway_id": gw.gateway_id,
+            "gateway_id": gateway.gateway_id,
             "redis": redis_ok,
             "redis_writable": writable,
             "worker_slots": ready,
             "loading_slots": loading,
             "queue_length": snap.length if snap else None,
-            "sessions": len(gw.sessions),
+            "sessions": len(gateway.sessions),
             "connections": clients.open,
             "connection_limit": clients.limit,
             "notes": notes,

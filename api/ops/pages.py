@@ -45,10 +45,10 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def slot_states(gw: Gateway) -> list[dict[str, Any]]:
+async def slot_states(gateway: Gateway) -> list[dict[str, Any]]:
     """Every registered worker with its alive flag and the state of each of its slots."""
-    k = gw.keys
-    async with gw.redis.pipeline(transaction=False) as pipe:
+    k = gateway.keys
+    async with gateway.redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(k.workers)
         pipe.lrange(k.free_slots, 0, -1)
         pipe.smembers(k.busy_slots)
@@ -61,7 +61,7 @@ async def slot_states(gw: Gateway) -> list[dict[str, Any]]:
         for wid, info in workers.items()
     }
     all_slots = [s for ids in slot_ids.values() for s in ids]
-    async with gw.redis.pipeline(transaction=False) as pipe:
+    async with gateway.redis.pipeline(transaction=False) as pipe:
         for wid in workers:
             pipe.exists(k.worker_alive(wid))
         for slot in all_slots:
@@ -96,11 +96,11 @@ async def slot_states(gw: Gateway) -> list[dict[str, Any]]:
     return out
 
 
-def live_sessions(gw: Gateway) -> list[dict[str, Any]]:
+def live_sessions(gateway: Gateway) -> list[dict[str, Any]]:
     """The sessions this gateway relays now (other gateways' sessions appear as slot holders)."""
     now = time.time()
     out = []
-    for sid, handler in list(gw.sessions.items()):
+    for sid, handler in list(gateway.sessions.items()):
         out.append(
             {
                 "session_id": sid,
@@ -144,32 +144,32 @@ def create_router(settings: Settings) -> APIRouter:
 
     @router.get("/v1/admin/overview", dependencies=[Depends(require_admin)])
     async def overview(request: Request) -> JSONResponse:
-        gw: Gateway = request.app.state.gateway
-        snap = await gw.admission.snapshot()
-        store = gw.recorder.store
+        gateway: Gateway = request.app.state.gateway
+        snap = await gateway.admission.snapshot()
+        store = gateway.recorder.store
         metas = await asyncio.to_thread(store.metas) if store else []
         recordings = metas[:RECORDINGS_LISTED]
         body = {
             "gateway": {
-                "gateway_id": gw.gateway_id,
+                "gateway_id": gateway.gateway_id,
                 "version": __version__,
-                "uptime_s": round(time.time() - gw.started_at, 1),
-                "shutting_down": gw.shutting_down,
+                "uptime_s": round(time.time() - gateway.started_at, 1),
+                "shutting_down": gateway.shutting_down,
             },
-            "workers": await slot_states(gw),
+            "workers": await slot_states(gateway),
             "queue": {
                 "length": snap.length,
                 "live_slots": snap.live_slots,
                 "mean_hold_s": round(snap.mean_hold_s, 1),
-                "waiting_here": len(gw.queue.waiters),
+                "waiting_here": len(gateway.queue.waiters),
                 "tickets": [
                     {"ticket_id": t, "position": p, "estimated_wait_s": snap.estimated_wait_s(p)}
                     for t, p in sorted(snap.order.items(), key=lambda kv: kv[1])[:100]
                 ],
             },
-            "sessions": live_sessions(gw),
+            "sessions": live_sessions(gateway),
             "recordings": {"enabled": store is not None, "items": recordings},
-            "counters": gw.metrics.totals(),
+            "counters": gateway.metrics.totals(),
         }
         return JSONResponse(body, headers=_NO_CACHE)
 

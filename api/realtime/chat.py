@@ -53,11 +53,11 @@ TURN_INTERRUPTED = {CloseReason.CLIENT_CLOSED.value: "its worker took this gatew
 CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
 
 
-class ChatSession(ResumableChat):
+class RealtimeChat(ResumableChat):
     """Chat mode: turns run one at a time, each taking its own place in the global queue."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
-        super().__init__(gw, ws)
+    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
+        super().__init__(gateway, ws)
         self.turns: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.current_turn: str | None = None  # the id of the turn running or last run
         self.turn_running = False  # from taking the turn lease to the turn's end
@@ -109,14 +109,14 @@ class ChatSession(ResumableChat):
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "chat mode takes input.append", "type")
         if "input" not in event:
             raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
-        limit = self.gw.settings.max_chat_turns_queued
+        limit = self.gateway.settings.max_chat_turns_queued
         if self.turns.qsize() >= limit:
             raise ProtocolError(
                 ErrorCode.TURN_QUEUE_FULL,
                 f"{limit} turns are already waiting on this connection; send the next one after"
                 " a response.done",
             )
-        voices = self.gw.settings.voices_dir
+        voices = self.gateway.settings.voices_dir
         request = chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
         self.note_input()
         self.turns.put_nowait((f"input_{self.input_seq}", request))
@@ -127,7 +127,7 @@ class ChatSession(ResumableChat):
         await super().on_evict(reason)
         if self.slot_id is not None and self.current_turn:  # stop the running turn now: its
             # output has nowhere to go
-            await self.gw.inputs.control(self.current_turn, CloseControl(reason=reason))
+            await self.gateway.inputs.control(self.current_turn, CloseControl(reason=reason))
 
     async def run(self) -> None:
         """Turns one at a time until the session ends; a vanished client's session is kept
@@ -191,7 +191,7 @@ class ChatSession(ResumableChat):
             return
         await self._drop_next_output()
         try:
-            out = await self.gw.bus.open(turn_id, on_overflow=self.output_overflow)
+            out = await self.gateway.bus.open(turn_id, on_overflow=self.output_overflow)
         except Exception:  # Redis away: the turn subscribes for itself
             log.debug("could not subscribe %s ahead", turn_id, exc_info=True)
             return
@@ -208,7 +208,7 @@ class ChatSession(ResumableChat):
         if self.next_out is not None:
             turn_id, out = self.next_out
             self.next_out = None
-            await self.gw.bus.close(turn_id, out)
+            await self.gateway.bus.close(turn_id, out)
 
     async def turn(self, input_id: str, request: dict[str, Any]) -> bool:
         """Run one turn through the queue and a worker; False when the session ended."""
@@ -242,12 +242,12 @@ class ChatSession(ResumableChat):
         self.slot_id = admitted.slot_id
         if admitted.waited:
             await self.send({"type": "response.queue_done", **names})
-            telemetry.handed_off(self.gw.metrics, admitted.assigned_at)
+            telemetry.handed_off(self.gateway.metrics, admitted.assigned_at)
         turn_id = self.turn_id(int(input_id.removeprefix("input_")))
         self.current_turn = turn_id
         self.clock.input_sent(turn_id)
         turn = ChatTurn(
-            self.gw,
+            self.gateway,
             turn_id,
             admitted,
             request,
@@ -271,7 +271,7 @@ class ChatSession(ResumableChat):
                     for frame in mapper.frames(ev):
                         # (an output_gap error is about this connection: not replayed)
                         await (self.send(frame) if isinstance(ev, Gap) else self.emit(frame))
-                    telemetry.relayed(self.gw.metrics, self.clock, ev, turn_id)
+                    telemetry.relayed(self.gateway.metrics, self.clock, ev, turn_id)
         except TaskNotStarted as exc:
             await self.emit(
                 error_frame(

@@ -1,5 +1,5 @@
 """What makes a chat session resumable (docs/PROTOCOL.md, "Resume and failover");
-``ChatSession`` (``api/realtime/chat.py``) builds on it.
+``RealtimeChat`` (``api/realtime/chat.py``) builds on it.
 
 A chat session holds no worker slot between turns and each turn streams on its own channel, so
 its session-wide ``seq`` is numbered here, on the gateway: every frame after ``session.created``
@@ -44,8 +44,8 @@ FOLLOW_POLL_S = 0.5  # how long one read of another connection's turn waits
 class ResumableChat(Resumable):
     """The resume half of a chat session (see the module docstring)."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
-        super().__init__(gw, ws, "chat")
+    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
+        super().__init__(gateway, ws, "chat")
         self.frames: ChatLog | None = None  # None: resume is off for this session
         self.seq = 0  # the last client seq emitted
         self.input_seq = 0  # accepted input.append events: input_1, input_2, ...
@@ -56,13 +56,15 @@ class ResumableChat(Resumable):
         self._turns_held = 0  # the turn leases this connection took (each has its number)
 
     def _open_log(self) -> ChatLog:
-        s = self.gw.settings
+        s = self.gateway.settings
         ttl = self.time_left() + s.resume_grace_s + 60
-        return ChatLog(self.gw.redis, self.gw.keys, self.session_id, s.output_log_maxlen, ttl)
+        return ChatLog(
+            self.gateway.redis, self.gateway.keys, self.session_id, s.output_log_maxlen, ttl
+        )
 
     async def offer(self, created: Frame, init: bytes) -> None:
         """Give ``session.created`` a resume token (current dialect, resume on)."""
-        if self.gw.settings.resume_grace_s <= 0 or self.dialect is not Dialect.CURRENT:
+        if self.gateway.settings.resume_grace_s <= 0 or self.dialect is not Dialect.CURRENT:
             return
         token = await self.offer_resume(0, init, True)
         if token is not None:
@@ -123,7 +125,7 @@ class ResumableChat(Resumable):
         if self.frames is None:
             return
         try:
-            await self.gw.resumes.note(self.session_id, "inputs", self.input_seq)
+            await self.gateway.resumes.note(self.session_id, "inputs", self.input_seq)
         except Exception:
             log.warning("input count of %s not kept", self.session_id, exc_info=True)
 
@@ -204,7 +206,7 @@ class ResumableChat(Resumable):
         turn = self._turns_held
         while True:
             slot = asyncio.ensure_future(acquire())
-            record = (self.gw.keys.session_resume(self.session_id), "inputs", self.input_seq)
+            record = (self.gateway.keys.session_resume(self.session_id), "inputs", self.input_seq)
             try:
                 taken = await frames.take_turn(self.conn_id, turn, TURN_LEASE_S, record)
             except BaseException:
@@ -260,7 +262,7 @@ class ResumableChat(Resumable):
             return True
         if got is None:
             return False
-        await self.gw.admission.release(got.slot_id)
+        await self.gateway.admission.release(got.slot_id)
         return True
 
     async def _keep_turn(self, frames: ChatLog, turn: int) -> None:
@@ -292,4 +294,4 @@ class ResumableChat(Resumable):
         in)."""
         if not self.resumable:
             return
-        await self.gw.stops.end_record(self.session_id, self.deadline)
+        await self.gateway.stops.end_record(self.session_id, self.deadline)

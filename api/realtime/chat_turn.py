@@ -32,7 +32,7 @@ class ChatTurn:
 
     def __init__(
         self,
-        gw: Gateway,
+        gateway: Gateway,
         turn_id: str,
         admitted: Admitted,
         request: dict[str, Any],
@@ -41,27 +41,29 @@ class ChatTurn:
         out: SessionOutput | None = None,
         on_slot: Callable[[str], None] | None = None,
     ) -> None:
-        self.gw = gw
+        self.gateway = gateway
         self.on_overflow = on_overflow  # the turn's undelivered output passed its caps
         self.turn_id = turn_id
         self.slot_id = admitted.slot_id
         self.request = request
         self.deadline_ts = deadline_ts
-        self.out = out  # the turn's output channel when opened already (see ChatSession)
+        self.out = out  # the turn's output channel when opened already (see RealtimeChat)
         self.on_slot = on_slot  # told the slot the turn moved to (its worker died first)
 
     def _job(self) -> ChatJob:
         return ChatJob(
             turn_id=self.turn_id,
             slot_id=self.slot_id,
-            gateway_id=self.gw.gateway_id,
+            gateway_id=self.gateway.gateway_id,
             deadline_ts=self.deadline_ts,
         )
 
     def _request(self) -> dict[str, tuple[bytes, int]]:
         """The turn's request, written with its task (``streaming/chat_requests.py``)."""
-        s = self.gw.settings
-        return chat_request_value(self.gw.keys, self.turn_id, self.request, s.task_start_timeout_s)
+        s = self.gateway.settings
+        return chat_request_value(
+            self.gateway.keys, self.turn_id, self.request, s.task_start_timeout_s
+        )
 
     async def events(
         self, stopping: Callable[[], bool], until: Sequence[asyncio.Event] = ()
@@ -80,9 +82,9 @@ class ChatTurn:
         WorkerLost after yielding whatever the replay log still held. Use it inside
         ``contextlib.aclosing`` so the output channel is closed however the caller leaves.
         """
-        gw = self.gw
-        out = self.out or await gw.bus.open(self.turn_id, on_overflow=self.on_overflow)
-        relay = TaskRelay(gw, out, self.turn_id, self.slot_id, "turn")
+        gateway = self.gateway
+        out = self.out or await gateway.bus.open(self.turn_id, on_overflow=self.on_overflow)
+        relay = TaskRelay(gateway, out, self.turn_id, self.slot_id, "turn")
         try:
             # the request goes with the task, in one transaction (a failure frees the slot)
             await relay.submit(self._job(), self._request())
@@ -94,7 +96,7 @@ class ChatTurn:
                     events = await relay.next(POLL_S)
                 except TaskNotStarted as exc:  # its worker died first: another slot, or not
                     moved = await start_elsewhere(
-                        gw, relay, exc, stopping(), self._request(), until
+                        gateway, relay, exc, stopping(), self._request(), until
                     )
                     if moved is None and stopping():  # the client closed meanwhile
                         return
@@ -112,9 +114,9 @@ class ChatTurn:
                     if isinstance(ev, Done):
                         return
         finally:
-            await gw.bus.close(self.turn_id)
+            await gateway.bus.close(self.turn_id)
             if not relay.started:  # a task that started took its request in its claim
                 try:
-                    await drop_chat_request(gw.redis, gw.keys, self.turn_id)
+                    await drop_chat_request(gateway.redis, gateway.keys, self.turn_id)
                 except Exception:  # Redis away: the request's TTL removes it
                     log.debug("request of turn %s not dropped", self.turn_id, exc_info=True)

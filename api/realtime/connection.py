@@ -1,6 +1,6 @@
 """The base of every WebSocket handler: it owns the receive loop and declares hooks.
 
-Like starlette's ``WebSocketEndpoint``, ``Connection`` reads the socket itself and calls the
+Like starlette's ``WebSocketEndpoint``, ``ClientSocket`` reads the socket itself and calls the
 subclass's hooks: ``decode`` (one text frame -> an event, or None to ignore it), ``on_event``,
 ``on_client_error`` and ``on_event_failure``. Unlike it, the session's own work (``run``: queueing,
 relaying the worker) runs beside the receive loop, because a client may send while its output
@@ -86,11 +86,11 @@ class Flag(asyncio.Event):
             self._on_set()
 
 
-class Connection:
+class ClientSocket:
     """A client WebSocket: ordered sends, one close, and the receive loop with its hooks."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
-        self.gw = gw
+    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
+        self.gateway = gateway
         self.ws = ws
         self.send_lock = asyncio.Lock()
         self.senders = 0  # sends and closes under way or waiting for ``send_lock``
@@ -129,7 +129,7 @@ class Connection:
                 try:
                     await self.ws.send_text(data)
                     self.last_sent = time.monotonic()
-                    code = telemetry.frame_sent(self.gw.metrics, frame)
+                    code = telemetry.frame_sent(self.gateway.metrics, frame)
                     self.last_server_error = code or self.last_server_error
                     self.recording.sent(frame)
                 except Exception:  # noqa: BLE001 - the peer went away mid-send: it is gone
@@ -165,7 +165,7 @@ class Connection:
     async def serve(self) -> None:
         """Run ``run`` beside the receive loop; close the socket on every exit."""
         receiver = asyncio.create_task(self._receive_loop())
-        self.gw.watch.add(self)
+        self.gateway.watch.add(self)
         try:
             await self.run()
         except Exception:
@@ -177,9 +177,9 @@ class Connection:
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
                 await self.close()
-                await self.gw.watch.forget(self)  # (after an eviction under way has ended)
+                await self.gateway.watch.forget(self)  # (after an eviction under way has ended)
             finally:  # also when cancelled: the writer must not keep an open recording
-                self.gw.watch.drop(self)
+                self.gateway.watch.drop(self)
                 self.recording.finish(**self.recording_info())
 
     async def run(self) -> None:
@@ -202,7 +202,7 @@ class Connection:
     def output_overflow(self) -> None:
         """The session's undelivered output passed its caps (called by the output bus)."""
         self.output_overflowed = True
-        self.gw.watch.look_now(self)
+        self.gateway.watch.look_now(self)
 
     async def on_evict(self, reason: CloseReason) -> None:
         """The client stopped keeping up: free its worker at once (default: nothing held)."""

@@ -69,16 +69,16 @@ CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not
 CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
 
 
-class DuplexSession(Resumable):
+class RealtimeDuplex(Resumable):
     """Video / audio full-duplex: one long task pinned to one worker slot."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:
-        super().__init__(gw, ws, public_mode)
+    def __init__(self, gateway: Gateway, ws: WebSocket, public_mode: str) -> None:
+        super().__init__(gateway, ws, public_mode)
         self.mapper: DuplexMapper | None = None
         self.init_control: InitControl | None = None  # kept in the record for a failover
         self.created_seq: int | None = None  # client seq = event seq - this
         self.closed_seq: int | None = None
-        self.failover = Failover(gw, self.session_id, public_mode, self.deadline)
+        self.failover = Failover(gateway, self.session_id, public_mode, self.deadline)
         self.input_seq = 0
         self.default_slices = 1
         self.init_since: float | None = None
@@ -129,13 +129,13 @@ class DuplexSession(Resumable):
         chunk = duplex_append(event, self.default_slices)
         self.input_seq += 1
         self.clock.input_sent(f"input_{self.input_seq}")
-        written = self.gw.inputs.append(
+        written = self.gateway.inputs.append(
             self.session_id,
             AudioChunk(
                 seq=self.input_seq,
                 input_id=f"input_{self.input_seq}",
                 audio=chunk.audio,
-                frames=chunk.frames[: self.gw.settings.max_video_frames],
+                frames=chunk.frames[: self.gateway.settings.max_video_frames],
                 force_listen=chunk.force_listen,
                 max_slice_nums=chunk.max_slice_nums,
             ),
@@ -178,7 +178,7 @@ class DuplexSession(Resumable):
         control = init.control()
         control.split_deltas = self.dialect is Dialect.CURRENT
         self.init_control = control  # kept in the resume record for a failover
-        await self.gw.inputs.control(self.session_id, control)
+        await self.gateway.inputs.control(self.session_id, control)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -196,15 +196,15 @@ class DuplexSession(Resumable):
             return
         slot = self.slot_id = admitted.slot_id
         # subscribed before the worker can emit anything
-        out = await self.gw.bus.open(self.session_id, on_overflow=self.output_overflow)
-        relay = TaskRelay(self.gw, out, self.session_id, slot, "session")
+        out = await self.gateway.bus.open(self.session_id, on_overflow=self.output_overflow)
+        relay = TaskRelay(self.gateway, out, self.session_id, slot, "session")
         try:
             try:
                 await relay.submit(
                     DuplexJob(
                         session_id=self.session_id,
                         slot_id=slot,
-                        gateway_id=self.gw.gateway_id,
+                        gateway_id=self.gateway.gateway_id,
                         public_mode=self.public_mode,
                         deadline_ts=self.deadline,
                     )
@@ -224,12 +224,12 @@ class DuplexSession(Resumable):
             if pending is not None:
                 self._begin_init()
             await self.send({"type": "session.queue_done", "session_id": self.session_id})
-            telemetry.handed_off(self.gw.metrics, admitted.assigned_at)
+            telemetry.handed_off(self.gateway.metrics, admitted.assigned_at)
             if pending is not None:
                 await self._send_init(pending)
             await self.relay(relay)
         finally:
-            await self.gw.bus.close(self.session_id, out)
+            await self.gateway.bus.close(self.session_id, out)
             await self._left()
 
     async def relay(self, relay: TaskRelay) -> None:
@@ -263,7 +263,7 @@ class DuplexSession(Resumable):
                     await self._tell_worker(reason)
                 if self.shutdown_reason or not relay.started:
                     if not relay.started:
-                        await self.gw.abandon(relay.claim_id, relay.slot_id)
+                        await self.gateway.abandon(relay.claim_id, relay.slot_id)
                     return await self.finish(reason, code)
             if closing_since is not None and time.monotonic() - closing_since > CLOSE_GRACE_S:
                 return await self.finish(self.end_reason()[0])
@@ -272,7 +272,7 @@ class DuplexSession(Resumable):
                 events = await relay.next(timeout)
             except TaskNotStarted as exc:
                 moved = await start_elsewhere(
-                    self.gw, relay, exc, self.stopping(), until=(self.gone, self.close_wanted)
+                    self.gateway, relay, exc, self.stopping(), until=(self.gone, self.close_wanted)
                 )
                 if moved is not None:  # its worker died before starting it (api/relay/retry.py)
                     relay = moved
@@ -286,7 +286,7 @@ class DuplexSession(Resumable):
                 self.closed_sent = True
                 return await self.close(status.WS_1013_TRY_AGAIN_LATER)
             except WorkerLost:
-                if self._can_recover() and await self.gw.resumes.restartable(self.session_id):
+                if self._can_recover() and await self.gateway.resumes.restartable(self.session_id):
                     await self.handle(await self.failover.announce(relay.out, "worker_lost"))
                     got = await self._restart(relay.out)
                     if got is None:
@@ -301,7 +301,7 @@ class DuplexSession(Resumable):
                 if await self.handle(ev):
                     return
             if self._init_overdue():
-                limit = self.gw.settings.init_timeout_s
+                limit = self.gateway.settings.init_timeout_s
                 await self._tell_worker(CloseReason.BACKEND_ERROR)
                 await self.send_error(
                     ErrorCode.BACKEND_ERROR,
@@ -328,16 +328,16 @@ class DuplexSession(Resumable):
     def _sleep_s(self, relay: TaskRelay) -> float:
         """How long the relay loop may sleep when nothing wakes it: until its next deadline."""
         now = time.monotonic()
-        sleep = min(self.gw.settings.relay_look_s, self.time_left(), relay.wait_left(now))
+        sleep = min(self.gateway.settings.relay_look_s, self.time_left(), relay.wait_left(now))
         if self.state is SessionState.INITIALIZING and self.init_since is not None:
-            sleep = min(sleep, self.init_since + self.gw.settings.init_timeout_s - now)
+            sleep = min(sleep, self.init_since + self.gateway.settings.init_timeout_s - now)
         return max(0.01, sleep)
 
     def _init_overdue(self) -> bool:
         return (
             self.state is SessionState.INITIALIZING
             and self.init_since is not None
-            and time.monotonic() - self.init_since > self.gw.settings.init_timeout_s
+            and time.monotonic() - self.init_since > self.gateway.settings.init_timeout_s
         )
 
     async def handle(self, ev: Event) -> bool:
@@ -382,7 +382,7 @@ class DuplexSession(Resumable):
                 self.state = SessionState.CONNECTED  # the init was refused; the client may retry
         for frame in self.mapper.frames(ev):
             await self.send(with_seq(frame, seq))
-        telemetry.relayed(self.gw.metrics, self.clock, ev)
+        telemetry.relayed(self.gateway.metrics, self.clock, ev)
         return False
 
     # ------------------------------------------------------------------ resume and failover
@@ -396,17 +396,17 @@ class DuplexSession(Resumable):
 
     async def resume(self, req: ResumeRequest) -> None:
         """Take over a session with its token; replay what the client missed, then relay."""
-        gw = self.gw
+        gateway = self.gateway
         taken = await self.take_over(req)
         if taken is None:
             return
         token, record = taken
         sid = self.session_id
         self.created_seq = int(record["created_seq"])
-        self.failover = Failover(gw, sid, self.public_mode, self.deadline)
+        self.failover = Failover(gateway, sid, self.public_mode, self.deadline)
         self.dialect = Dialect.CURRENT
         self.mapper = DuplexMapper(Dialect.CURRENT, sid, self.recording.id)
-        out = await gw.bus.open(sid, after=self.created_seq + req.last_seq)
+        out = await gateway.bus.open(sid, after=self.created_seq + req.last_seq)
         try:
             await self.send(self.resumed_frame(token, req.last_seq))
             for ev in await out.catch_up():
@@ -414,8 +414,8 @@ class DuplexSession(Resumable):
                     await self.send(self._resync(ev))
                 elif await self.handle(ev):
                     return
-            if await gw.session_alive(sid):
-                relay = TaskRelay(gw, out, sid, "", "session")
+            if await gateway.session_alive(sid):
+                relay = TaskRelay(gateway, out, sid, "", "session")
                 relay.started = True
             else:  # its slot was given back while the client was away (or its worker died)
                 await self.handle(await self.failover.announce(out, "resumed"))
@@ -425,7 +425,7 @@ class DuplexSession(Resumable):
                 relay = got
             await self.relay(relay)
         finally:
-            await gw.bus.close(sid, out)
+            await gateway.bus.close(sid, out)
             await self._left()
 
     def _resync(self, gap: Gap) -> Frame:
@@ -453,7 +453,7 @@ class DuplexSession(Resumable):
     def _can_recover(self) -> bool:
         return (
             self.resumable
-            and self.gw.settings.failover_wait_s > 0
+            and self.gateway.settings.failover_wait_s > 0
             and self.state in (SessionState.ACTIVE, SessionState.RECOVERING)
             and not self.stopping()
         )
@@ -467,7 +467,7 @@ class DuplexSession(Resumable):
     async def _created(self, ev: Created) -> None:
         """``session.created``, with a resume token; the session's record goes to Redis."""
         assert self.mapper is not None
-        s = self.gw.settings
+        s = self.gateway.settings
         self.created_seq = ev.seq
         frames = self.mapper.frames(ev)
         if (s.resume_grace_s > 0 or s.failover_wait_s > 0) and self.init_control is not None:
@@ -491,13 +491,13 @@ class DuplexSession(Resumable):
         ``resume_expired``. A record Redis would not end now is ended when it will
         (``api/gateway/worker_stops.py``)."""
         if not self.closed_sent and self.resumable and not self.replaced:
-            await self.gw.stops.end_record(self.session_id, self.deadline)
+            await self.gateway.stops.end_record(self.session_id, self.deadline)
         await super().finish(reason, code)
 
     async def _tell_worker(self, reason: str | None) -> None:
         """Ask the worker to end the session (until Redis takes it:
         ``api/gateway/worker_stops.py``)."""
-        await self.gw.stops.close(self.session_id, reason, self.deadline)
+        await self.gateway.stops.close(self.session_id, reason, self.deadline)
 
     def idle_seconds(self) -> float:
         """A client holding a slot owes input: init after queue_done, then audio every second

@@ -23,8 +23,8 @@ from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
 from api.realtime.chat_turn import ChatTurn
-from api.realtime.connection import Connection, parse_json
-from api.realtime.slot_wait import Refused, wait_for_slot
+from api.realtime.connection import ClientSocket, parse_json
+from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
@@ -35,15 +35,15 @@ from streaming.keys import slot_worker
 REQUEST_TIMEOUT_S = 60.0
 
 
-class LegacyChat(Connection):
+class LegacyChat(ClientSocket):
     """One request, one answer, then close."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket) -> None:
-        super().__init__(gw, ws)
+    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
+        super().__init__(gateway, ws)
         self.turn_id = self.log_id = f"chat_{uuid.uuid4().hex[:12]}"
         self.turn_running = False
-        self.recording = gw.recorder.open(self.turn_id, "legacy_chat", endpoint="/ws/chat")
-        self.deadline = time.time() + gw.settings.legacy_chat_timeout_s
+        self.recording = gateway.recorder.open(self.turn_id, "legacy_chat", endpoint="/ws/chat")
+        self.deadline = time.time() + gateway.settings.legacy_chat_timeout_s
         # what the session-end line and the metrics read (telemetry.EndedSession)
         self.session_id = self.turn_id
         self.public_mode = "chat"
@@ -63,7 +63,7 @@ class LegacyChat(Connection):
     async def on_evict(self, reason: CloseReason) -> None:
         """Stop the turn now: its output has nowhere to go (api/gateway/client_watch.py)."""
         if self.turn_running:
-            await self.gw.inputs.control(self.turn_id, CloseControl(reason=reason))
+            await self.gateway.inputs.control(self.turn_id, CloseControl(reason=reason))
 
     def session_goes_on(self) -> bool:
         """A turn ends with its connection."""
@@ -75,7 +75,7 @@ class LegacyChat(Connection):
             try:
                 await super().serve()
             finally:
-                telemetry.session_ended(self.gw.metrics, self)
+                telemetry.session_ended(self.gateway.metrics, self)
 
     async def fail(self, message: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
         """Send the endpoint's error frame and close."""
@@ -100,7 +100,7 @@ class LegacyChat(Connection):
                 event,
                 LEGACY_CHAT_DEFAULTS,
                 prefix="request",
-                voices_dir=self.gw.settings.voices_dir,
+                voices_dir=self.gateway.settings.voices_dir,
             )
         except ProtocolError as exc:
             result = exc
@@ -131,7 +131,7 @@ class LegacyChat(Connection):
             if not self.gone.is_set():
                 await self.fail("timed out waiting for a worker")
             return
-        if isinstance(got, Refused):
+        if isinstance(got, NoSlot):
             full = got.code in (ErrorCode.QUEUE_FULL, ErrorCode.WORKER_BUSY)
             message = "Queue full" if full else f"service unavailable: {got.detail}"
             return await self.fail(message, status.WS_1013_TRY_AGAIN_LATER)
@@ -139,9 +139,14 @@ class LegacyChat(Connection):
         self.clock.input_sent(self.turn_id)
         if got.waited:
             await self.send({"type": "session.queue_done"})
-            telemetry.handed_off(self.gw.metrics, got.assigned_at)
+            telemetry.handed_off(self.gateway.metrics, got.assigned_at)
         turn = ChatTurn(
-            self.gw, self.turn_id, got, request, self.deadline, on_overflow=self.output_overflow
+            self.gateway,
+            self.turn_id,
+            got,
+            request,
+            self.deadline,
+            on_overflow=self.output_overflow,
         )
         mapper = LegacyChatMapper(self.turn_id)
         self.turn_running = True
@@ -151,10 +156,10 @@ class LegacyChat(Connection):
                     for frame in mapper.frames(ev):
                         await self.send(frame)
                         if frame["type"] in mapper.ENDING:
-                            telemetry.relayed(self.gw.metrics, self.clock, ev, self.turn_id)
+                            telemetry.relayed(self.gateway.metrics, self.clock, ev, self.turn_id)
                             self.ended_reason = self.ended_reason or frame["type"]
                             return await self.close()
-                    telemetry.relayed(self.gw.metrics, self.clock, ev, self.turn_id)
+                    telemetry.relayed(self.gateway.metrics, self.clock, ev, self.turn_id)
         except TaskNotStarted:
             return await self.fail("worker connection failed", status.WS_1013_TRY_AGAIN_LATER)
         except WorkerLost:

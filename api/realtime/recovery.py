@@ -56,8 +56,10 @@ def parse_resume(event: dict[str, Any]) -> ResumeRequest:
 class Failover:
     """Restarts one session on a new worker; one instance per session, counting attempts."""
 
-    def __init__(self, gw: Gateway, session_id: str, public_mode: str, deadline: float) -> None:
-        self.gw = gw
+    def __init__(
+        self, gateway: Gateway, session_id: str, public_mode: str, deadline: float
+    ) -> None:
+        self.gateway = gateway
         self.session_id = session_id
         self.public_mode = public_mode
         self.deadline = deadline
@@ -66,10 +68,10 @@ class Failover:
     async def announce(self, out: SessionOutput, reason: str) -> Recovering:
         """Put ``Recovering`` into the session's sequence; returns it (the caller relays it, and
         the reader skips the copy the channel brings back)."""
-        gw = self.gw
+        gateway = self.gateway
         ev = Recovering(reason=reason)
         seq = await append_output(
-            gw.redis, gw.keys, self.session_id, ev, gw.settings.output_log_maxlen
+            gateway.redis, gateway.keys, self.session_id, ev, gateway.settings.output_log_maxlen
         )
         out.expected = max(out.expected, seq + 1)
         return ev
@@ -79,21 +81,21 @@ class Failover:
     ) -> TaskRelay | None:
         """Find a slot and submit the next attempt; None when none came in time (or one of
         ``until`` was set while it waited: see ``front_slot``)."""
-        gw = self.gw
-        await gw.inputs.discard(self.session_id)
-        slot = await front_slot(gw, self.session_id, self.deadline, until, self.public_mode)
+        gateway = self.gateway
+        await gateway.inputs.discard(self.session_id)
+        slot = await front_slot(gateway, self.session_id, self.deadline, until, self.public_mode)
         if slot is None:
             return None
-        self.attempt = await next_attempt(gw, self.session_id, self.deadline)
+        self.attempt = await next_attempt(gateway, self.session_id, self.deadline)
         job = DuplexJob(
             session_id=self.session_id,
             slot_id=slot,
-            gateway_id=gw.gateway_id,
+            gateway_id=gateway.gateway_id,
             public_mode=self.public_mode,
             deadline_ts=self.deadline,
             attempt=self.attempt,
         )
-        relay = TaskRelay(gw, out, self.session_id, slot, "session", claim_id=job.claim_id)
+        relay = TaskRelay(gateway, out, self.session_id, slot, "session", claim_id=job.claim_id)
         try:
             await relay.submit(job)
         except TaskNotStarted as exc:

@@ -42,8 +42,8 @@ def resync_frame(session_id: str, first: int, last: int) -> Frame:
 class Resumable(RealtimeSession):
     """A session whose record (``streaming/resume.py``) lets another connection take it over."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:
-        super().__init__(gw, ws, public_mode)
+    def __init__(self, gateway: Gateway, ws: WebSocket, public_mode: str) -> None:
+        super().__init__(gateway, ws, public_mode)
         self.conn_id = new_conn_id()  # owner id in the session's resume record
         self.resumable = False  # the record exists: watch for being replaced
         self.resume_offered = False  # the client has a token: a drop detaches, not closes
@@ -54,7 +54,8 @@ class Resumable(RealtimeSession):
         self.first_event = asyncio.Event()
         self._held: list[Frame] | None = []  # queue events of the new session, held briefly
         self._flusher: asyncio.Future[None] | None = None
-        self._replaced_watch: tuple[str, str] | None = None  # (session, conn) gw.liveness watches
+        # (session, conn) that gateway.liveness watches
+        self._replaced_watch: tuple[str, str] | None = None
         self._replaced_seen = False  # the watch read another owner
         self._detached_seen = False  # the watch read no owner while this connection relays
 
@@ -87,14 +88,14 @@ class Resumable(RealtimeSession):
     async def offer_resume(self, created_seq: int, init: bytes, offer: bool) -> str | None:
         """Write the session's record; the token for ``session.created`` when ``offer`` (and
         resume is on), else None. A Redis failure leaves the session simply not resumable."""
-        gw, s = self.gw, self.gw.settings
+        gateway, s = self.gateway, self.gateway.settings
         token = new_token()
         try:
-            await gw.resumes.create(
+            await gateway.resumes.create(
                 self.session_id,
                 token=token,
                 mode=self.public_mode,
-                gateway=gw.gateway_id,
+                gateway=gateway.gateway_id,
                 conn=self.conn_id,
                 created_seq=created_seq,
                 deadline=self.deadline,
@@ -114,16 +115,16 @@ class Resumable(RealtimeSession):
         """Attach to ``req``'s session: its new token and record, now registered as this
         connection's session; None when refused (the client got the documented error and the
         socket is closed)."""
-        gw, s = self.gw, self.gw.settings
+        gateway, s = self.gateway, self.gateway.settings
         token = new_token()
         result = AttachResult.NOT_FOUND
         if s.resume_grace_s > 0:
-            result = await gw.resumes.attach(
+            result = await gateway.resumes.attach(
                 req.session_id,
                 req.resume_token,
                 token,
                 self.public_mode,
-                gw.gateway_id,
+                gateway.gateway_id,
                 self.conn_id,
                 s.resume_grace_s,
             )
@@ -137,10 +138,10 @@ class Resumable(RealtimeSession):
             self.closed_sent = True
             await self.close(status.WS_1008_POLICY_VIOLATION)
             return None
-        record = await gw.resumes.fields(req.session_id)
-        gw.sessions.pop(self.session_id, None)
+        record = await gateway.resumes.fields(req.session_id)
+        gateway.sessions.pop(self.session_id, None)
         self.session_id = req.session_id
-        gw.sessions[req.session_id] = self
+        gateway.sessions[req.session_id] = self
         self.deadline = float(record["deadline"])
         self.state, self.resumable, self.resume_offered = SessionState.ACTIVE, True, True
         self.admitted_at = time.time()  # (the session-end line: this connection never queued)
@@ -167,7 +168,7 @@ class Resumable(RealtimeSession):
         if not self.resume_offered or self.replaced:
             return False
         try:
-            detached = await self.gw.resumes.detach(self.session_id, self.conn_id)
+            detached = await self.gateway.resumes.detach(self.session_id, self.conn_id)
         except Exception:
             log.warning("could not detach %s", self.session_id, exc_info=True)
             return False
@@ -176,7 +177,7 @@ class Resumable(RealtimeSession):
             self.detached = True
             return True
         try:
-            owner = await self.gw.resumes.owner(self.session_id)
+            owner = await self.gateway.resumes.owner(self.session_id)
         except Exception:  # noqa: BLE001 - Redis away: the caller stops the worker
             owner = None
         if owner is not None:  # already detached, or another connection resumed it meanwhile
@@ -190,7 +191,7 @@ class Resumable(RealtimeSession):
     async def _was_replaced(self) -> bool:
         """Another connection resumed this session: tell the client and stop relaying."""
         try:
-            owner = await self.gw.resumes.owner(self.session_id)
+            owner = await self.gateway.resumes.owner(self.session_id)
         except Exception:  # noqa: BLE001 - Redis away: decided at the next check
             return False
         return await self._replaced_by(owner)
@@ -203,7 +204,9 @@ class Resumable(RealtimeSession):
         key = (self.session_id, self.conn_id)
         if self._replaced_watch != key:  # (a connection that resumed another session: its id)
             self._replaced_watch, self._replaced_seen = key, False
-            self.gw.liveness.watch_replaced(*key, lambda answer: self._replaced_read(key, answer))
+            self.gateway.liveness.watch_replaced(
+                *key, lambda answer: self._replaced_read(key, answer)
+            )
         await self._reclaim()
         return self._replaced_seen and await self._close_replaced()
 
@@ -215,7 +218,9 @@ class Resumable(RealtimeSession):
             return
         self._detached_seen = False
         try:
-            if await self.gw.resumes.reclaim(self.session_id, self.conn_id, self.gw.gateway_id):
+            if await self.gateway.resumes.reclaim(
+                self.session_id, self.conn_id, self.gateway.gateway_id
+            ):
                 log.warning(
                     "session %s: its worker took this gateway for gone; attached again",
                     self.session_id,

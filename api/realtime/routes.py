@@ -1,8 +1,8 @@
 """The WebSocket routes: ``/v1/realtime`` (one handler per mode) and the legacy ``/ws/chat``.
 
 Each accepts the socket with the client's subprotocol, then asks the security policy
-(``admitted``: key, origin, per-client and per-gateway connection limits) before anything else;
-a refusal is rendered in the endpoint's own dialect.
+(``let_in``: key, origin, per-client and per-gateway connection limits) before anything else;
+a denial is rendered in the endpoint's own dialect.
 """
 
 from __future__ import annotations
@@ -13,51 +13,51 @@ from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 from api.gateway.state import Gateway
 from api.metrics import telemetry
 from api.protocol.dialects import legacy_error
-from api.realtime.chat import ChatSession
+from api.realtime.chat import RealtimeChat
 from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
-from api.realtime.duplex import DuplexSession
+from api.realtime.duplex import RealtimeDuplex
 from api.realtime.legacy_chat import LegacyChat
-from api.security.policy import SecurityPolicy, admitted
+from api.security.policy import SecurityPolicy, let_in
 from streaming.events import ErrorCode
 
 MODES = {"chat", "video", "audio"}
 
 
 def create_router(security: SecurityPolicy) -> APIRouter:
-    """``/v1/realtime`` and ``/ws/chat``, admitted by ``security``."""
+    """``/v1/realtime`` and ``/ws/chat``, let in by ``security``."""
     router = APIRouter()
 
     @router.websocket("/v1/realtime")
     async def realtime(ws: WebSocket, mode: str = "video") -> None:
-        gw: Gateway = ws.app.state.gateway
+        gateway: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         state = ws.app.state
-        async with admitted(ws, security, state.connections, state.connection_cap) as refusal:
-            if refusal is not None:
-                code, message, close_code = refusal.code, refusal.message, refusal.close_code
-                telemetry.rejected(gw.metrics, code)
+        async with let_in(ws, security, state.connections, state.connection_cap) as denied:
+            if denied is not None:
+                code, message, close_code = denied.code, denied.message, denied.close_code
+                telemetry.rejected(gateway.metrics, code)
                 return await refuse_with_error(ws, code, message, close_code)
-            await _realtime(ws, gw, mode)
+            await _realtime(ws, gateway, mode)
 
     @router.websocket("/ws/chat")
     async def legacy_chat(ws: WebSocket) -> None:
-        gw: Gateway = ws.app.state.gateway
+        gateway: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         state = ws.app.state
-        async with admitted(ws, security, state.connections, state.connection_cap) as refusal:
-            if refusal is not None:
-                telemetry.rejected(gw.metrics, refusal.code)
-                return await refuse(ws, legacy_error(refusal.message), refusal.close_code)
-            await LegacyChat(gw, ws).serve()
+        async with let_in(ws, security, state.connections, state.connection_cap) as denied:
+            if denied is not None:
+                telemetry.rejected(gateway.metrics, denied.code)
+                return await refuse(ws, legacy_error(denied.message), denied.close_code)
+            await LegacyChat(gateway, ws).serve()
 
     return router
 
 
-async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
-    """An admitted ``/v1/realtime`` client: its mode's session, unless the mode is unknown or
+async def _realtime(ws: WebSocket, gateway: Gateway, mode: str) -> None:
+    """A ``/v1/realtime`` client let in: its mode's session, unless the mode is unknown or
     the gateway drains."""
     if mode not in MODES:
-        telemetry.rejected(gw.metrics, "invalid_mode")
+        telemetry.rejected(gateway.metrics, "invalid_mode")
         return await refuse_with_error(
             ws,
             ErrorCode.INVALID_PAYLOAD,
@@ -65,13 +65,13 @@ async def _realtime(ws: WebSocket, gw: Gateway, mode: str) -> None:
             WS_1008_POLICY_VIOLATION,
             field="mode",
         )
-    if gw.shutting_down:
-        telemetry.rejected(gw.metrics, "shutting_down")
+    if gateway.shutting_down:
+        telemetry.rejected(gateway.metrics, "shutting_down")
         return await refuse_with_error(
             ws,
             ErrorCode.SERVICE_UNAVAILABLE,
             "server is shutting down",
             WS_1013_TRY_AGAIN_LATER,
         )
-    session = ChatSession(gw, ws) if mode == "chat" else DuplexSession(gw, ws, mode)
+    session = RealtimeChat(gateway, ws) if mode == "chat" else RealtimeDuplex(gateway, ws, mode)
     await session.serve()

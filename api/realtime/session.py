@@ -1,7 +1,7 @@
 """``WS /v1/realtime``: what every mode shares (framing, dialect, queueing, closing).
 
-The modes themselves are ``DuplexSession`` (video, audio: ``api/realtime/duplex.py``), which
-holds one worker slot for the whole session, and ``ChatSession`` (``api/realtime/chat.py``),
+The modes themselves are ``RealtimeDuplex`` (video, audio: ``api/realtime/duplex.py``), which
+holds one worker slot for the whole session, and ``RealtimeChat`` (``api/realtime/chat.py``),
 which holds a slot only while a turn runs.
 """
 
@@ -22,8 +22,8 @@ from api.metrics import telemetry
 from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
-from api.realtime.connection import Connection, Flag, new_session_id, parse_json
-from api.realtime.slot_wait import Admitted, Refused, wait_for_slot
+from api.realtime.connection import ClientSocket, Flag, new_session_id, parse_json
+from api.realtime.slot_wait import Admitted, NoSlot, wait_for_slot
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
@@ -55,25 +55,25 @@ class SessionState(StrEnum):
     CLOSED = "CLOSED"
 
 
-def refusal_message(refused: Refused) -> str:
-    """The ``/v1/realtime`` message of a refused wait for a slot."""
-    if refused.code is ErrorCode.QUEUE_FULL:
+def no_slot_message(no_slot: NoSlot) -> str:
+    """The ``/v1/realtime`` message of a wait for a slot that ended without one."""
+    if no_slot.code is ErrorCode.QUEUE_FULL:
         return "Queue full"
-    if refused.code is ErrorCode.WORKER_BUSY:
+    if no_slot.code is ErrorCode.WORKER_BUSY:
         return "No idle worker available"
-    return f"Service is not ready: {refused.detail}"
+    return f"Service is not ready: {no_slot.detail}"
 
 
-class RealtimeSession(Connection):
+class RealtimeSession(ClientSocket):
     """Base of both modes: framing, dialect, queue entry, timing, closing."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket, public_mode: str) -> None:
-        super().__init__(gw, ws)
+    def __init__(self, gateway: Gateway, ws: WebSocket, public_mode: str) -> None:
+        super().__init__(gateway, ws)
         self.public_mode = public_mode
         self.session_id = new_session_id()
         self.connected_at = time.time()
         self.log_id = self.session_id
-        self.deadline = self.connected_at + gw.settings.duration_limit(public_mode)
+        self.deadline = self.connected_at + gateway.settings.duration_limit(public_mode)
         self._state = SessionState.QUEUED
         self.state_since = time.monotonic()
         self.dialect: Dialect | None = None
@@ -87,8 +87,10 @@ class RealtimeSession(Connection):
         self.admitted_at: float | None = None  # unix time a worker slot was first assigned
         self.worker_id: str | None = None  # the worker of the last slot held
         self.ended_reason: str | None = None  # what session.closed said (None: not sent)
-        self.diagnostics = ClientDiagnostics(self.session_id, gw.metrics.client_playback_gaps)
-        self.recording = gw.recorder.open(self.session_id, public_mode, endpoint="/v1/realtime")
+        self.diagnostics = ClientDiagnostics(self.session_id, gateway.metrics.client_playback_gaps)
+        self.recording = gateway.recorder.open(
+            self.session_id, public_mode, endpoint="/v1/realtime"
+        )
 
     def recording_info(self) -> dict[str, Any]:
         # the reason the session ended with, also when its session.closed could not be sent
@@ -195,8 +197,8 @@ class RealtimeSession(Connection):
         )
         if isinstance(got, Admitted):
             if self.superseded.is_set():  # the slot came with the resume request
-                self.gw.waiting_events.left(task)
-                await self.gw.admission.release(got.slot_id)
+                self.gateway.waiting_events.left(task)
+                await self.gateway.admission.release(got.slot_id)
                 return None
             self.admitted_at = self.admitted_at or time.time()
             self.worker_id = slot_worker(got.slot_id)
@@ -204,8 +206,8 @@ class RealtimeSession(Connection):
             return got
         if self.superseded.is_set():
             return None
-        if isinstance(got, Refused):
-            message = refusal_message(got)
+        if isinstance(got, NoSlot):
+            message = no_slot_message(got)
             await self.send_error(got.code, message)
             unavailable = got.code is ErrorCode.SERVICE_UNAVAILABLE
             await self.close(
@@ -250,12 +252,12 @@ class RealtimeSession(Connection):
 
     async def serve(self) -> None:
         """Run the session, registered with the gateway (for shutdown) while it lives."""
-        self.gw.sessions[self.session_id] = self
+        self.gateway.sessions[self.session_id] = self
         with session_context(self.session_id):
             try:
                 await super().serve()
             finally:
                 # (a connection that resumed this session on this gateway may be registered now)
-                if self.gw.sessions.get(self.session_id) is self:
-                    del self.gw.sessions[self.session_id]
-                telemetry.session_ended(self.gw.metrics, self)
+                if self.gateway.sessions.get(self.session_id) is self:
+                    del self.gateway.sessions[self.session_id]
+                telemetry.session_ended(self.gateway.metrics, self)

@@ -1,9 +1,9 @@
 """Waiting for a worker slot, for every endpoint: the global queue raced against the client.
 
 The client hears ``session.queued`` / ``session.queue_update`` while it waits. The wait ends with
-a slot (``Admitted``), a refusal the endpoint renders in its own dialect (``Refused``), or None
-when the client left, asked to close, or the deadline passed; the ticket (or a slot assigned in
-the meantime) is given back in every case.
+a slot (``Admitted``), the news that none will come (``NoSlot``, which the endpoint renders in
+its own dialect), or None when the client left, asked to close, or the deadline passed; the
+ticket (or a slot assigned in the meantime) is given back in every case.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from api.gateway.queueing import NoCapacity, Notify
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
-from api.realtime.connection import Connection
+from api.realtime.connection import ClientSocket
 from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
@@ -38,7 +38,7 @@ class Admitted:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class NoSlot:
     """No slot will come: ``service_unavailable``, ``queue_full`` or ``worker_busy``."""
 
     code: ErrorCode
@@ -46,37 +46,39 @@ class Refused:
 
 
 async def wait_for_slot(
-    conn: Connection,
+    conn: ClientSocket,
     deadline: float,
     *stop_events: asyncio.Event,
     notify: Notify | None = None,
     task: WaitingTask | None = None,
-) -> Admitted | Refused | None:
+) -> Admitted | NoSlot | None:
     """Queue ``conn`` for a slot until ``deadline`` (unix time); see the module docstring.
 
     ``notify`` receives the queue events instead of the client (a chat turn renames them).
     ``task``: the task the slot is for, which Flower shows while the client waits.
     """
-    gw = conn.gw
+    gateway = conn.gateway
     since = time.monotonic()
-    if gw.writes_refused is not None:  # no ticket could be queued, no slot handed out
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gw.writes_refused}")
+    if gateway.writes_refused is not None:  # no ticket could be queued, no slot handed out
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return NoSlot(
+            ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {gateway.writes_refused}"
+        )
     try:
-        await gw.ensure_lease()
-        ready = await gw.has_workers()
+        await gateway.ensure_lease()
+        ready = await gateway.has_workers()
     except ResponseError as exc:  # (ensure_lease noted it)
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {exc}")
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, f"Redis refuses writes: {exc}")
     except Exception as exc:  # noqa: BLE001 - Redis unreachable
         log.warning("cannot count the worker slots: %s", exc)
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, "the gateway cannot reach Redis")
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, "the gateway cannot reach Redis")
     if not ready:
-        telemetry.rejected(gw.metrics, ErrorCode.SERVICE_UNAVAILABLE)
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
+        telemetry.rejected(gateway.metrics, ErrorCode.SERVICE_UNAVAILABLE)
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, "no worker is up")
     acquire = asyncio.ensure_future(
-        gw.queue.acquire(
+        gateway.queue.acquire(
             notify or conn.send,
             owner=conn,
             task=task,
@@ -95,34 +97,34 @@ async def wait_for_slot(
     except BaseException:
         # this wait itself was cancelled (a chat turn gives its slot back while the turn lease
         # is held elsewhere): the acquire is a task of its own, and got a slot no one released
-        await asyncio.shield(_withdraw(gw, acquire, task))
+        await asyncio.shield(_withdraw(gateway, acquire, task))
         raise
     finally:
         for stop in stops:
             stop.cancel()
     if acquire not in done:
-        await _withdraw(gw, acquire, task)
+        await _withdraw(gateway, acquire, task)
         return None
     try:
         ticket, slot, assigned_at = acquire.result()
     except QueueFull:
-        code = ErrorCode.WORKER_BUSY if gw.settings.max_queue == 0 else ErrorCode.QUEUE_FULL
-        telemetry.rejected(gw.metrics, code)
-        return Refused(code, "")
+        code = ErrorCode.WORKER_BUSY if gateway.settings.max_queue == 0 else ErrorCode.QUEUE_FULL
+        telemetry.rejected(gateway.metrics, code)
+        return NoSlot(code, "")
     except NoCapacity as exc:  # workers were loading, none became ready in time
         log.warning("admission gave up: %s", exc)
-        telemetry.rejected(gw.metrics, "no_capacity")
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        telemetry.rejected(gateway.metrics, "no_capacity")
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     except Exception as exc:
         log.exception("admission failed")
-        return Refused(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
+        return NoSlot(ErrorCode.SERVICE_UNAVAILABLE, str(exc))
     conn.recording.admitted(slot)
-    telemetry.admitted(gw.metrics, telemetry.mode_of(conn), since)
+    telemetry.admitted(gateway.metrics, telemetry.mode_of(conn), since)
     return Admitted(ticket, slot, assigned_at is not None, assigned_at)
 
 
 async def _withdraw(
-    gw: Gateway,
+    gateway: Gateway,
     acquire: asyncio.Future[tuple[str, str, float | None]],
     task: WaitingTask | None = None,
 ) -> None:
@@ -137,5 +139,5 @@ async def _withdraw(
         return
     _ticket, slot, _assigned_at = acquire.result()
     if task is not None:
-        gw.waiting_events.left(task)  # its task is never sent
-    await gw.admission.release(slot)
+        gateway.waiting_events.left(task)  # its task is never sent
+    await gateway.admission.release(slot)

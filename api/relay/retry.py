@@ -32,11 +32,11 @@ async def _quiet(_frame: dict[str, Any]) -> None:
     """A ticket at the head of the queue tells the client nothing (it was admitted already)."""
 
 
-async def next_attempt(gw: Gateway, task_id: str, deadline: float) -> int:
+async def next_attempt(gateway: Gateway, task_id: str, deadline: float) -> int:
     """A number no earlier attempt of this session or turn had, on any gateway or connection
     (a reused one would be ignored by the worker as already claimed)."""
-    key = gw.keys.session_attempts(task_id)
-    async with gw.redis.pipeline(transaction=True) as pipe:
+    key = gateway.keys.session_attempts(task_id)
+    async with gateway.redis.pipeline(transaction=True) as pipe:
         pipe.incr(key)
         pipe.expireat(key, int(deadline) + 3600)
         n, _ = await pipe.execute()
@@ -44,7 +44,7 @@ async def next_attempt(gw: Gateway, task_id: str, deadline: float) -> int:
 
 
 async def front_slot(
-    gw: Gateway,
+    gateway: Gateway,
     task_id: str,
     deadline: float,
     until: Sequence[asyncio.Event] = (),
@@ -54,10 +54,10 @@ async def front_slot(
     ``deadline``); None when none came (or admission failed), or when one of ``until`` was set
     first (the client closed: the wait ends at once, and a slot that came meanwhile goes back).
     ``mode``: the session's (chat, audio, video), for the wait estimates of those behind it."""
-    wait = min(gw.settings.failover_wait_s, max(0.0, deadline - time.time()))
+    wait = min(gateway.settings.failover_wait_s, max(0.0, deadline - time.time()))
     acquire = asyncio.ensure_future(
         asyncio.wait_for(
-            gw.queue.acquire(_quiet, front=True, mode=mode, deadline=deadline), timeout=wait
+            gateway.queue.acquire(_quiet, front=True, mode=mode, deadline=deadline), timeout=wait
         )
     )
     stops = [asyncio.ensure_future(ev.wait()) for ev in until]
@@ -94,7 +94,7 @@ def next_job(job: Job, slot: str, attempt: int) -> Job:
 
 
 async def start_elsewhere(
-    gw: Gateway,
+    gateway: Gateway,
     relay: TaskRelay,
     exc: TaskNotStarted,
     stopping: bool,
@@ -113,17 +113,17 @@ async def start_elsewhere(
         or not exc.worker_gone
         or stopping
         or relay.moves >= MAX_STARTS_ELSEWHERE
-        or gw.settings.failover_wait_s <= 0  # failovers are off: so is this
+        or gateway.settings.failover_wait_s <= 0  # failovers are off: so is this
     ):
         return None
     task_id = relay.task_id
     log.warning("%s: %s; starting it on another slot", task_id, exc.detail)
     mode = job.public_mode if isinstance(job, DuplexJob) else "chat"
-    slot = await front_slot(gw, task_id, job.deadline_ts, until, mode)
+    slot = await front_slot(gateway, task_id, job.deadline_ts, until, mode)
     if slot is None:
         return None
-    attempt = next_job(job, slot, await next_attempt(gw, task_id, job.deadline_ts))
-    moved = TaskRelay(gw, relay.out, task_id, slot, relay.what, claim_id=attempt.claim_id)
+    attempt = next_job(job, slot, await next_attempt(gateway, task_id, job.deadline_ts))
+    moved = TaskRelay(gateway, relay.out, task_id, slot, relay.what, claim_id=attempt.claim_id)
     moved.moves = relay.moves + 1
     try:
         await moved.submit(attempt, with_values)

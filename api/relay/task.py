@@ -61,14 +61,14 @@ class TaskRelay:
 
     def __init__(
         self,
-        gw: Gateway,
+        gateway: Gateway,
         out: SessionOutput,
         task_id: str,
         slot_id: str,
         what: str,
         claim_id: str | None = None,
     ) -> None:
-        self.gw = gw
+        self.gateway = gateway
         self.claim_id = claim_id or task_id  # a failover's attempt claims its own id
         self.what = what  # "session" or "turn", for messages
         self.out = out
@@ -77,7 +77,7 @@ class TaskRelay:
         self.moves = 0  # earlier attempts whose worker died before starting them (task_retry)
         self.slot_id = slot_id
         self.started = False
-        self._start_by = time.monotonic() + gw.settings.task_start_timeout_s
+        self._start_by = time.monotonic() + gateway.settings.task_start_timeout_s
         self._watching = False  # the lease is watched (once the task started)
         self._lease_news: Answer | None = None  # a lapsed lease or a failed read, for ``next``
         self._lease_misses = 0
@@ -93,11 +93,11 @@ class TaskRelay:
         TaskNotStarted (slot freed) when that fails."""
         self.job = job
         try:
-            await self.gw.submit(job, with_values)
+            await self.gateway.submit(job, with_values)
         except Exception as exc:
-            await self.gw.abandon(self.claim_id, self.slot_id)
+            await self.gateway.abandon(self.claim_id, self.slot_id)
             raise TaskNotStarted(str(exc)) from exc
-        self._start_by = time.monotonic() + self.gw.settings.task_start_timeout_s
+        self._start_by = time.monotonic() + self.gateway.settings.task_start_timeout_s
 
     async def next(self, timeout: float) -> list[Event]:  # noqa: ASYNC109 - see SessionOutput.get
         """The events that arrived within ``timeout`` seconds, in order (``Started`` is consumed).
@@ -113,7 +113,7 @@ class TaskRelay:
             if not (self._worker_gone or now > self._start_by):
                 self._watch_worker()
                 return events
-            if await self.gw.abandon(self.claim_id, self.slot_id):
+            if await self.gateway.abandon(self.claim_id, self.slot_id):
                 raise TaskNotStarted(
                     f"the worker process of its slot is gone; the {self.what} did not start"
                     if self._worker_gone
@@ -142,7 +142,7 @@ class TaskRelay:
         reader (its ``Created``/``Started`` ends the watch)."""
         if not self._worker_watched:
             self._worker_watched = True
-            self.gw.liveness.watch_worker(slot_worker(self.slot_id), self._worker_read)
+            self.gateway.liveness.watch_worker(slot_worker(self.slot_id), self._worker_read)
 
     def _worker_read(self, answer: Answer) -> bool:
         """A tick's read of the worker's presence: gone wakes the reader (and ends the watch);
@@ -161,7 +161,7 @@ class TaskRelay:
         started)."""
         if not self._watching:
             self._watching = True
-            self.gw.liveness.watch_lease(self.task_id, self._lease_read)
+            self.gateway.liveness.watch_lease(self.task_id, self._lease_read)
         news, self._lease_news = self._lease_news, None
         if isinstance(news, Exception):
             raise news
@@ -187,12 +187,12 @@ class TaskRelay:
     async def stop(self, reason: str | None) -> None:
         """Ask the worker to end the task, until Redis takes it (``api/gateway/worker_stops.py``);
         one that has not started is abandoned (never runs)."""
-        gw, task_id = self.gw, self.task_id
-        until = self.job.deadline_ts if self.job else time.time() + gw.settings.session_ttl_s
-        await gw.stops.close(task_id, reason, until)
+        gateway, task_id = self.gateway, self.task_id
+        until = self.job.deadline_ts if self.job else time.time() + gateway.settings.session_ttl_s
+        await gateway.stops.close(task_id, reason, until)
         if not self.started:
             try:
-                await self.gw.abandon(self.claim_id, self.slot_id)
+                await self.gateway.abandon(self.claim_id, self.slot_id)
             except ResponseError as exc:  # the close above reaches the task when it starts
                 log.warning("%s %s not abandoned: %s", self.what, task_id, exc)
 

@@ -50,8 +50,9 @@ DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a WebSocket gets no session: the error to send and the close code."""
+class EntryDenied:
+    """Why a WebSocket is not let in (key, origin, a connection limit): the error to send and
+    the close code."""
 
     code: ErrorCode
     message: str
@@ -157,18 +158,18 @@ class SecurityPolicy:
         self.trusted_proxies = [str(n) for n in settings.trusted_proxies]
 
     # ------------------------------------------------------------------ WebSockets
-    def check_socket(self, conn: HTTPConnection) -> Refusal | None:
-        """Origin, then API key: the refusal to send, or None."""
+    def check_socket(self, conn: HTTPConnection) -> EntryDenied | None:
+        """Origin, then API key: the denial to send, or None."""
         if not origin_allowed(
             conn.headers.get("origin"), conn.headers.get("host"), self.allowed_origins
         ):
-            return Refusal(
+            return EntryDenied(
                 ErrorCode.ORIGIN_NOT_ALLOWED,
                 "origin not allowed",
                 WS_1008_POLICY_VIOLATION,
             )
         if self.api_keys and not key_matches(presented_key(conn), self.api_keys):
-            return Refusal(
+            return EntryDenied(
                 ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
             )
         return None
@@ -237,25 +238,25 @@ async def require_admin(request: Request) -> None:
 
 
 @asynccontextmanager
-async def admitted(
+async def let_in(
     conn: HTTPConnection,
     policy: SecurityPolicy,
     connections: ClientConnections,
     cap: ConnectionCap,
-) -> AsyncIterator[Refusal | None]:
+) -> AsyncIterator[EntryDenied | None]:
     """A WebSocket's checks before it may queue; holds its per-address count and its place
     under the gateway's connection cap while inside.
 
-    Yields the refusal to answer with, or None: then the connection counts against its address
+    Yields the denial to answer with, or None: then the connection counts against its address
     and the cap until the block ends.
     """
-    refusal = policy.check_socket(conn)
-    if refusal is not None:
-        yield refusal
+    denied = policy.check_socket(conn)
+    if denied is not None:
+        yield denied
         return
     if not cap.take():
         log.warning("refused a connection: this gateway holds %d, its limit", cap.limit)
-        yield Refusal(
+        yield EntryDenied(
             ErrorCode.SERVICE_UNAVAILABLE,
             f"service unavailable: this gateway is at its connection limit ({cap.limit})",
             WS_1013_TRY_AGAIN_LATER,
@@ -271,14 +272,14 @@ async def admitted(
 @asynccontextmanager
 async def _counted(
     conn: HTTPConnection, connections: ClientConnections
-) -> AsyncIterator[Refusal | None]:
-    """The per-address count of ``admitted``: the refusal, or None while it is held."""
+) -> AsyncIterator[EntryDenied | None]:
+    """The per-address count of ``let_in``: the denial, or None while it is held."""
     address = client_address(conn)
     try:
         await connections.acquire(address)
     except TooManyConnections:
         log.info("refused a connection from %s: %d open already", address, connections.limit)
-        yield Refusal(
+        yield EntryDenied(
             ErrorCode.TOO_MANY_CONNECTIONS,
             f"too many connections from this address (at most {connections.limit})",
             WS_1013_TRY_AGAIN_LATER,
@@ -291,7 +292,7 @@ async def _counted(
             if isinstance(exc, ResponseError)
             else "Redis is not reachable"
         )
-        yield Refusal(
+        yield EntryDenied(
             ErrorCode.SERVICE_UNAVAILABLE, f"service unavailable: {why}", WS_1013_TRY_AGAIN_LATER
         )
         return

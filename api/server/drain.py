@@ -36,9 +36,9 @@ class GatewayServer(uvicorn.Server):
         """The app's ``Gateway`` (under whatever middleware wraps the app), once started."""
         app = self.config.loaded_app
         while app is not None:
-            gw = getattr(getattr(app, "state", None), "gateway", None)
-            if gw is not None:
-                return cast(Gateway, gw)
+            gateway = getattr(getattr(app, "state", None), "gateway", None)
+            if gateway is not None:
+                return cast(Gateway, gateway)
             app = getattr(app, "app", None)
         return None
 
@@ -48,8 +48,8 @@ class GatewayServer(uvicorn.Server):
         ``omnicore/gc_pauses.py``): a full collection would otherwise walk them all, every
         session waiting."""
         await super().startup(sockets)
-        gw = self._gateway()
-        if not self.should_exit and gw is not None and gw.settings.gc_freeze:
+        gateway = self._gateway()
+        if not self.should_exit and gateway is not None and gateway.settings.gc_freeze:
             log.info("froze %d objects of the started gateway", freeze_heap())
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -66,18 +66,18 @@ class GatewayServer(uvicorn.Server):
         self._drain_task = loop.create_task(self._drain_then_exit(sig, frame))
 
     async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
-        gw = self._gateway()
-        if gw is not None:
-            grace = asyncio.ensure_future(gw.drain(gw.settings.drain_grace_s))
+        gateway = self._gateway()
+        if gateway is not None:
+            grace = asyncio.ensure_future(gateway.drain(gateway.settings.drain_grace_s))
             self._grace_task = grace
             try:
                 await grace
             except asyncio.CancelledError:
-                log.warning("second signal: ending %d session(s) now", len(gw.sessions))
+                log.warning("second signal: ending %d session(s) now", len(gateway.sessions))
             except Exception:
                 log.warning("drain incomplete", exc_info=True)
             try:
-                await asyncio.wait_for(gw.drain(), DRAIN_TIMEOUT_S)
+                await asyncio.wait_for(gateway.drain(), DRAIN_TIMEOUT_S)
             except Exception:
                 log.warning("drain incomplete", exc_info=True)
         super().handle_exit(sig, frame)

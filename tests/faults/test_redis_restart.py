@@ -109,15 +109,15 @@ async def test_gateway_commands_after_a_restart_use_fresh_connections(
     from api.gateway.state import Gateway
     from omnicore.settings import Settings
 
-    gw = Gateway(Settings(redis_url=own_redis.url, key_prefix="restart-pool"))
+    gateway = Gateway(Settings(redis_url=own_redis.url, key_prefix="restart-pool"))
     try:
         # several connections in the pool, all idle
         await asyncio.gather(
-            *(gw.redis.blpop(["restart-pool:none"], timeout=0.2) for _ in range(4))
+            *(gateway.redis.blpop(["restart-pool:none"], timeout=0.2) for _ in range(4))
         )
         own_redis.kill()
         own_redis.start()
-        results = await asyncio.gather(*(gw.redis.incr("restart-pool:n") for _ in range(4)))
+        results = await asyncio.gather(*(gateway.redis.incr("restart-pool:n") for _ in range(4)))
         assert sorted(results) == [1, 2, 3, 4]
     finally:
-        await gw.redis.aclose()
+        await gateway.redis.aclose()
