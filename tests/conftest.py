@@ -13,13 +13,13 @@ import redis.asyncio as aioredis
 from omniserve.redis_server import EmbeddedRedis, start_embedded
 from streaming.keys import Keys
 from streaming.output import OutputBus
-from tests.celery_events import TaskEvents
-from tests.file_order import longest_first
-from tests.stack import Stack
+from tests.support.celery_events import TaskEvents
+from tests.support.file_order import longest_first
+from tests.support.stack import Stack
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    longest_first(items)  # see tests/file_order.py
+    longest_first(items)  # see tests/support/file_order.py
 
 
 @pytest.fixture(scope="session")

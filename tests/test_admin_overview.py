@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.client import Client
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 

@@ -14,9 +14,9 @@ import asyncio
 import httpx
 import pytest
 
-from tests.client import Client
 from tests.faults.harness import served_end_to_end
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from api.gateway.liveness import Answer, Liveness
 from omniserve.redis_server import start_embedded
 from streaming import lua
 from streaming.keys import Keys
-from tests.liveness_watches import watched
+from tests.support.liveness_watches import watched
 
 
 class CountingRedis(aioredis.Redis):

@@ -21,7 +21,7 @@ import soundfile
 from api.recordings.recorder import OFF, Recorder
 from api.recordings.store import BadName, RecordingStore, check_file_name, check_id
 from omnicore.settings import Settings
-from tests.client import decode_audio, jpeg_b64, pcm_b64, speech
+from tests.support.client import decode_audio, jpeg_b64, pcm_b64, speech
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 every tick of the gateway's liveness read without waking the reader, and wakes it only when the
 lease lapsed. A real Redis and a real ``Liveness``; the whole loop is exercised end to
 end by the failover, resume and conformance tests, whose gateways run with the loop's backstop
-set to ten minutes (``tests/stack.py``), so that only these wakes can end its sleeps.
+set to ten minutes (``tests/support/stack.py``), so that only these wakes can end its sleeps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from omnicore.settings import Settings
 from streaming.events import Started, TextDelta
 from streaming.keys import Keys
 from streaming.output import OutputBus, SessionOutput
-from tests.liveness_watches import watched
+from tests.support.liveness_watches import watched
 
 SID = "rt_wake"
 TICK_S = 0.05

@@ -38,7 +38,9 @@ from inference import (  # noqa: E402 - after the sys.path entry above
     create_backend,
 )
 from inference.llama_omni import LlamaOmniSessionClosed, protocol  # noqa: E402
-from tests.standins.mock_llama_omni_server import SPEECH, RunningServer  # noqa: E402
+from tests.support.standins.mock_llama_omni_server import SPEECH, RunningServer  # noqa: E402
+
+MOCK_SERVER = "tests.support.standins.mock_llama_omni_server"
 
 
 @pytest.fixture()
@@ -390,7 +392,7 @@ def test_mock_server_as_subprocess():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.standins.mock_llama_omni_server", "--port", str(port)],
+        [sys.executable, "-m", MOCK_SERVER, "--port", str(port)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

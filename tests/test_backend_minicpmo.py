@@ -33,9 +33,9 @@ from inference import (
     create_backend,
 )
 from omnicore.audio import write_wav
-from tests.minicpmo_helpers import jpeg, loud, make_backend, quiet, to_speech, user, voice
-from tests.standins import fake_minicpmo
-from tests.standins.fake_minicpmo import StandInFault
+from tests.support.minicpmo_helpers import jpeg, loud, make_backend, quiet, to_speech, user, voice
+from tests.support.standins import fake_minicpmo
+from tests.support.standins.fake_minicpmo import StandInFault
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,17 @@ from inference import (
     InferenceError,
     UnsupportedInput,
 )
-from tests.minicpmo_helpers import UNIT, jpeg, loud, make_backend, quiet, to_speech, units, voice
-from tests.standins.fake_minicpmo import SPEECH, StandInFault
+from tests.support.minicpmo_helpers import (
+    UNIT,
+    jpeg,
+    loud,
+    make_backend,
+    quiet,
+    to_speech,
+    units,
+    voice,
+)
+from tests.support.standins.fake_minicpmo import SPEECH, StandInFault
 
 REVISIONS = ["published", "legacy", "demo"]
 

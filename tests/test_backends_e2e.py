@@ -1,7 +1,7 @@
 """The minicpmo and llama_omni backends through the real worker and gateway.
 
-For each backend, with its stand-in (``tests.standins.fake_minicpmo`` - strict: it faults where
-the model would corrupt its state - loaded by configuration alone; the mock
+For each backend, with its stand-in (``tests.support.standins.fake_minicpmo`` - strict: it faults
+where the model would corrupt its state - loaded by configuration alone; the mock
 ``llama-omni-server`` run as its own process), one real ``omniserve worker`` (Celery) and one
 real ``omniserve gateway`` (uvicorn) share the test run's private Redis, and a client talks to
 the gateway over real WebSockets: chat turns, audio and video duplex sessions, force_listen,
@@ -29,27 +29,28 @@ import numpy as np
 import pytest
 
 from omniserve.redis_server import free_port
-from tests.client import Client, decode_audio, jpeg_b64, pcm_b64, silence, speech
-from tests.minicpmo_helpers import fake_minicpmo_stack
-from tests.stack import LOG_DIR, ROOT, Proc, Stack
+from tests.support.client import Client, decode_audio, jpeg_b64, pcm_b64, silence, speech
+from tests.support.minicpmo_helpers import fake_minicpmo_stack
+from tests.support.stack import LOG_DIR, ROOT, Proc, Stack
 
 pytestmark = pytest.mark.asyncio
 
-SPOKEN = "Hello there, how can I help?"  # both stand-ins speak tests.standins.*.SPEECH
+SPOKEN = "Hello there, how can I help?"  # both stand-ins speak tests.support.standins.*.SPEECH
+MOCK_SERVER = "tests.support.standins.mock_llama_omni_server"
 
 
 # --------------------------------------------------------------------------- stacks
 
 
 def _start_mock_llama_server(prefix: str) -> tuple[Proc, str]:
-    """``python -m tests.standins.mock_llama_omni_server --port N`` as its own process."""
+    """``python -m tests.support.standins.mock_llama_omni_server --port N`` as its own process."""
     port = free_port()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{prefix}-mock-llama-omni-server.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as fh:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "tests.standins.mock_llama_omni_server", "--port", str(port)],
+            [sys.executable, "-m", MOCK_SERVER, "--port", str(port)],
             cwd=ROOT,
             env=env,
             stdout=fh,

@@ -23,7 +23,7 @@ import pytest
 from omnicore.audio import read_audio, wav_bytes
 from omnicore.settings import Settings
 from omniserve.redis_server import free_port
-from tests.stack import ROOT
+from tests.support.stack import ROOT
 
 pytestmark = pytest.mark.slow
 

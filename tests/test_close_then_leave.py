@@ -21,9 +21,9 @@ import pytest
 import websockets
 
 from streaming.resume import ENDED_LINGER_S
-from tests.client import speech
-from tests.stack import Stack
-from tests.test_metrics import scrape, total, wait_for
+from tests.support.client import speech
+from tests.support.metrics_scrape import scrape, total, wait_for
+from tests.support.stack import Stack
 
 ROUNDS = 20  # sessions per case: one lost close among them fails the test
 

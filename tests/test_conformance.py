@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.client import Client, decode_audio, jpeg_b64, pcm_b64, silence, speech
-from tests.stack import Stack
+from tests.support.client import Client, decode_audio, jpeg_b64, pcm_b64, silence, speech
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 

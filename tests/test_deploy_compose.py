@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.deploy_tools import (
+from tests.support.deploy_tools import (
     DEPLOY,
     ROOT,
     SECRETS,
@@ -23,7 +23,7 @@ from tests.deploy_tools import (
     promtool,
     run,
 )
-from tests.redis_flower_checks import (
+from tests.support.redis_flower_checks import (
     assert_flower_requires_login,
     assert_redis_hardened,
     flower_from_command,

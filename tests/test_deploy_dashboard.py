@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import promql_parser
@@ -20,36 +19,12 @@ import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from omniserve.redis_server import free_port
-from tests.deploy_tools import DEPLOY, K8S, promtool, run
+from tests.support.deploy_tools import DEPLOY, K8S, promtool, run
+from tests.support.metric_contract import contract
 
 DASH = DEPLOY / "dashboards"
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 PROM_LABELS = {"le", "instance", "job"}  # added by histograms and by Prometheus
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    type: str
-    labels: frozenset[str]
-    process: str  # "gateway", "worker" or "gateway,worker"
-
-
-def contract() -> dict[str, Metric]:
-    metrics = {}
-    for line in (DASH / "metric_names.txt").read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        name, kind, labels, process = line.split()
-        assert name.startswith("omniserve_"), name
-        assert kind in {"counter", "gauge", "histogram"}, line
-        assert (kind == "counter") == name.endswith("_total"), line
-        assert set(process.split(",")) <= {"gateway", "worker"}, line
-        assert name not in metrics, f"{name} twice"
-        metrics[name] = Metric(
-            name, kind, frozenset() if labels == "-" else frozenset(labels.split(",")), process
-        )
-    return metrics
 
 
 def uses(expr: str) -> tuple[set[str], set[str]]:

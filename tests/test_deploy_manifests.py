@@ -20,7 +20,7 @@ import pytest
 import redis
 import yaml
 
-from tests.deploy_tools import (
+from tests.support.deploy_tools import (
     DEPLOY,
     K8S,
     by_kind,
@@ -28,7 +28,7 @@ from tests.deploy_tools import (
     kustomizations,
     kustomize,
 )
-from tests.redis_flower_checks import (
+from tests.support.redis_flower_checks import (
     assert_flower_requires_login,
     assert_redis_hardened,
     flower_from_command,

@@ -22,9 +22,9 @@ import pytest
 import websockets
 
 from omniserve.redis_server import free_port
-from tests.client import Client
-from tests.deploy_tools import DEPLOY, nginx, run
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.deploy_tools import DEPLOY, nginx, run
+from tests.support.stack import Stack
 
 CONF = DEPLOY / "tls" / "nginx.conf"
 KEY, BEARER = "query-key-SECRET-0123", "header-key-SECRET-4567"

@@ -14,7 +14,8 @@ import numpy as np
 from omniserve.doctor import bundled_sample
 
 ROOT = Path(__file__).resolve().parents[1]
-STAND_IN = json.dumps({"model_loader": "tests.standins.fake_minicpmo:load", "device": "cpu"})
+LOADER = "tests.support.standins.fake_minicpmo:load"
+STAND_IN = json.dumps({"model_loader": LOADER, "device": "cpu"})
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from tests.client import Client, silence, speech
 from tests.faults.harness import kill9, kill9_group, served_end_to_end
-from tests.stack import Stack
+from tests.support.client import Client, silence, speech
+from tests.support.stack import Stack
 
 
 def deltas(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:

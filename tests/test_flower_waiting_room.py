@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.client import Client
 from tests.faults.harness import await_for
-from tests.redis_flower_checks import flower_from_command
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.redis_flower_checks import flower_from_command
+from tests.support.stack import Stack
 
 LOGIN = ("ops", "flower-pw-waiting-room")
 FLOWER = ["celery", "-A", "tasks.celery_app:app", "flower"]

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.client import Client, silence
-from tests.stack import Stack
+from tests.support.client import Client, silence
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from omnicore.gc_pauses import PAUSE_BUCKETS, GcPauseCollector, GcPauses
-from tests.stack import ROOT, Stack
-from tests.test_metrics import scrape, total, worker_metrics_url
+from tests.support.metrics_scrape import scrape, total, worker_metrics_url
+from tests.support.stack import ROOT, Stack
 
 
 def run_script(code: str) -> str:

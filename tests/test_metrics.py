@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,9 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.metrics.registry import GatewayMetrics
 from omniserve.redis_server import free_port
 from tasks.metrics import NODE_COUNTERS_TTL_S, WorkerMetrics, killed_field
-from tests.client import Client, silence, speech
-from tests.stack import ROOT, Stack
-from tests.test_deploy_dashboard import Metric, contract
+from tests.support.client import Client, silence, speech
+from tests.support.metric_contract import Metric, contract
+from tests.support.metrics_scrape import scrape, total, wait_for, worker_metrics_url
+from tests.support.stack import ROOT, Stack
 
 
 def exposed(registry: CollectorRegistry) -> dict[str, tuple[str, frozenset[str]]]:
@@ -84,24 +84,6 @@ def test_gateway_exposition_parses_and_refresh_sets_the_state_gauges() -> None:
 # --------------------------------------------------------------------------- real processes
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """(sample name, sorted labels) -> value of a /metrics endpoint, through the real parser."""
-    text = httpx.get(url, timeout=10).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def total(
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **lab: str
-) -> float:
-    """Sum of the samples called ``name`` whose labels include ``lab``."""
-    want = set(lab.items())
-    return sum(v for (n, labels), v in samples.items() if n == name and want <= set(labels))
-
-
 async def test_gateway_histograms_move_during_a_real_duplex_session(service: Stack) -> None:
     url = f"http://127.0.0.1:{service.gateways[0][1]}/metrics"
     before = scrape(url)
@@ -147,25 +129,6 @@ async def test_gateway_counts_errors_by_code_and_rejections(service: Stack) -> N
     )
     assert total(samples, "omniserve_errors_total", code="unknown_event") == 1
     assert total(samples, "omniserve_connections_rejected_total", reason="invalid_mode") == 1
-
-
-async def wait_for(url: str, ok: Callable[[Any], bool], timeout: float = 15.0) -> Any:
-    """Scrape until ``ok(samples)`` (the handler's last lines run after the client saw the end)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        samples = await asyncio.to_thread(scrape, url)
-        if ok(samples) or time.monotonic() > deadline:
-            return samples
-        await asyncio.sleep(0.1)
-
-
-def worker_metrics_url(stack: Stack) -> str:
-    """Start a scripted worker whose /metrics listens on a free port; its URL."""
-    port = free_port()
-    stack.start_worker(
-        OMNISERVE_WORKER_METRICS_PORT=str(port), OMNISERVE_WORKER_METRICS_HOST="127.0.0.1"
-    )
-    return f"http://127.0.0.1:{port}/metrics"
 
 
 class FakeCuda:

@@ -31,7 +31,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

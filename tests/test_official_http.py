@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.client import Client
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.client import Client, jpeg_b64, silence
-from tests.stack import Stack
+from tests.support.client import Client, jpeg_b64, silence
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 

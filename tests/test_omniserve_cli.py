@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.stack import ROOT
+from tests.support.stack import ROOT
 
 
 def test_omniserve_test_accepts_pytest_options() -> None:
@@ -54,9 +54,9 @@ def test_the_suite_runs_in_three_workers_unless_told_otherwise() -> None:
 
 
 def test_the_longest_test_files_go_first_and_each_exists() -> None:
-    """``tests/file_order.py``: a renamed or removed file must leave its list too; the listed
-    files come first, in that order, each file's tests kept together and in order."""
-    from tests.file_order import LONGEST, longest_first
+    """``tests/support/file_order.py``: a renamed or removed file must leave its list too; the
+    listed files come first, in that order, each file's tests kept together and in order."""
+    from tests.support.file_order import LONGEST, longest_first
 
     assert [p for p in LONGEST if not (ROOT / p).is_file()] == []
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from inference.registry import preflight
-from tests.client import Client, decode_audio, pcm_b64
-from tests.stack import ROOT, Stack
+from tests.support.client import Client, decode_audio, pcm_b64
+from tests.support.stack import ROOT, Stack
 
 try:
     preflight("pocket")

@@ -21,7 +21,7 @@ for _module in ("ctranslate2", "transformers", "gguf", "accelerate", "torch", "l
 from inference.pocket import llm_convert  # noqa: E402
 from inference.pocket.assets import default_llm_gguf  # noqa: E402
 from inference.pocket.llm import GenerationStats, LanguageModel  # noqa: E402
-from tests.stack import ROOT  # noqa: E402
+from tests.support.stack import ROOT  # noqa: E402
 
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from omniserve.redis_server import free_port
-from tests.stack import ROOT
+from tests.support.stack import ROOT
 
 
 def probe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

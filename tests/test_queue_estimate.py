@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.client import Client
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 

@@ -23,8 +23,8 @@ import soundfile
 from websockets.sync.client import connect
 
 from api.recordings.spool import WavAppender
-from tests.client import Client, decode_audio, jpeg_b64, silence, speech
-from tests.stack import Stack
+from tests.support.client import Client, decode_audio, jpeg_b64, silence, speech
+from tests.support.stack import Stack
 
 TOKEN = "rec-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.client import Client, silence
-from tests.stack import Stack
+from tests.support.client import Client, silence
+from tests.support.stack import Stack
 
 psutil = pytest.importorskip("psutil")
 

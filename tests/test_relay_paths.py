@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.client import Client, silence, speech
-from tests.stack import Stack
+from tests.support.client import Client, silence, speech
+from tests.support.stack import Stack
 
 TINY_RCVBUF = 4096  # the kernel doubles it
 PAUSE_S = 6.0

@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from tests.client import Client, silence, speech
 from tests.faults.harness import kill9_group, wait_for
-from tests.stack import Stack
+from tests.support.client import Client, silence, speech
+from tests.support.stack import Stack
 
 REPLY = "one two three four five six seven eight nine ten eleven twelve"  # 4 speaking steps
 

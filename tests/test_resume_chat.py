@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from tests.client import Client
 from tests.faults.harness import wait_for
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 WORDS = " ".join(f"w{i}" for i in range(1, 31))  # 30 text deltas, 0.1 s apart
 

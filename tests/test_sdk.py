@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.client import jpeg_b64
-from tests.stack import Stack
+from tests.support.client import jpeg_b64
+from tests.support.stack import Stack
 
 openbmb_realtime = pytest.importorskip("openbmb_realtime")
 from openbmb_realtime import (  # noqa: E402 - after pytest.importorskip

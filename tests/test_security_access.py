@@ -24,8 +24,8 @@ import pytest
 import redis
 
 from omniserve.redis_server import free_port, redis_binary
-from tests.client import Client
-from tests.stack import ROOT, Stack
+from tests.support.client import Client
+from tests.support.stack import ROOT, Stack
 
 pytestmark = pytest.mark.asyncio
 

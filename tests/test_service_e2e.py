@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from tests.client import Client, decode_audio, jpeg_b64, silence, speech
-from tests.stack import Stack
+from tests.support.client import Client, decode_audio, jpeg_b64, silence, speech
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.client import Client, decode_audio, pcm_b64, silence, speech
-from tests.minicpmo_helpers import fake_minicpmo_stack
-from tests.stack import ROOT, Stack
+from tests.support.client import Client, decode_audio, pcm_b64, silence, speech
+from tests.support.minicpmo_helpers import fake_minicpmo_stack
+from tests.support.stack import ROOT, Stack
 
 pytestmark = pytest.mark.asyncio
 

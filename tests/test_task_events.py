@@ -11,9 +11,9 @@ import signal
 from kombu.asynchronous import Hub
 
 from tasks.task_events import FLUSH_DELAY_S, LOST_AFTER_S, DeferredEventsConsumer
-from tests.celery_events import TaskEvents, ended
-from tests.client import Client
-from tests.stack import Stack
+from tests.support.celery_events import TaskEvents, ended
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 TURN = {
     "messages": [{"role": "user", "content": "Reply with exactly: one two three"}],

@@ -28,8 +28,8 @@ import pytest
 
 from inference.registry import preflight
 from omnicore.audio import read_audio, resample, write_wav
-from tests.apt import apt_lock
-from tests.stack import LOG_DIR, ROOT, Stack
+from tests.support.apt import apt_lock
+from tests.support.stack import LOG_DIR, ROOT, Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -38,7 +38,7 @@ from tests.faults.harness import (
     served_end_to_end,
 )
 from tests.faults.tcp_proxy import Link
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 ADDR = "192.0.2.7"
 AFTER_S = 10.0  # watched after the heal

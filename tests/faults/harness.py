@@ -22,8 +22,8 @@ import redis
 
 from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
 from tasks.supervisor import process_alive
-from tests.client import Client, silence, speech
-from tests.stack import Proc, Stack
+from tests.support.client import Client, silence, speech
+from tests.support.stack import Proc, Stack
 
 
 class RestartableRedis:

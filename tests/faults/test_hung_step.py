@@ -15,7 +15,6 @@ import signal
 import time
 
 from tasks.watchdog import EXIT_HUNG_STEP
-from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
     await_for,
@@ -24,7 +23,8 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 HANG = '{"hang_after_steps": 3, "load_delay_s": 1}'
 STEP_TIMEOUT = "2"

@@ -30,7 +30,7 @@ from tests.faults.harness import (
     served_end_to_end,
 )
 from tests.faults.tcp_proxy import Link
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 CUT_S = 8.0
 

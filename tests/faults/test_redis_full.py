@@ -31,7 +31,6 @@ import pytest
 import redis
 
 from omniserve.redis_server import free_port
-from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
     RestartableRedis,
@@ -40,8 +39,9 @@ from tests.faults.harness import (
     log_text,
     wait_for,
 )
-from tests.faults.test_redis_stall import WORDS, start_chat_turn
-from tests.stack import Stack
+from tests.support.chat_turn import WORDS, start_chat_turn
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 FULL_S = 8.0  # past the session leases (1.5 s) and the gateway's own (6 s)
 

@@ -13,7 +13,6 @@ import time
 import httpx
 import pytest
 
-from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
     RestartableRedis,
@@ -22,7 +21,8 @@ from tests.faults.harness import (
     log_text,
     served_end_to_end,
 )
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 RESTORED_S = 10.0  # issue #9: service restored within 10 s of Redis answering again
 

@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from tests.client import Client
 from tests.faults.harness import (
     DuplexProbe,
     admitted_to_a_dying_worker,
@@ -27,7 +26,8 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.stack import Stack
 
 NOTICE_S = 3.0  # issue #9: a dead worker's clients are told within 3 s
 # tasks/prefork.py looks for a dead pool process every 0.25 s; Celery's own pool, every 5 s

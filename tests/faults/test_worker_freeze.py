@@ -26,7 +26,7 @@ from tests.faults.harness import (
     await_for,
     log_text,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 FROZEN_S = 5.0  # past the lease (1.5 s): the session is restarted on the other worker
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.faults.harness import log_text, wait_for
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 LOADING = '{"load_delay_s": 120}'
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from inference import Backend, DuplexInput, Message, TextPart, create_backend
-from tests.stack import Stack
+from tests.support.stack import Stack
 
-LOADER = "tests.standins.fake_minicpmo:load"
+LOADER = "tests.support.standins.fake_minicpmo:load"
 UNIT = 16_000  # one second at 16 kHz: what one duplex step consumes
 
 

@@ -25,7 +25,7 @@ Test knobs ride in ``session.init`` ``payload.config`` (the real server ignores 
 ``mock_init_delay_s`` (model "loading" time before ``session.created``),
 ``mock_kv_per_chunk`` (KV growth per chunk, default 12).
 
-Run it: ``python -m tests.standins.mock_llama_omni_server --port 22500``.
+Run it: ``python -m tests.support.standins.mock_llama_omni_server --port 22500``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from tests.standins.mock_llama_omni_model import SPEECH, MockModel, Session, pcm_from_b64
+from tests.support.standins.mock_llama_omni_model import SPEECH, MockModel, Session, pcm_from_b64
 
 __all__ = ["SPEECH", "MockLlamaOmniServer", "RunningServer", "main"]
 

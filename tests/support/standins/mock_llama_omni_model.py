@@ -2,7 +2,8 @@
 
 Turns answer ``"echo: <last user text>"``; in duplex the "model" listens until it has heard a
 loud chunk (RMS > 0.05) followed by a quiet one, then speaks ``SPEECH`` over consecutive chunks,
-ending the turn with a listen. (The protocol side: tests/standins/mock_llama_omni_server.py.)
+ending the turn with a listen. (The protocol side:
+tests/support/standins/mock_llama_omni_server.py.)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ It has the names, signatures and return shapes of the model repository's ``MiniC
 - ``init_tts`` loads the vocoder; a second call (the real one reloads Token2wav for seconds and
   replaces its settings) raises ``StandInFault``; without a TTS module (loaded with
   ``init_tts=False``) it fails as the real one does (AttributeError);
-- ``as_duplex`` builds a wrapper through ``from_existing_model`` (tests/standins/
+- ``as_duplex`` builds a wrapper through ``from_existing_model`` (tests/support/standins/
   fake_minicpmo_revisions.py), which calls ``init_tts`` itself and overwrites the streaming
   constants (``CNN_REDUNDANCY_MS`` 20): chat turns record the constants they run with;
 - ``init_token2wav_cache`` writes the voice to a ``NamedTemporaryFile(delete=False)`` it never
@@ -17,9 +17,9 @@ It has the names, signatures and return shapes of the model repository's ``MiniC
 Every call is recorded in ``model.calls``. Load it through configuration alone::
 
     create_backend("minicpmo", model_path="/anything",
-                   model_loader="tests.standins.fake_minicpmo:load")
+                   model_loader="tests.support.standins.fake_minicpmo:load")
 
-(or ``--backend-options '{"model_loader": "tests.standins.fake_minicpmo:load"}'``). The
+(or ``--backend-options '{"model_loader": "tests.support.standins.fake_minicpmo:load"}'``). The
 loader option ``revision`` picks the duplex wrapper: ``published`` (default), ``legacy`` or
 ``demo``.
 """
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.standins.fake_minicpmo_decoder import QUERY_NUM, SPEECH, StandInFault, wave
-from tests.standins.fake_minicpmo_revisions import REVISIONS
+from tests.support.standins.fake_minicpmo_decoder import QUERY_NUM, SPEECH, StandInFault, wave
+from tests.support.standins.fake_minicpmo_revisions import REVISIONS
 
 __all__ = ["INSTANCES", "SPEECH", "FakeMiniCPMO", "StandInFault", "load"]
 

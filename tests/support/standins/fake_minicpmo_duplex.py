@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tests.standins.fake_minicpmo_decoder import (
+from tests.support.standins.fake_minicpmo_decoder import (
     AUDIO_TOKENS_PER_UNIT,
     QUERY_NUM,
     SPEECH,

@@ -23,7 +23,7 @@ from omniserve.redis_server import free_port
 from streaming.keys import Keys
 from streaming.redis_url import sync_client
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = Path(os.environ.get("OMNISERVE_TEST_LOGS", "/tmp/omniserve-test-logs"))
 
 

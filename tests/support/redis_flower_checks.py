@@ -25,7 +25,7 @@ import httpx
 import redis
 
 from omniserve.redis_server import free_port, redis_binary
-from tests.stack import LOG_DIR, ROOT
+from tests.support.stack import LOG_DIR, ROOT
 
 
 @contextmanager

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.apt import apt_lock
+from tests.support.apt import apt_lock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 TOOLS_CACHE = Path(

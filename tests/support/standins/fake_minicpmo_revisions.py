@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.standins.fake_minicpmo_decoder import MARKUP, Embedding, StandInFault
-from tests.standins.fake_minicpmo_duplex import DuplexCore
+from tests.support.standins.fake_minicpmo_decoder import MARKUP, Embedding, StandInFault
+from tests.support.standins.fake_minicpmo_duplex import DuplexCore
 
 
 class PublishedDuplex(DuplexCore):
