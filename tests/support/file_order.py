@@ -35,7 +35,7 @@ LONGEST = (
     "tests/test_resume_chat.py",  # 49
     "tests/faults/test_start_elsewhere.py",  # 47
     "tests/test_official_protocol.py",  # 44
-    "tests/test_pocket_llm.py",  # 43
+    "tests/unit/inference/pocket/test_llm.py",  # 43
     "tests/test_resume.py",  # 42
     "tests/test_ops.py",  # 41
     "tests/faults/test_hung_step.py",  # 41
@@ -49,7 +49,7 @@ LONGEST = (
     "tests/faults/test_gateway_start.py",  # 26
     "tests/test_failover.py",  # 21
     "tests/faults/test_worker_freeze.py",  # 21
-    "tests/test_pocket_backend.py",  # 20
+    "tests/unit/inference/pocket/test_backend.py",  # 20
     "tests/test_deploy_compose.py",  # 20
     "tests/test_official_http.py",  # 20
     "tests/faults/test_gateway_death.py",  # 17

@@ -13,7 +13,7 @@ import numpy as np
 
 from omniserve.doctor import bundled_sample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 LOADER = "tests.support.standins.fake_minicpmo:load"
 STAND_IN = json.dumps({"model_loader": LOADER, "device": "cpu"})
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("omnicore", "inference", "streaming", "api", "tasks", "omniserve", "bench")
 
 # docs/ARCHITECTURE.md, "Dependency directions": what each package may import of ours.

@@ -20,7 +20,7 @@ def test_omniserve_test_accepts_pytest_options() -> None:
             "test",
             "-q",
             "--collect-only",
-            "tests/test_structure.py",
+            "tests/unit/test_structure.py",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -28,7 +28,7 @@ def test_omniserve_test_accepts_pytest_options() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"tests/test_structure.py: \d+", done.stdout)  # -q -q: counts per file
+    assert re.search(r"tests/unit/test_structure.py: \d+", done.stdout)  # -q -q: counts per file
 
 
 def test_omniserve_bench_hands_on_its_options() -> None:
@@ -48,7 +48,7 @@ def test_the_suite_runs_in_three_workers_unless_told_otherwise() -> None:
 
     three = ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
     assert xdist_args([]) == three
-    assert xdist_args(["tests/test_structure.py", "-x"]) == three
+    assert xdist_args(["tests/unit/test_structure.py", "-x"]) == three
     for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["-p", "no:xdist"], ["--dist=no"]):
         assert xdist_args(chosen) == [], chosen
 

@@ -1,6 +1,6 @@
 """The minicpmo backend's loading and chat turns against the strict stand-in.
 
-(Duplex sessions: tests/test_backend_minicpmo_duplex.py.)
+(Duplex sessions: tests/unit/inference/minicpmo/test_duplex.py.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from tests.support.minicpmo_helpers import jpeg, loud, make_backend, quiet, to_s
 from tests.support.standins import fake_minicpmo
 from tests.support.standins.fake_minicpmo import StandInFault
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 # ---------------------------------------------------------------- loading

@@ -12,7 +12,7 @@ from pathlib import Path
 from omnicore.settings import Settings
 from omnicore.settings_doc import COMMAND, DOC, MARKER, document, undocumented
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FIX = f"run `{COMMAND}` (from the repository root, in the project's virtualenv)"
 
 

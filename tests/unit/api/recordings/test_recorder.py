@@ -23,7 +23,7 @@ from api.recordings.store import BadName, RecordingStore, check_file_name, check
 from omnicore.settings import Settings
 from tests.support.client import decode_audio, jpeg_b64, pcm_b64, speech
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def recorder(url: str, spool: Path, **overrides: object) -> Recorder:
