@@ -61,7 +61,7 @@ def shared_service(redis_server: str) -> Iterator[Stack]:
     Its clients mostly leave without ``session.close``, and a duplex session left that way keeps
     its slot for a resume (``resume_slot_hold_s``, 5 s by default): every fifth test of a module
     waited that long for a slot. A short hold keeps the detach-then-give-back path in every
-    test (``tests/test_resume.py`` and the fault tests run the default)."""
+    test (``tests/e2e/test_resume.py`` and the fault tests run the default)."""
     s = Stack(redis_server)
     s.env["OMNISERVE_RESUME_SLOT_HOLD_S"] = "0.5"
     try:

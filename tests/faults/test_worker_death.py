@@ -39,7 +39,7 @@ SLOW_LOAD = '{"load_delay_s": 6}'  # longer than Celery's default 4 s wait for a
 @pytest.fixture(autouse=True)
 def _without_failover(stack: Stack) -> None:
     """These tests check the ending when a session is not failed over (failover off); with it
-    on, tests/test_failover.py."""
+    on, tests/e2e/test_failover.py."""
     stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "0"
 
 

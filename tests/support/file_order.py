@@ -17,43 +17,43 @@ import pytest
 # a result.
 LONGEST = (
     "tests/faults/test_clients_leaving.py",  # 98
-    "tests/test_bench_smoke.py",  # 97
-    "tests/test_service_e2e.py",  # 86
+    "tests/bench/test_smoke.py",  # 97
+    "tests/e2e/test_service.py",  # 86
     "tests/faults/test_worker_death.py",  # 78
     "tests/faults/test_soak.py",  # 77
-    "tests/test_conformance.py",  # 76
-    "tests/test_web_client.py",  # 75, and installing chromium on a fresh machine
+    "tests/e2e/test_conformance.py",  # 76
+    "tests/e2e/test_web_client.py",  # 75, and installing chromium on a fresh machine
     "tests/faults/test_redis_full.py",  # 72
     "tests/faults/test_dropped_packets.py",  # 70
     "tests/faults/test_dead_clients.py",  # 63
-    "tests/test_relay_gap.py",  # 58
+    "tests/e2e/test_relay_gap.py",  # 58
     "tests/faults/test_gateway_freeze.py",  # 57
     "tests/faults/test_partition.py",  # 55
-    "tests/test_spec_gaps.py",  # 54
-    "tests/test_bench_pocket.py",  # 54
-    "tests/test_bench_check.py",  # 49
-    "tests/test_resume_chat.py",  # 49
+    "tests/e2e/test_spec_gaps.py",  # 54
+    "tests/bench/test_pocket.py",  # 54
+    "tests/bench/test_check.py",  # 49
+    "tests/e2e/test_resume_chat.py",  # 49
     "tests/faults/test_start_elsewhere.py",  # 47
-    "tests/test_official_protocol.py",  # 44
+    "tests/e2e/test_official_protocol.py",  # 44
     "tests/unit/inference/pocket/test_llm.py",  # 43
-    "tests/test_resume.py",  # 42
-    "tests/test_ops.py",  # 41
+    "tests/e2e/test_resume.py",  # 42
+    "tests/e2e/test_ops.py",  # 41
     "tests/faults/test_hung_step.py",  # 41
-    "tests/test_metrics.py",  # 33
+    "tests/e2e/test_metrics.py",  # 33
     "tests/faults/test_redis_stall.py",  # 33
-    "tests/test_fuzz_protocol.py",  # 31
-    "tests/test_security_access.py",  # 31
-    "tests/test_recordings.py",  # 30
-    "tests/test_cli_up.py",  # 30
-    "tests/test_relay_paths.py",  # 28
+    "tests/e2e/test_fuzz_protocol.py",  # 31
+    "tests/e2e/test_security_access.py",  # 31
+    "tests/e2e/test_recordings.py",  # 30
+    "tests/e2e/test_up.py",  # 30
+    "tests/e2e/test_relay_paths.py",  # 28
     "tests/faults/test_gateway_start.py",  # 26
-    "tests/test_failover.py",  # 21
+    "tests/e2e/test_failover.py",  # 21
     "tests/faults/test_worker_freeze.py",  # 21
     "tests/unit/inference/pocket/test_backend.py",  # 20
-    "tests/test_deploy_compose.py",  # 20
-    "tests/test_official_http.py",  # 20
+    "tests/deploy/test_compose.py",  # 20
+    "tests/e2e/test_official_http.py",  # 20
     "tests/faults/test_gateway_death.py",  # 17
-    "tests/test_pocket_e2e.py",  # 16
+    "tests/e2e/test_pocket.py",  # 16
 )
 
 

@@ -1,5 +1,5 @@
 """The restart policy of ``omniserve up`` (``omniserve/components.py``) on real processes that
-exit, with a clock the test moves (the end-to-end faults are in tests/test_cli_up.py)."""
+exit, with a clock the test moves (the end-to-end faults are in tests/e2e/test_up.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What of the parts' log files ``omniserve up`` shows on its console (``omniserve/logfiles.py``),
-read from a file a real process wrote; the whole of ``up`` is in tests/test_cli_up.py."""
+read from a file a real process wrote; the whole of ``up`` is in tests/e2e/test_up.py."""
 
 from __future__ import annotations
 

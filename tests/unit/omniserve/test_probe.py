@@ -1,5 +1,5 @@
 """``omniserve probe`` tells what went wrong in one line, never as a traceback (a newcomer's first
-command after ``up``; the gateway's own refusals are in test_security_access.py)."""
+command after ``up``; the gateway's own refusals are in tests/e2e/test_security_access.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """api/gateway/liveness.py: the sessions' lease and resume-owner checks, answered together per tick.
 
 A real Redis; the relays that use these answers (lost worker, replaced session) are exercised
-end to end by tests/test_failover.py, tests/test_resume*.py and tests/faults/.
+end to end by tests/e2e/test_failover.py, tests/e2e/test_resume*.py and tests/faults/.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ pushes.
 
 Both go to a real Redis; the envelopes are compared field by field, except what is new for every
 message (``delivery_tag``) or names the sending process (``origin``). That the worker runs such
-a message is what every end-to-end test (tests/test_service_e2e.py, ...) exercises.
+a message is what every end-to-end test (tests/e2e/test_service.py, ...) exercises.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """api/security/policy.py and api/ops/access_log.py: the rules themselves, on hand-made requests.
 
-The same rules against real gateway processes are in tests/test_security_e2e.py.
+The same rules against real gateway processes are in tests/e2e/test_security_access.py.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "install-torch"
 CUDA_PREFIXES = ("nvidia-", "cuda-", "triton")
 

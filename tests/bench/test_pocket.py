@@ -22,7 +22,7 @@ except Exception as exc:
 
 pytestmark = [pytest.mark.pocket, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_pocket_reports_each_figure_and_stage() -> None:

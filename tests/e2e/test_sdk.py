@@ -53,7 +53,7 @@ async def converse(session, send) -> tuple[str, int, int]:
 @pytest.fixture(scope="module")
 def sdk_service(redis_server: str) -> Iterator[Stack]:
     """A gateway that keeps every pending input chunk: the SDK sends a burst of six, and this
-    test is about the SDK, not about the silent drop (tests/test_conformance.py covers that)."""
+    test is about the SDK, not about the silent drop (tests/e2e/test_conformance.py covers that)."""
     s = Stack(redis_server)
     try:
         s.start_worker(slots=2)

@@ -16,7 +16,7 @@ import pytest
 
 from bench import check
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lat(p50: float, p99: float, n: int) -> dict[str, Any]:

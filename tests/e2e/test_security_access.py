@@ -3,7 +3,7 @@
 Each rule is tried with a good and a bad request on loopback. A ``mode=chat`` connection that is
 let in gets ``session.queue_done`` at once (it holds no worker slot until a turn), so most of
 these need no worker. The voices directory and the Celery task arguments are in
-tests/test_security_data.py.
+tests/e2e/test_security_data.py.
 """
 
 from __future__ import annotations
