@@ -14,8 +14,8 @@ import asyncio
 import httpx
 import pytest
 
-from tests.faults.harness import served_end_to_end
 from tests.support.client import Client
+from tests.support.fault_harness import served_end_to_end
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow

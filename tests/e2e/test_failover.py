@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from tests.faults.harness import kill9, kill9_group, served_end_to_end
 from tests.support.client import Client, silence, speech
+from tests.support.fault_harness import kill9, kill9_group, served_end_to_end
 from tests.support.stack import Stack
 
 

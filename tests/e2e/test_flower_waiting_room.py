@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.harness import await_for
 from tests.support.client import Client
+from tests.support.fault_harness import await_for
 from tests.support.redis_flower_checks import flower_from_command
 from tests.support.stack import Stack
 

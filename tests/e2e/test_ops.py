@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from omniserve.redis_server import free_port
-from tests.faults.harness import await_for, kill9, pool_pids
 from tests.support.celery_events import TaskEvents, ended
 from tests.support.client import Client, silence, speech
+from tests.support.fault_harness import await_for, kill9, pool_pids
 from tests.support.stack import ROOT, Proc, Stack
 
 pytestmark = pytest.mark.asyncio

@@ -330,7 +330,7 @@ async def test_a_session_whose_worker_is_killed_is_recorded_to_its_end(
 ) -> None:
     """kill -9 of the worker mid-session: the client is told, and the recording ends with the
     backend_error the client saw, its audio so far intact."""
-    from tests.faults.harness import kill9_group
+    from tests.support.fault_harness import kill9_group
 
     worker = stack.start_worker()
     stack.start_gateway(OMNISERVE_RECORDINGS="true", OMNISERVE_RECORDINGS_URL=str(tmp_path))

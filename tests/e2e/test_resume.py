@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from tests.faults.harness import kill9_group, wait_for
 from tests.support.client import Client, silence, speech
+from tests.support.fault_harness import kill9_group, wait_for
 from tests.support.stack import Stack
 
 REPLY = "one two three four five six seven eight nine ten eleven twelve"  # 4 speaking steps

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from tests.faults.harness import wait_for
 from tests.support.client import Client
+from tests.support.fault_harness import wait_for
 from tests.support.stack import Stack
 
 WORDS = " ".join(f"w{i}" for i in range(1, 31))  # 30 text deltas, 0.1 s apart

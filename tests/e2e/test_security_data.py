@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from omnicore.audio import pcm_to_b64, wav_bytes, write_wav
-from tests.faults.harness import await_for
 from tests.support.celery_events import TaskEvents
 from tests.support.client import Client, jpeg_b64, speech
+from tests.support.fault_harness import await_for
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.asyncio

@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from tasks.supervisor import process_alive
-from tests.faults.harness import held_at_fork, log_text, registry, wait_for
+from tests.support.fault_harness import held_at_fork, log_text, registry, wait_for
 from tests.support.stack import Proc, Stack
 
 BAD_OPTIONS = '{"no_such_option": 1}'  # the scripted backend's constructor refuses it

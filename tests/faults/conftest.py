@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults.harness import RestartableRedis
+from tests.support.fault_harness import RestartableRedis
 from tests.support.stack import Stack
 
 

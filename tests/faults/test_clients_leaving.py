@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from tests.faults.harness import DuplexProbe, served_end_to_end
 from tests.support.client import Client
+from tests.support.fault_harness import DuplexProbe, served_end_to_end
 from tests.support.stack import Stack
 
 ROUNDS = 20

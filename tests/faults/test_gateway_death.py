@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from omnicore.settings import Settings
-from tests.faults.harness import DuplexProbe, await_for, kill9_group, served_end_to_end
 from tests.support.client import Client
+from tests.support.fault_harness import DuplexProbe, await_for, kill9_group, served_end_to_end
 from tests.support.stack import Stack
 
 LEASE_S = 2.0  # the gateways' alive key TTL in this test (default 6 s)

@@ -15,7 +15,8 @@ import signal
 import time
 
 from tasks.watchdog import EXIT_HUNG_STEP
-from tests.faults.harness import (
+from tests.support.client import Client
+from tests.support.fault_harness import (
     DuplexProbe,
     await_for,
     log_text,
@@ -23,7 +24,6 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.support.client import Client
 from tests.support.stack import Stack
 
 HANG = '{"hang_after_steps": 3, "load_delay_s": 1}'

@@ -21,14 +21,14 @@ import time
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support.chat_turn import WORDS, start_chat_turn
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,
     await_for,
     log_text,
 )
-from tests.support.chat_turn import WORDS, start_chat_turn
 from tests.support.stack import Stack
 
 # past the leases (1.5 s; the gateway's 6 s) and twice past the 5 s socket timeout: the input

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.faults.harness import RestartableRedis, log_text, served_end_to_end, wait_for
 from tests.support.client import Client
+from tests.support.fault_harness import RestartableRedis, log_text, served_end_to_end, wait_for
 from tests.support.stack import Stack
 
 FREED_S = 15.0  # Redis back -> the slot free again: re-registration plus one presence check

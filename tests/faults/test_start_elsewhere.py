@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support.client import Client, silence, speech
+from tests.support.fault_harness import (
     admitted_to_a_dying_worker,
     await_for,
     forked_children,
@@ -28,7 +29,6 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.support.client import Client, silence, speech
 from tests.support.stack import Stack
 
 

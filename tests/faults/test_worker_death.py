@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support.client import Client
+from tests.support.fault_harness import (
     DuplexProbe,
     admitted_to_a_dying_worker,
     await_for,
@@ -26,7 +27,6 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.support.client import Client
 from tests.support.stack import Stack
 
 NOTICE_S = 3.0  # issue #9: a dead worker's clients are told within 3 s

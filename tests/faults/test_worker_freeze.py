@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,

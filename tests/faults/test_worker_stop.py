@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.faults.harness import log_text, wait_for
+from tests.support.fault_harness import log_text, wait_for
 from tests.support.stack import Stack
 
 LOADING = '{"load_delay_s": 120}'

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Celery
 
-from tests.faults.harness import await_for
+from tests.support.fault_harness import await_for
 
 
 class TaskEvents:
