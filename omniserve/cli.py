@@ -182,8 +182,8 @@ def xdist_args(rest: list[str]) -> list[str]:
     leave them idle a third of the time, so the suite ends sooner though each file runs a little
     slower.
     Whole files keep a module's shared stack in one process, handed out in the order the suite
-    sorts them (longest first: ``tests/file_order.py``), not xdist's own. Nothing is added when
-    the caller chose (``-n``, ``--dist``, ``-p no:xdist``) or pytest-xdist is not installed.
+    sorts them (longest first: ``tests/support/file_order.py``), not xdist's own. Nothing is added
+    when the caller chose (``-n``, ``--dist``, ``-p no:xdist``) or pytest-xdist is not installed.
     """
     import importlib.util
 

@@ -13,13 +13,13 @@ import redis.asyncio as aioredis
 from omniserve.redis_server import EmbeddedRedis, start_embedded
 from streaming.keys import Keys
 from streaming.output import OutputBus
-from tests.celery_events import TaskEvents
-from tests.file_order import longest_first
-from tests.stack import Stack
+from tests.support.celery_events import TaskEvents
+from tests.support.file_order import longest_first
+from tests.support.stack import Stack
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    longest_first(items)  # see tests/file_order.py
+    longest_first(items)  # see tests/support/file_order.py
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +61,7 @@ def shared_service(redis_server: str) -> Iterator[Stack]:
     Its clients mostly leave without ``session.close``, and a duplex session left that way keeps
     its slot for a resume (``resume_slot_hold_s``, 5 s by default): every fifth test of a module
     waited that long for a slot. A short hold keeps the detach-then-give-back path in every
-    test (``tests/test_resume.py`` and the fault tests run the default)."""
+    test (``tests/e2e/test_resume.py`` and the fault tests run the default)."""
     s = Stack(redis_server)
     s.env["OMNISERVE_RESUME_SLOT_HOLD_S"] = "0.5"
     try:

@@ -1,7 +1,7 @@
 """Writes grafana-omniserve.json, the Grafana dashboard on the metric contract (metric_names.txt).
 
 The dashboard is generated rather than edited by hand so that every panel has the same shape and
-every query can be read in one place; tests/test_deploy_dashboard.py checks that the committed
+every query can be read in one place; tests/deploy/test_dashboard.py checks that the committed
 JSON is this script's output and that its queries use exactly the contract's names.
 
     python deploy/dashboards/build_dashboard.py

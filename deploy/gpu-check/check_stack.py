@@ -22,7 +22,7 @@ from typing import Any
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 LOGDIR = sys.argv[2] if len(sys.argv) > 2 else "/tmp/gpucheck-logs"
-os.environ["OMNISERVE_TEST_LOGS"] = LOGDIR  # read by tests.stack at import
+os.environ["OMNISERVE_TEST_LOGS"] = LOGDIR  # read by tests.support.stack at import
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -30,8 +30,8 @@ import orjson  # noqa: E402
 import psutil  # noqa: E402
 
 from omniserve.redis_server import free_port, start_embedded  # noqa: E402
-from tests.client import Client, pcm_b64, silence, speech  # noqa: E402
-from tests.stack import ROOT, Stack  # noqa: E402
+from tests.support.client import Client, pcm_b64, silence, speech  # noqa: E402
+from tests.support.stack import ROOT, Stack  # noqa: E402
 
 results: dict[str, str] = {}
 T0 = time.monotonic()

@@ -3,7 +3,7 @@
 Use with ``deploy/gpu-check`` on PYTHONPATH:
     --backend-options '{"model_loader": "gpu_standin:load", "device": "cuda"}'
 
-What it adds to ``tests.standins.fake_minicpmo:load`` (which holds no tensors at all):
+What it adds to ``tests.support.standins.fake_minicpmo:load`` (which holds no tensors at all):
 - "weights": one bf16 tensor of GPUCHECK_WEIGHT_MB MiB (default 512) and one 4096x4096 bf16
   matrix, kept on the model object (so they live exactly as long as the model);
 - per duplex ``streaming_prefill``: a transient activation (GPUCHECK_ACT_MB MiB, default 256) and
@@ -20,7 +20,7 @@ import functools
 import os
 from typing import Any
 
-from tests.standins import fake_minicpmo
+from tests.support.standins import fake_minicpmo
 
 STATS: dict[str, int] = {"duplex_prefills": 0, "chat_calls": 0, "kv_resets": 0}
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults.harness import RestartableRedis
-from tests.stack import Stack
+from tests.support.fault_harness import RestartableRedis
+from tests.support.stack import Stack
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ import orjson
 import redis
 
 from omniserve.redis_server import free_port
-from tests.faults.harness import (
+from tests.faults.tcp_proxy import Link
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,
@@ -37,8 +38,7 @@ from tests.faults.harness import (
     open_with_one_link_apart,
     served_end_to_end,
 )
-from tests.faults.tcp_proxy import Link
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 ADDR = "192.0.2.7"
 AFTER_S = 10.0  # watched after the heal

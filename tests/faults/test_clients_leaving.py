@@ -12,9 +12,9 @@ import asyncio
 
 import pytest
 
-from tests.client import Client
-from tests.faults.harness import DuplexProbe, served_end_to_end
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.fault_harness import DuplexProbe, served_end_to_end
+from tests.support.stack import Stack
 
 ROUNDS = 20
 # A vanished duplex client's session waits for a resume and its worker holds the slot this long

@@ -22,9 +22,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.client import Client, speech
-from tests.faults.harness import DuplexProbe, await_for, log_text, served_end_to_end, wait_for
-from tests.stack import ROOT, Stack
+from tests.support.client import Client, speech
+from tests.support.fault_harness import (
+    DuplexProbe,
+    await_for,
+    log_text,
+    served_end_to_end,
+    wait_for,
+)
+from tests.support.stack import ROOT, Stack
 
 SLOT_BACK_S = 10.0  # issue #9: a frozen client's slot is free within 10 s
 

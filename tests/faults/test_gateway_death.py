@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 
 from omnicore.settings import Settings
-from tests.client import Client
-from tests.faults.harness import DuplexProbe, await_for, kill9_group, served_end_to_end
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.fault_harness import DuplexProbe, await_for, kill9_group, served_end_to_end
+from tests.support.stack import Stack
 
 LEASE_S = 2.0  # the gateways' alive key TTL in this test (default 6 s)
 # the dead gateway's session is resumable: its worker keeps the slot this long for a resume

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from tests.client import Client
-from tests.faults.harness import DuplexProbe, await_for, log_text
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.fault_harness import DuplexProbe, await_for, log_text
+from tests.support.stack import Stack
 
 LEASE_S = 2.0  # the gateway's alive key TTL in this test (default 6 s)
 FROZEN_S = 7.0  # past the lease and the worker's check of it

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from omniserve.redis_server import free_port
-from tests.client import Client
-from tests.faults.harness import RestartableRedis, log_text, served_end_to_end, wait_for
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.fault_harness import RestartableRedis, log_text, served_end_to_end, wait_for
+from tests.support.stack import Stack
 
 
 def get(port: int, path: str) -> httpx.Response:

@@ -15,8 +15,8 @@ import signal
 import time
 
 from tasks.watchdog import EXIT_HUNG_STEP
-from tests.client import Client
-from tests.faults.harness import (
+from tests.support.client import Client
+from tests.support.fault_harness import (
     DuplexProbe,
     await_for,
     log_text,
@@ -24,7 +24,7 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 HANG = '{"hang_after_steps": 3, "load_delay_s": 1}'
 STEP_TIMEOUT = "2"

@@ -21,7 +21,8 @@ import time
 import pytest
 
 from omniserve.redis_server import free_port
-from tests.faults.harness import (
+from tests.faults.tcp_proxy import Link
+from tests.support.fault_harness import (
     RestartableRedis,
     all_slots_back,
     await_for,
@@ -29,8 +30,7 @@ from tests.faults.harness import (
     open_with_one_link_apart,
     served_end_to_end,
 )
-from tests.faults.tcp_proxy import Link
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 CUT_S = 8.0
 

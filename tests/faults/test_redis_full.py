@@ -31,8 +31,9 @@ import pytest
 import redis
 
 from omniserve.redis_server import free_port
-from tests.client import Client
-from tests.faults.harness import (
+from tests.support.chat_turn import WORDS, start_chat_turn
+from tests.support.client import Client
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,
@@ -40,8 +41,7 @@ from tests.faults.harness import (
     log_text,
     wait_for,
 )
-from tests.faults.test_redis_stall import WORDS, start_chat_turn
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 FULL_S = 8.0  # past the session leases (1.5 s) and the gateway's own (6 s)
 

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from tests.client import Client
-from tests.faults.harness import (
+from tests.support.client import Client
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,
@@ -22,7 +22,7 @@ from tests.faults.harness import (
     log_text,
     served_end_to_end,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 RESTORED_S = 10.0  # issue #9: service restored within 10 s of Redis answering again
 

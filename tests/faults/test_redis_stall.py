@@ -21,36 +21,19 @@ import time
 
 import pytest
 
-from tests.client import Client
-from tests.faults.harness import (
+from tests.support.chat_turn import WORDS, start_chat_turn
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,
     await_for,
     log_text,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 # past the leases (1.5 s; the gateway's 6 s) and twice past the 5 s socket timeout: the input
 # link's writes and the workers' input reads time out and go on
 FROZEN_S = 15.0
-
-
-WORDS = 40  # a chat turn's reply, one word every 0.3 s: generated before, during and after
-
-
-async def start_chat_turn(url: str, words: int = WORDS) -> Client:
-    """A chat client whose turn (``words`` words long) has begun answering."""
-    chat = await Client.connect(url, query="?mode=chat")
-    await chat.until("session.queue_done")
-    await chat.send({"type": "session.init", "payload": {}})
-    await chat.until("session.created")
-    content = "Reply with exactly: " + " ".join(["word"] * words)
-    await chat.send(
-        {"type": "input.append", "input": {"messages": [{"role": "user", "content": content}]}}
-    )
-    await chat.until("response.output.delta", timeout=30)
-    return chat
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from tests.client import Client
-from tests.faults.harness import RestartableRedis, log_text, served_end_to_end, wait_for
-from tests.stack import Stack
+from tests.support.client import Client
+from tests.support.fault_harness import RestartableRedis, log_text, served_end_to_end, wait_for
+from tests.support.stack import Stack
 
 FREED_S = 15.0  # Redis back -> the slot free again: re-registration plus one presence check
 

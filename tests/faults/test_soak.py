@@ -10,7 +10,7 @@ import sys
 import orjson
 import pytest
 
-from tests.stack import ROOT
+from tests.support.stack import ROOT
 
 
 @pytest.mark.slow

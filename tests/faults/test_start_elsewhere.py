@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.client import Client, silence, speech
-from tests.faults.harness import (
+from tests.support.client import Client, silence, speech
+from tests.support.fault_harness import (
     admitted_to_a_dying_worker,
     await_for,
     forked_children,
@@ -29,7 +29,7 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 
 def errors(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.client import Client
-from tests.faults.harness import (
+from tests.support.client import Client
+from tests.support.fault_harness import (
     DuplexProbe,
     admitted_to_a_dying_worker,
     await_for,
@@ -27,7 +27,7 @@ from tests.faults.harness import (
     served_end_to_end,
     wait_for,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 NOTICE_S = 3.0  # issue #9: a dead worker's clients are told within 3 s
 # tasks/prefork.py looks for a dead pool process every 0.25 s; Celery's own pool, every 5 s
@@ -39,7 +39,7 @@ SLOW_LOAD = '{"load_delay_s": 6}'  # longer than Celery's default 4 s wait for a
 @pytest.fixture(autouse=True)
 def _without_failover(stack: Stack) -> None:
     """These tests check the ending when a session is not failed over (failover off); with it
-    on, tests/test_failover.py."""
+    on, tests/e2e/test_failover.py."""
     stack.env["OMNISERVE_FAILOVER_WAIT_S"] = "0"
 
 

@@ -19,14 +19,14 @@ import time
 
 import pytest
 
-from tests.faults.harness import (
+from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
     all_slots_back,
     await_for,
     log_text,
 )
-from tests.stack import Stack
+from tests.support.stack import Stack
 
 FROZEN_S = 5.0  # past the lease (1.5 s): the session is restarted on the other worker
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tests.faults.harness import log_text, wait_for
-from tests.stack import Stack
+from tests.support.fault_harness import log_text, wait_for
+from tests.support.stack import Stack
 
 LOADING = '{"load_delay_s": 120}'
 

@@ -1,4 +1,4 @@
-// Unit tests of api/web/pcm.js (run by tests/test_web_client.py with `node --test`).
+// Unit tests of api/web/pcm.js (run by tests/e2e/test_web_client.py with `node --test`).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
