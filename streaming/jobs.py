@@ -2,9 +2,9 @@
 
 The gateway never imports worker code: it sends ``job.task`` with ``job.kwargs()`` to the queue
 of the worker that owns the slot, and the task functions in ``tasks/`` take exactly these fields
-as keyword arguments (tests/test_streaming_jobs.py checks that they match). Arguments are ids
+as keyword arguments (tests/unit/streaming/test_jobs.py checks that they match). Arguments are ids
 and small settings only, never prompts, media or voices: Flower and anyone else who reads the
-broker's task events sees them (tests/test_security_data.py).
+broker's task events sees them (tests/e2e/test_security_data.py).
 """
 
 from __future__ import annotations

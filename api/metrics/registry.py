@@ -1,7 +1,7 @@
 """The gateway's Prometheus metrics: one ``prometheus_client`` registry per gateway process.
 
 Every name, type and label set is the metric contract in ``deploy/dashboards/metric_names.txt``
-(``tests/test_metrics.py`` holds this module to it). The registry is per ``GatewayMetrics``
+(``tests/e2e/test_metrics.py`` holds this module to it). The registry is per ``GatewayMetrics``
 object rather than the library's global one, so that several apps in one process (tests) never
 collide. Counters and histograms are moved where things happen (``api/metrics/telemetry.py``); the
 gauges that describe a state (sessions, queue) are read at scrape time by ``refresh``.
