@@ -10,7 +10,8 @@ What stays Celery's: the task message itself (protocol 2: headers, properties an
 (task id = session id) and the broker's task events see no difference. What is done here is only
 the last step of kombu's Redis transport for a queue bound to the default exchange: the JSON
 envelope (base64 body, ``delivery_info``, ``delivery_tag``) pushed with one ``LPUSH`` onto the
-queue's list. ``tests/unit/api/gateway/test_task_submit.py`` checks it against what ``send_task`` pushes.
+queue's list. ``tests/unit/api/gateway/test_task_submit.py`` checks it against what
+``send_task`` pushes.
 
 Two shortcuts keep the message the same but build it in ~40 us instead of ~160 us (it is on the
 path of every session's start, issue #16): the ``argsrepr``/``kwargsrepr`` headers are given as
