@@ -87,7 +87,7 @@ class WaitingEvents:
     # ------------------------------------------------------------------ publishing thread
     def _send_sent(self, task: WaitingTask) -> None:
         if task.admitted or task.left:
-            return  # it did not wait after all, or no longer does
+            return  # it did not wait after all, or has stopped waiting
         # the fields of Celery's own task-sent (app/amqp.py); the queue is the slot's worker's,
         # known only once admitted
         sent = self._send(
