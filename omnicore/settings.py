@@ -85,7 +85,8 @@ class Settings(BaseSettings):
     )
     legacy_chat_timeout_s: float = Field(
         300.0,
-        description="Deadline of one `/ws/chat` request, from connect (waiting included).",
+        description="Deadline of one `/ws/chat` or `POST /api/chat` request, from connect "
+        "(waiting included).",
     )
     init_timeout_s: float = Field(
         30.0,
@@ -245,6 +246,17 @@ class Settings(BaseSettings):
         le=2000,
         description="`GET /api/frontend_defaults`: how long the official pages buffer speech "
         "before playing it.",
+    )
+    ref_audio_max_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest audio file (decoded from its base64) that `POST "
+        "/api/assets/ref_audio` takes into `OMNISERVE_VOICES_DIR`.",
+    )
+    ref_audio_max_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest reference voice, in seconds, that `POST /api/assets/ref_audio` takes.",
     )
 
     # --- Security

@@ -61,6 +61,7 @@ class QueueSnapshot:
     running: list[Running] = field(default_factory=list)  # the sessions on ready slots
     waiting: list[Waiting] = field(default_factory=list)  # the tickets, in queue order
     mode_hold_s: dict[str, float] = field(default_factory=dict)  # measured mean hold per mode
+    base_hold_s: dict[str, float] = field(default_factory=dict)  # set by an operator, per mode
     _estimator: WaitEstimator | None = field(default=None, repr=False, compare=False)
 
     def estimated_wait_s(self, position: int) -> int:
@@ -70,7 +71,7 @@ class QueueSnapshot:
         While no slot is ready yet, the time the loading workers still need comes first.
         """
         if self._estimator is None:
-            holds = HoldTimes(self.mode_hold_s, self.mean_hold_s)
+            holds = HoldTimes(self.mode_hold_s, self.mean_hold_s, self.base_hold_s)
             free_at = slot_free_times(
                 self.running, self.live_slots, self.loading_slots, self.load_left_s, holds
             )
@@ -255,6 +256,7 @@ class Admission:
             running=_running(running, cap.ready_ids, now),
             waiting=[_waiting(infos.get(t, ""), now) for t in order],
             mode_hold_s=_mode_holds(stats),
+            base_hold_s=_mode_holds(stats, "base_s:"),
         )
 
     async def capacity(self, workers: dict[bytes | str, bytes | str] | None = None) -> Capacity:
@@ -357,13 +359,14 @@ def _running(raw: dict[Any, Any], ready: set[str], now: float) -> list[Running]:
     return out
 
 
-def _mode_holds(stats: dict[str, str]) -> dict[str, float]:
-    """The measured mean hold of each mode (``ema_s:<mode>`` of ``duration_stats``)."""
+def _mode_holds(stats: dict[str, str], field: str = "ema_s:") -> dict[str, float]:
+    """The measured mean hold of each mode (``ema_s:<mode>`` of ``duration_stats``), or with
+    ``field="base_s:"`` the hold an operator set for a mode without a measured one."""
     out = {}
     for name, value in stats.items():
-        if name.startswith("ema_s:"):
+        if name.startswith(field):
             try:
-                out[name.removeprefix("ema_s:")] = float(value)
+                out[name.removeprefix(field)] = float(value)
             except ValueError:
                 continue
     return out

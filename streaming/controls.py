@@ -27,6 +27,9 @@ class InitControl:
     # the current dialect: text and audio go out as separate events and an empty closing piece
     # not at all, so each event after Created is one client frame (consecutive ``seq``)
     split_deltas: bool = False
+    # the official gateway's ``/ws/duplex``: each step's speech goes out whole in one event (one
+    # ``result`` per step, as the official worker answers each chunk), not cut into deltas
+    whole_steps: bool = False
 
 
 @dataclass(slots=True, kw_only=True)

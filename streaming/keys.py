@@ -141,7 +141,10 @@ class Keys:
     @property
     def duration_stats(self) -> str:
         """HASH: moving averages of slot hold times for wait estimates, ``ema_s`` (all modes)
-        and ``ema_s:<mode>``, and ``last_s``."""
+        and ``ema_s:<mode>``, and ``last_s``; what an operator set (the official admin API's ETA
+        settings): ``base_s:<mode>`` (a mode's hold until one of its sessions has ended),
+        ``alpha`` (the averages' weight of the latest hold) and ``official_eta`` (the settings
+        as given, JSON)."""
         return f"{self.prefix}:stats:duration"
 
     @property

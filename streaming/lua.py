@@ -115,7 +115,8 @@ RELEASE = """
 -- Gives a slot back once (a second release of the same hand-out is a no-op). held_s (the
 -- worker's release of a session that ran; '' for a slot that served nobody): the hold is folded
 -- into the moving averages of duration_stats, `ema_s` (all modes) and `ema_s:<mode>`, with
--- weight alpha; it counts from the dispatch when running_slots knows it, else held_s.
+-- weight alpha (the `alpha` field of duration_stats when an operator set one); it counts from
+-- the dispatch when running_slots knows it, else held_s.
 -- (SREM first: at maxmemory a script that has written may go on, so a full Redis still takes
 -- the slot back.)
 if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then
@@ -137,7 +138,7 @@ if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then
         held = math.max(0, tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(since))
       end
     end
-    local alpha = tonumber(ARGV[4])
+    local alpha = tonumber(redis.call('HGET', KEYS[6], 'alpha') or '') or tonumber(ARGV[4])
     local fields = {'ema_s'}
     if mode ~= '' then table.insert(fields, 'ema_s:' .. mode) end
     for _, f in ipairs(fields) do

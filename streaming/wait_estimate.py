@@ -44,17 +44,26 @@ class Waiting:
 
 
 class HoldTimes:
-    """The mean slot hold of each mode: measured, else the default of the mode."""
+    """The mean slot hold of each mode: measured, else the operator's baseline for the mode
+    (``base``: the official admin API's ETA settings), else the default of the mode."""
 
-    def __init__(self, measured: dict[str, float], overall_s: float | None = None) -> None:
+    def __init__(
+        self,
+        measured: dict[str, float],
+        overall_s: float | None = None,
+        base: dict[str, float] | None = None,
+    ) -> None:
         self.measured = measured
         self.overall_s = overall_s  # all modes together (a ticket of an unknown mode)
+        self.base = base or {}
 
     def of(self, mode: str) -> float:
         """The mean hold of ``mode``."""
         got = self.measured.get(mode)
         if got is not None:
             return got
+        if mode in self.base:
+            return self.base[mode]
         if mode in DEFAULT_HOLD_S:
             return DEFAULT_HOLD_S[mode]
         return self.overall_s if self.overall_s is not None else FALLBACK_HOLD_S

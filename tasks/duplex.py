@@ -83,6 +83,7 @@ class DuplexRunner:
         self.resume = WorkerResume(runtime.redis, runtime.keys, ctx.session_id)
         self.presence = PresenceWatch(ctx, self.resume, s.resume_grace_s, s.resume_slot_hold_s)
         self.split = False  # InitControl.split_deltas
+        self.whole = False  # InitControl.whole_steps
         self.parked = False
         self.backend = runtime.backend
         self.session: DuplexSession | None = None
@@ -230,6 +231,7 @@ class DuplexRunner:
             return True
         self.session = session
         self.split = control.split_deltas
+        self.whole = control.whole_steps
         metrics: dict[str, Any] = {
             "backend": self.backend.name,
             "prepare_s": round(time.perf_counter() - t0, 4),
@@ -341,15 +343,20 @@ class DuplexRunner:
         kv: int,
         metrics: dict[str, Any],
     ) -> None:
-        """Emit one speaking step as protocol-sized pieces (text rides on the first)."""
+        """Emit one speaking step as protocol-sized pieces (text rides on the first); with
+        ``whole`` as one piece."""
         if self.response_id is None:
             self.response_id = new_id("resp")
         self.response_input_id = input_id
-        pieces: list[np.ndarray | None] = list(self.chunker.push(audio))
-        if end_of_turn:
-            rest = self.chunker.flush()
-            if rest is not None:
-                pieces.append(rest)
+        pieces: list[np.ndarray | None]
+        if self.whole:  # the step's speech in one piece (nothing is held back for a next one)
+            pieces = [audio] if audio is not None and audio.size else []
+        else:
+            pieces = list(self.chunker.push(audio))
+            if end_of_turn:
+                rest = self.chunker.flush()
+                if rest is not None:
+                    pieces.append(rest)
         if not pieces:
             pieces = [None]
         self.conversation.said(text)

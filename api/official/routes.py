@@ -9,24 +9,34 @@ Public (the pages a user opens): ``/status``, ``/api/apps``, ``/api/presets``,
 ``/api/presets/{page}/{id}/audio``, ``/api/default_ref_audio``, ``/api/frontend_defaults``, and
 ``POST /api/streaming/stop`` (the turn-based page's stop button: 501, it names no turn).
 
+The official gateway's older client API, let in like every client connection (API keys,
+origins, per-client and per-gateway limits): ``POST /api/chat`` (``api/official/chat_http.py``)
+and ``WS /ws/duplex/{session_id}`` (``api/official/duplex_ws.py``).
+
 Admin (the demo's ``/admin`` page), behind ``require_admin`` like every operator endpoint:
-``/workers``, ``/api/queue``, ``/sessions``, ``/api/config/eta``, ``/api/assets/ref_audio``,
-``/api/admin/apps``. The writes the admin page offers change things omniserve keeps elsewhere
-(apps are the protocols it serves, waits are measured, voices are the operator's directory, the
-queue belongs to the gateways holding the tickets); they answer **501** with a JSON ``detail``
-saying so, never 404.
+``/workers``, ``/api/queue``, ``/sessions``, ``/api/config/eta`` (``GET`` and ``PUT``,
+``api/official/eta.py``), ``/api/assets/ref_audio`` (list, ``POST`` upload, ``DELETE``,
+``api/official/ref_audio.py``), ``/api/admin/apps``. The other writes the admin page offers
+change things omniserve keeps elsewhere (apps are the protocols it serves, the queue belongs to
+the gateways holding the tickets); they answer **501** with a JSON ``detail`` saying so, never
+404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse
+from starlette.status import WS_1013_TRY_AGAIN_LATER
 
 from api.gateway.state import Gateway
+from api.metrics import telemetry
+from api.official import eta as eta_settings
+from api.official import ref_audio as uploads
 from api.official.assets import (
     AssetError,
     default_voice,
@@ -34,10 +44,14 @@ from api.official.assets import (
     load_presets,
     preset_audio,
 )
+from api.official.chat_http import BodyRefused, HttpChat, detail, read_json
+from api.official.duplex_frames import official_error
+from api.official.duplex_ws import OfficialDuplex
 from api.official.state import OfficialView
-from api.security.policy import require_admin
+from api.realtime.connection import refuse
+from api.security.policy import EntryDenied, SecurityPolicy, let_in, require_admin
 from omnicore.settings import Settings
-from streaming.wait_estimate import HOLD_EMA_ALPHA, HoldTimes
+from streaming.events import ErrorCode
 
 _NO_CACHE = {"Cache-Control": "no-cache"}
 VIEW_TTL_S = 0.5
@@ -52,13 +66,9 @@ APPS = (
 
 NOT_SUPPORTED = {
     "apps": "omniserve serves every app it lists; apps are not switched at run time",
-    "eta": (
-        "omniserve estimates waits from the measured slot hold times (one moving average over "
-        "all gateways); there are no per-mode ETA settings to change"
-    ),
-    "ref_audio": (
-        "voices are the files of OMNISERVE_VOICES_DIR; add or remove files there "
-        "(no uploads through the gateway)"
+    "ref_audio_external": (
+        "voices are the files of OMNISERVE_VOICES_DIR; upload one with POST "
+        "/api/assets/ref_audio (the gateway fetches no URL)"
     ),
     "queue": (
         "a ticket belongs to the gateway whose client holds it; the client leaves the queue "
@@ -80,6 +90,26 @@ def not_supported(what: str) -> JSONResponse:
 
 def _asset_error(exc: AssetError) -> JSONResponse:
     return _json({"detail": exc.detail}, exc.status)
+
+
+_UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_\-]")
+#: a denied connection's HTTP status, by the error the WebSockets answer with
+_DENIED_STATUS = {
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.ORIGIN_NOT_ALLOWED: 403,
+    ErrorCode.TOO_MANY_CONNECTIONS: 429,
+}
+
+
+def client_session_id(session_id: str) -> str:
+    """The client's name for its session, as the official gateway keeps it: letters, digits,
+    ``_`` and ``-``, anything else replaced by ``_`` (it only names the session in logs)."""
+    return _UNSAFE_ID.sub("_", session_id)[:128] or "_"
+
+
+def _denied(gateway: Gateway, denied: EntryDenied) -> JSONResponse:
+    telemetry.rejected(gateway.metrics, denied.code)
+    return _json({"detail": denied.message}, _DENIED_STATUS.get(denied.code, 503))
 
 
 class ViewCache:
@@ -144,6 +174,40 @@ def create_official_router(settings: Settings) -> APIRouter:
         # the turn-based page's stop button; it names no turn, so nothing can be stopped safely
         return not_supported("stop")
 
+    # ------------------------------------------------------------------ the older client API
+    @router.post("/api/chat")
+    async def chat(request: Request) -> JSONResponse:
+        gateway: Gateway = request.app.state.gateway
+        state = request.app.state
+        security: SecurityPolicy = state.security
+        async with let_in(request, security, state.connections, state.connection_cap) as denied:
+            if denied is not None:
+                return _denied(gateway, denied)
+            if gateway.shutting_down:
+                telemetry.rejected(gateway.metrics, "shutting_down")
+                return detail(503, "Service not ready")
+            try:
+                body = await read_json(request, settings.max_frame_bytes)
+            except BodyRefused as exc:
+                return detail(exc.status, exc.message)
+            return await HttpChat(gateway, request).answer(body)
+
+    @router.websocket("/ws/duplex/{session_id}")
+    async def duplex(ws: WebSocket, session_id: str) -> None:
+        gateway: Gateway = ws.app.state.gateway
+        await ws.accept()
+        state = ws.app.state
+        async with let_in(ws, state.security, state.connections, state.connection_cap) as denied:
+            if denied is not None:
+                telemetry.rejected(gateway.metrics, denied.code)
+                return await refuse(ws, official_error(denied.message), denied.close_code)
+            if gateway.shutting_down:
+                telemetry.rejected(gateway.metrics, "shutting_down")
+                return await refuse(
+                    ws, official_error("Service not ready"), WS_1013_TRY_AGAIN_LATER
+                )
+            await OfficialDuplex(gateway, ws, client_session_id(session_id)).serve()
+
     # ------------------------------------------------------------------ admin: reads
     @router.get("/workers", dependencies=admin)
     async def workers(request: Request) -> JSONResponse:
@@ -160,26 +224,9 @@ def create_official_router(settings: Settings) -> APIRouter:
 
     @router.get("/api/config/eta", dependencies=admin)
     async def eta(request: Request) -> JSONResponse:
-        snap = (await _view(request)).snap
-        holds = HoldTimes(snap.mode_hold_s, snap.mean_hold_s)
-        # the official modes by ours (the admin page also reads a "streaming" figure:
-        # turn-based streaming chat)
-        ours = {
-            "chat": "chat",
-            "streaming": "chat",
-            "half_duplex": "audio",
-            "audio_duplex": "audio",
-            "omni_duplex": "video",
-        }
-        mean = {m: round(holds.of(mode), 1) for m, mode in ours.items()}
-        return _json(
-            {
-                "config": {**{f"eta_{m}_s": mean[m] for m in ours}, "ema_alpha": None},
-                "ema_alpha": HOLD_EMA_ALPHA,  # the RELEASE script's moving averages
-                **{f"ema_{m}_s": mean[m] for m in ours},
-                **{f"ema_{m}_samples": 0 for m in ours},  # samples are not counted
-            }
-        )
+        gateway: Gateway = request.app.state.gateway
+        snap = await gateway.admission.snapshot()
+        return _json(await eta_settings.status(gateway, snap))
 
     @router.get("/api/assets/ref_audio", dependencies=admin)
     async def ref_audios() -> JSONResponse:
@@ -195,14 +242,32 @@ def create_official_router(settings: Settings) -> APIRouter:
         return not_supported("apps")
 
     @router.put("/api/config/eta", dependencies=admin)
-    async def set_eta() -> JSONResponse:
-        return not_supported("eta")
+    async def set_eta(request: Request, config: eta_settings.EtaConfig) -> JSONResponse:
+        gateway: Gateway = request.app.state.gateway
+        await eta_settings.store(gateway, config)
+        snap = await gateway.admission.snapshot()
+        return _json(await eta_settings.status(gateway, snap))
 
     @router.post("/api/assets/ref_audio", dependencies=admin)
-    @router.post("/api/assets/ref_audio/external", dependencies=admin)
+    async def upload_voice(body: uploads.UploadRefAudio) -> JSONResponse:
+        limits = (settings.ref_audio_max_bytes, settings.ref_audio_max_s)
+        try:
+            ref_id = await asyncio.to_thread(uploads.upload, voices, body, *limits)
+            return _json(await asyncio.to_thread(uploads.uploaded, ref_id, body.name, voices))
+        except AssetError as exc:
+            return _asset_error(exc)
+
     @router.delete("/api/assets/ref_audio/{ref_id:path}", dependencies=admin)
-    async def change_voices() -> JSONResponse:
-        return not_supported("ref_audio")
+    async def delete_voice(ref_id: str) -> JSONResponse:
+        try:
+            await asyncio.to_thread(uploads.delete, voices, ref_id)
+        except AssetError as exc:
+            return _asset_error(exc)
+        return _json({"success": True, "id": ref_id, "name": None, "message": "Deleted"})
+
+    @router.post("/api/assets/ref_audio/external", dependencies=admin)
+    async def external_voice() -> JSONResponse:
+        return not_supported("ref_audio_external")
 
     @router.delete("/api/queue/{ticket_id}", dependencies=admin)
     async def cancel_ticket(ticket_id: str) -> JSONResponse:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from redis.exceptions import ResponseError
 
@@ -19,12 +20,24 @@ from api.gateway.queueing import NoCapacity, Notify
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
-from api.realtime.connection import ClientSocket
+from api.protocol.errors import Frame
+from api.recordings.recorder import SessionRecording
 from omnicore.aio import cancel_and_wait
 from streaming.admission import QueueFull
 from streaming.events import ErrorCode
 
 log = logging.getLogger("omniserve.gateway")
+
+
+class SlotClient(Protocol):
+    """What waiting needs of a client: a WebSocket handler (``ClientSocket``), or an HTTP
+    request waiting for its one turn (``api/official/chat_http.py``)."""
+
+    gateway: Gateway
+    gone: asyncio.Event  # set when the client left: the wait ends
+    recording: SessionRecording
+
+    async def send(self, frame: Frame) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +59,7 @@ class NoSlot:
 
 
 async def wait_for_slot(
-    conn: ClientSocket,
+    conn: SlotClient,
     deadline: float,
     *stop_events: asyncio.Event,
     notify: Notify | None = None,

@@ -186,9 +186,10 @@ class Spool:
         body = event.get("input") if kind == "input.append" else event
         if not isinstance(body, dict):
             return {}
-        if isinstance(body.get("audio"), str):  # duplex, either dialect
-            out: dict[str, Any] = {"input_wav": self._input_audio(_pcm(body["audio"]))}
-            frames = body.get("video_frames") or []
+        audio = body.get("audio", body.get("audio_base64"))  # (the official /ws/duplex's name)
+        if isinstance(audio, str):  # duplex, every dialect
+            out: dict[str, Any] = {"input_wav": self._input_audio(_pcm(audio))}
+            frames = body.get("video_frames", body.get("frame_base64_list")) or []
             if isinstance(frames, list):
                 out["frames"] = [self._frame_or_none(f) for f in frames]
             return out
@@ -263,6 +264,12 @@ class Spool:
             self._say(t, "legacy", str(frame.get("text_delta") or ""))
         elif kind == "response.output.delta" and frame.get("kind") == "text":
             self._say(t, str(frame.get("response_id")), str(frame.get("text") or ""))
+        elif kind == "result" and not frame.get("is_listen"):  # the official /ws/duplex
+            self._say(t, "official", str(frame.get("text") or ""))
+            if frame.get("end_of_turn"):
+                self._end_reply("official")
+        elif kind == "result":  # listening: a reply cut short ends there
+            self._end_reply("official")
         elif kind == "response.output_audio.delta":  # older dialect: a response ends at its turn
             self._say(t, "older", str(frame.get("text") or ""))
             if frame.get("end_of_turn"):

@@ -36,7 +36,16 @@ API_ALLOWED = {
     "relay": {"gateway"},
     "realtime": {"protocol", "metrics", "security", "recordings", "gateway", "relay"},
     "ops": {"gateway", "metrics", "security"},
-    "official": {"gateway", "ops", "security"},
+    "official": {
+        "protocol",
+        "metrics",
+        "security",
+        "recordings",
+        "gateway",
+        "relay",
+        "realtime",
+        "ops",
+    },
     "server": {"gateway", "metrics", "protocol"},
     "app": {"gateway", "official", "ops", "realtime", "recordings", "security"},
 }

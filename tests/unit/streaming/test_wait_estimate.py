@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from streaming.admission import QueueSnapshot
-from streaming.wait_estimate import DEFAULT_HOLD_S, OVERDUE_MIN_S, Running, Waiting
+from streaming.wait_estimate import DEFAULT_HOLD_S, OVERDUE_MIN_S, HoldTimes, Running, Waiting
 
 MEANS = {"chat": 4.0, "audio": 20.0, "video": 120.0}
 
@@ -86,3 +86,10 @@ def test_while_workers_load_their_load_time_comes_first() -> None:
 def test_positions_past_the_known_queue_and_an_infinite_limit() -> None:
     snap = snapshot([Running("chat", 2.0, math.inf)], [], overall=5.0)
     assert [snap.estimated_wait_s(p) for p in (1, 2)] == [2, 7]
+
+
+def test_an_operator_baseline_stands_in_until_the_mode_is_measured() -> None:
+    holds = HoldTimes({"chat": 4.0}, 30.0, base={"chat": 99.0, "video": 42.0})
+    assert holds.of("chat") == 4.0  # measured wins
+    assert holds.of("video") == 42.0  # the baseline, before any video session ended
+    assert holds.of("audio") == DEFAULT_HOLD_S["audio"]
