@@ -27,6 +27,8 @@ class InitControl:
     # the current dialect: text and audio go out as separate events and an empty closing piece
     # not at all, so each event after Created is one client frame (consecutive ``seq``)
     split_deltas: bool = False
+    # the client opted in to ``session.expiring`` (``extensions`` of its init)
+    expiring: bool = False
 
 
 @dataclass(slots=True, kw_only=True)
