@@ -274,7 +274,7 @@ class Settings(BaseSettings):
     expiring_notice_s: float = Field(
         30.0,
         ge=0,
-        description="A duplex client that opted in (`extensions: [\"session.expiring\"]`) "
+        description='A duplex client that opted in (`extensions: ["session.expiring"]`) '
         "gets `session.expiring` this long before its duration limit, or before its context "
         "is estimated full when rollover is off.",
     )

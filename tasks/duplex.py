@@ -35,8 +35,8 @@ from tasks.celery_app import DUPLEX_TASK, app
 from tasks.conversation import Conversation
 from tasks.endings import DUPLEX
 from tasks.expiry import ExpiryNotice
-from tasks.prime import Prime, prime_history
 from tasks.presence import Presence, PresenceWatch
+from tasks.prime import Prime, prime_history
 from tasks.rollover import RolloverPolicy
 from tasks.session import SessionContext, SessionFailed, audio_b64, new_id, running_session
 from tasks.units import Unit, UnitAssembler
