@@ -168,7 +168,8 @@ class DuplexConfig:
     """Everything ``session.init`` / ``session.update`` sets for a duplex session.
 
     ``history``: the conversation so far, oldest first, when the session is restarted on this
-    worker after another one failed; every backend puts it in its first prompt.
+    worker after another one failed, or rolled over into a fresh model session when its KV
+    cache filled up; every backend puts it in its first prompt.
     """
 
     mode: Literal["audio", "video"] = "audio"
@@ -228,6 +229,13 @@ class DuplexSession(abc.ABC):
     def interrupt(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Stop speaking at once (force_listen arrived between steps). Default: nothing to do."""
 
+    def reprime(self, config: DuplexConfig) -> int | None:
+        """A rollover: start afresh, in this session, from ``config`` (the session's own
+        prompt and voices, ``history`` the conversation so far), dropping the KV cache; return
+        the new prompt length. None (the default): this backend cannot, and the worker closes
+        this session and prepares a new one instead."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release everything this session holds; the backend is clean for the next one."""
@@ -257,6 +265,12 @@ class Backend(abc.ABC):
     def info(self) -> dict[str, Any]:
         """What this backend is, for health checks and logs."""
         return {"backend": self.name}
+
+    def text_tokens(self, text: str) -> int:
+        """About how many tokens ``text`` takes in this backend's duplex prompt: what a
+        rollover's prime is budgeted with. Default: one per four bytes of UTF-8; a backend
+        with a tokenizer counts exactly."""
+        return (len(text.encode()) + 3) // 4
 
     def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless overridden
         """Release the model (worker shutdown)."""

@@ -177,6 +177,10 @@ class ScriptedBackend(Backend):
         )
 
     # ------------------------------------------------------------------ duplex
+    def text_tokens(self, text: str) -> int:
+        """One token per word, as its duplex prompt is counted."""
+        return len(text.split())
+
     def open_duplex(self) -> DuplexSession:
         return ScriptedDuplex(self)
 
@@ -205,6 +209,11 @@ class ScriptedDuplex(DuplexSession):
         if config.ref_audio is not None:
             self.kv += max(1, config.ref_audio.size // 1600)
         return self.kv
+
+    def reprime(self, config: DuplexConfig) -> int:
+        """A rollover: a fresh prompt; the turn state starts over as in a new session."""
+        self.interrupt()
+        return self.prepare(config)
 
     def interrupt(self) -> None:
         self.pending = []

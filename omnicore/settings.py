@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from functools import lru_cache
 from typing import Any, Literal
@@ -9,6 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
+    BaseModel,
+    ConfigDict,
     Field,
     IPvAnyNetwork,
     SecretStr,
@@ -18,6 +22,22 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from omnicore.redact import redact_url
+
+
+class ApiKeyDuration(BaseModel):
+    """One API key's own duration limits (``api_key_durations``); a mode left out keeps the
+    deployment's limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: SecretStr
+    audio_s: float | None = Field(None, gt=0)
+    video_s: float | None = Field(None, gt=0)
+    chat_s: float | None = Field(None, gt=0)
+
+    def limit(self, public_mode: str) -> float | None:
+        """This key's limit for a public mode, or None (the deployment's applies)."""
+        return {"audio": self.audio_s, "video": self.video_s, "chat": self.chat_s}.get(public_mode)
 
 
 class Settings(BaseSettings):
@@ -82,6 +102,14 @@ class Settings(BaseSettings):
     )
     audio_duration_s: float = Field(
         600.0, description="Total duration of a `mode=audio` session (waiting included)."
+    )
+    api_key_durations: list[ApiKeyDuration] = Field(
+        default_factory=list,
+        description="Duration limits of particular API keys, a JSON list of "
+        '`{"key": "...", "audio_s": 1800, "video_s": 900, "chat_s": 600}` (each mode optional: '
+        "one left out keeps the limit above). A client presenting such a key (as it presents "
+        "any key) gets these limits, counted from connect; the key is accepted only if "
+        "`OMNISERVE_API_KEYS` accepts it.",
     )
     legacy_chat_timeout_s: float = Field(
         300.0,
@@ -220,6 +248,36 @@ class Settings(BaseSettings):
         "queue for a new worker (`session.recovering`, `session.recovered`), else ends with "
         "`backend_error`; a session or chat turn whose worker died before starting it waits as "
         "long for another slot, else `worker_connect_failed`; `0`: off.",
+    )
+
+    # --- Long calls
+    rollover: bool = Field(
+        True,
+        description="A duplex session whose KV cache passes `OMNISERVE_ROLLOVER_KV_TOKENS` "
+        "goes on in a fresh model session primed with the conversation so far "
+        "(`session.rollover`, [PROTOCOL.md](PROTOCOL.md#long-calls-rollover-and-expiry)); "
+        "`false`: it ends with `context_full` when the context is full.",
+    )
+    rollover_kv_tokens: int = Field(
+        0,
+        ge=0,
+        description="The KV cache length at which a session rolls over, between two steps "
+        "(while the model speaks, it waits for the reply's end up to halfway to the backend's "
+        "context limit); `0`: three quarters of the backend's context (6144 of 8192).",
+    )
+    rollover_prime_tokens: int = Field(
+        0,
+        ge=0,
+        description="How much of the conversation (in the backend's tokens) a rollover's "
+        "prime carries besides the system prompt and the voice: the newest turns that fit; "
+        "`0`: a quarter of the rollover budget.",
+    )
+    expiring_notice_s: float = Field(
+        30.0,
+        ge=0,
+        description='A duplex client that opted in (`extensions: ["session.expiring"]`) '
+        "gets `session.expiring` this long before its duration limit, or before its context "
+        "is estimated full when rollover is off.",
     )
 
     # --- The official demo's frontend
@@ -474,6 +532,7 @@ class Settings(BaseSettings):
         """Every configured secret in clear (API keys, admin token, Redis password): the log
         formatter replaces them wherever they appear."""
         out = [k.get_secret_value() for k in self.api_keys]
+        out += [d.key.get_secret_value() for d in self.api_key_durations]
         if self.admin_token is not None:
             out.append(self.admin_token.get_secret_value())
         if self.flower_basic_auth is not None:
@@ -486,8 +545,16 @@ class Settings(BaseSettings):
             out.append(password)
         return [s for s in out if s]
 
-    def duration_limit(self, public_mode: str) -> float:
-        """Total session duration allowed for a public mode (chat, video, audio)."""
+    def duration_limit(self, public_mode: str, api_key: str | None = None) -> float:
+        """Total session duration allowed for a public mode (chat, video, audio), for a client
+        that presented ``api_key`` (``api_key_durations``)."""
+        if api_key:
+            given = hashlib.sha256(api_key.encode()).digest()
+            for entry in self.api_key_durations:
+                own = hashlib.sha256(entry.key.get_secret_value().encode()).digest()
+                limit = entry.limit(public_mode)
+                if hmac.compare_digest(given, own) and limit is not None:
+                    return limit
         return {
             "chat": self.chat_duration_s,
             "video": self.video_duration_s,

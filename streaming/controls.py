@@ -30,6 +30,8 @@ class InitControl:
     # the official gateway's ``/ws/duplex``: each step's speech goes out whole in one event (one
     # ``result`` per step, as the official worker answers each chunk), not cut into deltas
     whole_steps: bool = False
+    # the client opted in to ``session.expiring`` (``extensions`` of its init)
+    expiring: bool = False
 
 
 @dataclass(slots=True, kw_only=True)

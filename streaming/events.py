@@ -154,6 +154,32 @@ class Speak(_Envelope):
 
 
 @dataclass(slots=True, kw_only=True)
+class Rollover(_Envelope):
+    """Duplex: the KV cache passed its budget and the session goes on in a fresh model session,
+    primed with the conversation so far (between two steps; no input is lost)."""
+
+    type: Literal["rollover"] = "rollover"
+    kv_cache_length: int  # the new session's prompt: where the cache starts again
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class ExpiringReason(StrEnum):
+    """What is about to end a session (``Expiring.reason``)."""
+
+    DURATION = "duration"  # its duration limit
+    CONTEXT = "context"  # its context window, with rollover off
+
+
+@dataclass(slots=True, kw_only=True)
+class Expiring(_Envelope):
+    """Duplex, for a client that opted in: the session ends in about ``time_left_ms``."""
+
+    type: Literal["expiring"] = "expiring"
+    reason: ExpiringReason
+    time_left_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
 class Prefill(_Envelope):
     """Chat: the backend read the whole request."""
 
@@ -241,6 +267,8 @@ Event = Annotated[
     | Recovering
     | Listen
     | Speak
+    | Rollover
+    | Expiring
     | Prefill
     | TextDelta
     | AudioDelta

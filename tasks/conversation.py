@@ -1,10 +1,11 @@
-"""The conversation so far of a duplex session, kept in Redis for a failover.
+"""The conversation so far of a duplex session, kept in Redis for a failover and a rollover.
 
 The worker notes what each side said as text: the model's spoken text as it goes out, and the
 user's words where the backend knows them (``DuplexStep.heard``, from a backend that transcribes).
 It is written to ``Keys.session_history`` at the end of every response, so a worker that takes
 the session over after a failure (or after its slot was given back while the client was away)
-prepares the backend with it (``DuplexConfig.history``). The KV cache itself is not moved.
+prepares the backend with it (``DuplexConfig.history``), as a rollover does on the same worker
+(``tasks/prime.py`` picks what of it fits). The KV cache itself is not moved.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from streaming.keys import Keys
 
 log = logging.getLogger("omniserve.worker")
 
-MAX_TURNS = 200  # a bound only: a 10-minute session has far fewer (context is 8192 tokens)
+MAX_TURNS = 200  # a bound only: a prime takes the newest turns, far fewer than this
 
 
 class Conversation:

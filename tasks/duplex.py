@@ -26,7 +26,7 @@ from streaming.controls import (
     InitControl,
     decode_control,
 )
-from streaming.events import CloseReason, Created, ErrorCode, Listen, Speak
+from streaming.events import CloseReason, Created, ErrorCode, Listen, Rollover, Speak
 from streaming.input import AudioChunk
 from streaming.jobs import claim_id
 from streaming.resume import WorkerResume
@@ -34,7 +34,10 @@ from tasks.audio_chunks import AudioChunker
 from tasks.celery_app import DUPLEX_TASK, app
 from tasks.conversation import Conversation
 from tasks.endings import DUPLEX
+from tasks.expiry import ExpiryNotice
 from tasks.presence import Presence, PresenceWatch
+from tasks.prime import Prime, prime_history
+from tasks.rollover import RolloverPolicy
 from tasks.session import SessionContext, SessionFailed, audio_b64, new_id, running_session
 from tasks.units import Unit, UnitAssembler
 
@@ -94,6 +97,11 @@ class DuplexRunner:
         self.failures = 0
         self.dropped = 0
         self.steps = 0
+        self.init_control: InitControl | None = None  # what a rollover primes the model with
+        limit = self.backend.max_context_tokens if self.backend is not None else 0
+        self.policy = RolloverPolicy.of(s, limit)
+        self.rollovers = 0
+        self.expiry: ExpiryNotice | None = None  # with a client that opted in to it
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
@@ -110,6 +118,10 @@ class DuplexRunner:
                     return self.close(CloseReason.SERVER_SHUTDOWN)
                 if time.time() >= ctx.deadline_ts:
                     return self.close(CloseReason.TIMEOUT)
+                if self.expiry is not None:
+                    notice = self.expiry.duration(time.time())
+                    if notice is not None:
+                        ctx.emit(notice)
                 if paused or time.monotonic() >= next_presence_check:
                     next_presence_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
                     state = self.presence.check()
@@ -179,7 +191,12 @@ class DuplexRunner:
             )
             self.ctx.closed(CloseReason.BACKEND_ERROR)
             return True
-        return self.init(control, self.conversation.load())
+        return self.init(control, self.prime(self.conversation.load()).history)
+
+    def prime(self, turns: list[HistoryTurn]) -> Prime:
+        """What of the conversation a fresh model session gets (``tasks/prime.py``)."""
+        assert self.backend is not None
+        return prime_history(turns, self.policy.prime, self.backend.text_tokens)
 
     # ------------------------------------------------------------------ controls
     def control(self, control: Control) -> bool:
@@ -232,6 +249,12 @@ class DuplexRunner:
         self.session = session
         self.split = control.split_deltas
         self.whole = control.whole_steps
+        self.init_control = control
+        if control.expiring:
+            full_at = None if self.policy.enabled else self.backend.max_context_tokens
+            lead = ctx.runtime.settings.expiring_notice_s
+            self.expiry = ExpiryNotice(lead, ctx.deadline_ts, full_at)
+            self.expiry.started(int(prompt_length))
         metrics: dict[str, Any] = {
             "backend": self.backend.name,
             "prepare_s": round(time.perf_counter() - t0, 4),
@@ -329,10 +352,88 @@ class DuplexRunner:
                     result.kv_cache_length,
                     metrics,
                 )
-        if result.kv_cache_length >= self.backend.max_context_tokens:
+        kv = result.kv_cache_length
+        if self.policy.due(kv, speaking=self.response_id is not None):
+            return self.rollover(kv)
+        if kv >= self.backend.max_context_tokens:
             self.close(CloseReason.CONTEXT_FULL)
             return True
+        if self.expiry is not None:
+            notice = self.expiry.context(kv, len(chunk.audio) / INPUT_RATE)
+            if notice is not None:
+                ctx.emit(notice)
         return False
+
+    # ------------------------------------------------------------------ rollover
+    def rollover(self, kv: int) -> bool:
+        """The KV cache passed its budget: go on in a fresh model session primed with the
+        conversation so far (``tasks/rollover.py``); True when the session is over (the prime
+        alone does not fit: ``context_full``; the backend failed: ``backend_error``)."""
+        ctx = self.ctx
+        assert self.session is not None and self.init_control is not None
+        self.end_response(interrupted=True)  # of a reply cut short, only what was sent
+        t0 = time.perf_counter()
+        prime = self.prime(self.conversation.turns)
+        try:
+            with ctx.runtime.watchdog.guard(ctx, DUPLEX, "prepare"):
+                length = self._reprime(prime)
+                if not self.policy.fits(length) and prime.history:
+                    # the estimate was short: the system prompt and the voice alone
+                    prime = Prime(dropped=prime.dropped + len(prime.history))
+                    length = self._reprime(prime)
+        except Exception as exc:
+            log.exception("session %s: rollover failed", ctx.session_id)
+            ctx.error(ErrorCode.BACKEND_ERROR, f"backend failed: {exc}", recoverable=False)
+            ctx.closed(CloseReason.BACKEND_ERROR)
+            return True
+        if not self.policy.fits(length):
+            log.info(
+                "session %s: the prime alone takes %d tokens, the budget is %d",
+                ctx.session_id,
+                length,
+                self.policy.budget,
+            )
+            self.close(CloseReason.CONTEXT_FULL)
+            return True
+        self.rollovers += 1
+        log.info(
+            "session %s: rolled over at %d tokens to %d (%d turns, %d dropped)",
+            ctx.session_id,
+            kv,
+            length,
+            len(prime.history),
+            prime.dropped,
+        )
+        if self.expiry is not None:
+            self.expiry.started(length)
+        ctx.emit(
+            Rollover(
+                kv_cache_length=length,
+                metrics={
+                    "rollovers": self.rollovers,
+                    "kv_cache_length_before": kv,
+                    "prepare_s": round(time.perf_counter() - t0, 4),
+                    "history_turns": len(prime.history),
+                    "dropped_turns": prime.dropped,
+                },
+            )
+        )
+        return False
+
+    def _reprime(self, prime: Prime) -> int:
+        """Start the backend afresh from the session's init and ``prime``: in the same
+        session where the backend can, else in a new one; the new prompt length."""
+        assert self.session is not None and self.backend is not None
+        assert self.init_control is not None
+        config = backend_config(self.init_control, self.public_mode, prime.history)
+        length = self.session.reprime(config)
+        if length is None:
+            old, self.session = self.session, None
+            old.close()
+            session = self.backend.open_duplex()
+            length = session.prepare(config)
+            self.session = session
+        return int(length)
 
     def speak(
         self,

@@ -26,9 +26,11 @@ from streaming.events import (
     Error,
     ErrorCode,
     Event,
+    Expiring,
     Gap,
     Listen,
     Prefill,
+    Rollover,
     Speak,
     TextDelta,
 )
@@ -92,12 +94,38 @@ class DuplexMapper:
                 return [self._listen(ev)]
             case Speak():
                 return self._speak(ev)
+            case Rollover():
+                return self._rollover(ev)
+            case Expiring():  # sent only to a client that opted in (its init's extensions)
+                return [
+                    {
+                        "type": "session.expiring",
+                        "session_id": self.session_id,
+                        "reason": ev.reason.value,
+                        "time_left_ms": ev.time_left_ms,
+                    }
+                ]
             case Error():
                 return [worker_error_frame(ev)]
             case Gap():
                 return [gap_frame(ev)]
             case _:
                 return []
+
+    def _rollover(self, ev: Rollover) -> list[Frame]:
+        """The extension event of a rollover (current dialect; the older one has no extension
+        events and sees only ``kv_cache_length`` drop in its next delta)."""
+        self.kv_cache_length = ev.kv_cache_length
+        if self.dialect is Dialect.OLDER:
+            return []
+        return [
+            {
+                "type": "session.rollover",
+                "session_id": self.session_id,
+                "kv_cache_length": ev.kv_cache_length,
+                "metrics": ev.metrics,
+            }
+        ]
 
     def _created(self, ev: Created) -> Frame:
         self.kv_cache_length = ev.prompt_length

@@ -169,6 +169,7 @@ class InitPayload(LooseModel):
     config: dict[str, Any] | None = None
     voice: Voice | None = None
     max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
+    extensions: list[StrictStr] | None = None
 
 
 class LegacySession(LooseModel):
@@ -180,6 +181,7 @@ class LegacySession(LooseModel):
     # session's default for its inputs (its pages send both)
     voice_config: dict[str, Any] | None = None
     max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
+    extensions: list[StrictStr] | None = None
 
 
 class Hints(LooseModel):
@@ -202,6 +204,10 @@ class LegacyAppend(LooseModel):
     max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
 
 
+EXPIRING_EXTENSION = "session.expiring"
+"""The opt-in extension event a duplex init may name in ``extensions``."""
+
+
 @dataclass(slots=True)
 class DuplexInit:
     """A validated session.init / session.update."""
@@ -211,6 +217,8 @@ class DuplexInit:
     tts_ref_audio: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     max_slice_nums: int | None = None
+    # the extension events the client opted in to (names it does not know are ignored)
+    extensions: frozenset[str] = frozenset()
 
     def control(self) -> InitControl:
         """The init control event for the worker."""
@@ -220,6 +228,7 @@ class DuplexInit:
             tts_ref_audio=self.tts_ref_audio or self.ref_audio,
             config=self.config,
             max_slice_nums=self.max_slice_nums,
+            expiring=EXPIRING_EXTENSION in self.extensions,
         )
 
 
@@ -234,7 +243,8 @@ def duplex_init(event: dict[str, Any]) -> DuplexInit:
         ref = check_voice(s.ref_audio, "session.ref_audio") if s.ref_audio else None
         tts = check_voice(s.tts_ref_audio, "session.tts_ref_audio") if s.tts_ref_audio else None
         config = {**(s.config or {}), **(s.voice_config or {})}  # voice_config wins
-        return DuplexInit(s.instructions, ref, tts, config, s.max_slice_nums)
+        extensions = frozenset(s.extensions or ())
+        return DuplexInit(s.instructions, ref, tts, config, s.max_slice_nums, extensions)
     if "payload" not in event:
         raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field payload", "payload")
     p = parse(InitPayload, event["payload"], "payload")
@@ -250,7 +260,8 @@ def duplex_init(event: dict[str, Any]) -> DuplexInit:
         else None
     )
     prompt = p.system_prompt if p.system_prompt is not None else (p.instructions or "")
-    return DuplexInit(prompt, ref, tts, dict(p.config or {}), p.max_slice_nums)
+    extensions = frozenset(p.extensions or ())
+    return DuplexInit(prompt, ref, tts, dict(p.config or {}), p.max_slice_nums, extensions)
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
 from api.realtime.connection import ClientSocket, Flag, new_session_id, parse_json
 from api.realtime.slot_wait import Admitted, NoSlot, wait_for_slot
+from api.security.policy import presented_key
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
@@ -73,7 +74,9 @@ class RealtimeSession(ClientSocket):
         self.session_id = new_session_id()
         self.connected_at = time.time()
         self.log_id = self.session_id
-        self.deadline = self.connected_at + gateway.settings.duration_limit(public_mode)
+        # the mode's limit, or the client's API key's own (``api_key_durations``)
+        limit = gateway.settings.duration_limit(public_mode, presented_key(ws))
+        self.deadline = self.connected_at + limit
         self._state = SessionState.QUEUED
         self.state_since = time.monotonic()
         self.dialect: Dialect | None = None

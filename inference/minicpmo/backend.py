@@ -28,7 +28,13 @@ from inference.base import (
     UnsupportedInput,
 )
 from inference.minicpmo import compat, loading
-from inference.minicpmo.chat import chat_once, chat_streaming, map_error, reset_session
+from inference.minicpmo.chat import (
+    chat_once,
+    chat_streaming,
+    count_tokens,
+    map_error,
+    reset_session,
+)
 from inference.minicpmo.duplex import MiniCPMODuplexSession
 from inference.minicpmo.messages import as_float_audio, convert_messages
 from inference.minicpmo.options import DUPLEX_SETTING_DEFAULTS, validate_settings
@@ -158,6 +164,10 @@ class MiniCPMOBackend(Backend):
             **self.loaded.info,
             "gpu_memory": loading.gpu_memory(self.device),
         }
+
+    def text_tokens(self, text: str) -> int:
+        """The model's tokenizer's count (what a rollover's prime is budgeted with)."""
+        return count_tokens(self.model, text)
 
     def close(self) -> None:
         with self._lock:

@@ -22,7 +22,7 @@ import importlib
 import inspect
 import logging
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger("omniserve.inference.minicpmo")
@@ -94,6 +94,40 @@ def resolve_loader(loader: Callable[..., Any] | str | None) -> Callable[..., Any
 
 
 # --------------------------------------------------------------------------- the system prompt
+
+#: what the model's own ``prepare`` puts before earlier content it carries into a new window
+#: (its ``context_previous_marker`` default), where a revision does not name it
+PREVIOUS_MARKER = "\n\nprevious: "
+
+
+def previous_marker(prepare: Callable[..., Any]) -> str:
+    """The wrapper's marker of earlier content: its ``prepare``'s ``context_previous_marker``
+    default, else the model's usual one."""
+    param = (_parameters(prepare) or {}).get("context_previous_marker")
+    if param is not None and isinstance(param.default, str) and param.default:
+        return param.default
+    return PREVIOUS_MARKER
+
+
+def primed_text(
+    prepare: Callable[..., Any], system: str, previous: Sequence[tuple[str, str]]
+) -> str:
+    """The system text of a session that continues an earlier one (a rollover, a failover).
+
+    The earlier conversation follows the system prompt behind the model's own marker, as the
+    model lays out content it carries across a sliding window: ``system + marker + content``.
+    ``previous`` is (role, text), oldest first; what the model said alone reads as its text, a
+    conversation with the user's words (a transcribing front end) as labelled lines.
+    """
+    if not previous:
+        return system
+    if all(role == "assistant" for role, _ in previous):
+        content = " ".join(text for _, text in previous)
+    else:
+        content = "\n".join(
+            f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in previous
+        )
+    return system + previous_marker(prepare) + content
 
 
 def prepare_kwargs(

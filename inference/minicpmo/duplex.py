@@ -30,7 +30,6 @@ from inference.base import (
     DuplexStep,
     InferenceError,
     UnsupportedInput,
-    history_prompt,
 )
 from inference.minicpmo import compat
 from inference.minicpmo.chat import map_error, reset_session
@@ -87,6 +86,7 @@ class MiniCPMODuplexSession(DuplexSession):
         self._duplex: Any = None
         self._settings: dict[str, Any] = {}
         self._prompt_wav_path: str | None = None
+        self._llm_voice: np.ndarray | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self._interrupt = False
         self._closed = False
@@ -136,21 +136,33 @@ class MiniCPMODuplexSession(DuplexSession):
             self._tmpdir = tempfile.TemporaryDirectory(prefix="omniserve-voice-")
             self._prompt_wav_path = str(Path(self._tmpdir.name) / "tts_ref.wav")
             write_wav(self._prompt_wav_path, tts_voice, INPUT_SAMPLE_RATE)
-        # a failover: the model cannot take the earlier audio back, only what was said
-        text = history_prompt(config.system_prompt or b.duplex_system_prompt, config.history)
+        self._llm_voice = llm_voice
+        try:
+            return self._prime(config)
+        except BackendError:
+            self._abort()
+            raise
+
+    def _prime(self, config: DuplexConfig) -> int:
+        """``prepare`` on the wrapper: the system prompt (with the conversation so far after a
+        failover or a rollover: the model cannot take the earlier audio back, only what was
+        said), the LLM voice as 16 kHz samples, the TTS voice as the session's WAV file."""
+        b, duplex = self._backend, self._duplex
+        previous = [(t.role, t.text) for t in config.history]
+        system = config.system_prompt or b.duplex_system_prompt
+        text = compat.primed_text(duplex.prepare, system, previous)
         prompt = compat.prepare_kwargs(
-            duplex.prepare, text, llm_voice is not None, b.duplex_prompt_format
+            duplex.prepare, text, self._llm_voice is not None, b.duplex_prompt_format
         )
         t0 = time.monotonic()
         try:
             compat.call(
                 duplex.prepare,
                 **prompt,
-                ref_audio=llm_voice,
+                ref_audio=self._llm_voice,
                 prompt_wav_path=self._prompt_wav_path,
             )
         except Exception as exc:
-            self._abort()
             raise BackendError(f"duplex prepare failed: {exc}") from exc
         self.prompt_length = compat.kv_length(duplex) or 0
         log.info(
@@ -159,6 +171,21 @@ class MiniCPMODuplexSession(DuplexSession):
             self.prompt_length,
         )
         return self.prompt_length
+
+    def reprime(self, config: DuplexConfig) -> int:
+        """A rollover in place: ``prepare`` again on the same wrapper, as the model starts a
+        session afresh (it resets its streaming state, KV cache and TTS caches itself), with
+        the session's own voices and settings and the conversation in ``config.history``.
+
+        The forced listening of a session's first units is not repeated: the conversation is
+        under way (``force_listen_count`` 0 from here on)."""
+        self._check_open()
+        self._interrupt = False
+        self._context_full = False
+        length = self._prime(config)
+        if hasattr(self._duplex, "force_listen_count"):
+            self._duplex.force_listen_count = 0
+        return length
 
     def _abort(self) -> None:
         try:
@@ -362,6 +389,7 @@ class MiniCPMODuplexSession(DuplexSession):
         self._model = None  # a closed session must not keep the weights alive (close())
         self._settings = {}
         self._prompt_wav_path = None
+        self._llm_voice = None
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None

@@ -211,6 +211,10 @@ class PocketBackend(Backend):
         """A new voice conversation; turns are found by voice-activity detection."""
         return PocketDuplexSession(self)
 
+    def text_tokens(self, text: str) -> int:
+        """The LLM's own count of ``text`` as one message of the conversation."""
+        return self.llm.count_tokens([{"role": "user", "content": text}])
+
     def turn_detector(self) -> TurnDetector:
         """A fresh end-of-speech detector for one session's input stream."""
         return TurnDetector(

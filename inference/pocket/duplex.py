@@ -77,6 +77,11 @@ class PocketDuplexSession(DuplexSession):
         self._kv = self._b.llm.count_tokens(self._messages(self._history))
         return self._kv
 
+    def reprime(self, config: DuplexConfig) -> int:
+        """A rollover: ``prepare`` starts the conversation afresh from ``config.history`` (the
+        reply in progress stops, its spoken part kept by the worker)."""
+        return self.prepare(config)
+
     def interrupt(self) -> None:
         """Stop speaking at once; the next step listens."""
         self._interrupt.set()

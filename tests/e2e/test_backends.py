@@ -75,7 +75,8 @@ def _start_mock_llama_server(prefix: str) -> tuple[Proc, str]:
 
 @pytest.fixture(scope="module")
 def minicpmo_stack(redis_server: str) -> Iterator[Stack]:
-    with fake_minicpmo_stack(redis_server) as s:
+    """Rollover off: these sessions run into the model's own context window."""
+    with fake_minicpmo_stack(redis_server, OMNISERVE_ROLLOVER="false") as s:
         yield s
 
 
@@ -90,6 +91,7 @@ def llama_stack(redis_server: str) -> Iterator[Stack]:
             "llama_omni",
             OMNISERVE_BACKEND_URL=url,
             OMNISERVE_BACKEND_OPTIONS=json.dumps({"step_timeout_s": 10, "connect_timeout_s": 5}),
+            OMNISERVE_ROLLOVER="false",  # its sessions run into the context window
         )
         s.start_gateway()
         yield s

@@ -467,7 +467,7 @@ async def test_force_listen_interrupts_speech(stack: Stack) -> None:
 
 
 async def test_context_full_stops_the_session(stack: Stack) -> None:
-    stack.start_worker(OMNISERVE_SCRIPTED_TOKENS_PER_STEP="3000")
+    stack.start_worker(OMNISERVE_SCRIPTED_TOKENS_PER_STEP="3000", OMNISERVE_ROLLOVER="false")
     stack.start_gateway()
     c, _ = await duplex(stack.url())
     while (await c.step(silence()))[-1]["metrics"]["kv_cache_length"] < 8192:

@@ -26,11 +26,11 @@ def make_backend(revision: str = "published", **opts: Any) -> Backend:
 
 
 @contextmanager
-def fake_minicpmo_stack(redis_server: str) -> Iterator[Stack]:
+def fake_minicpmo_stack(redis_server: str, **worker_env: str) -> Iterator[Stack]:
     """A gateway and one ``minicpmo`` worker whose model is the strict stand-in, chosen by
     configuration (it consumes exactly one second per step and faults on a short or long unit).
     The gateway keeps up to 64 pending chunks: a burst of short ones queued while the worker
-    steps is all kept, not thinned by the silent drop."""
+    steps is all kept, not thinned by the silent drop. ``worker_env``: more worker settings."""
     s = Stack(redis_server)
     try:
         s.start_worker(
@@ -38,6 +38,7 @@ def fake_minicpmo_stack(redis_server: str) -> Iterator[Stack]:
             OMNISERVE_MODEL_PATH="/tmp/none",
             OMNISERVE_DEVICE="cpu",
             OMNISERVE_BACKEND_OPTIONS=json.dumps({"model_loader": LOADER, "device": "cpu"}),
+            **worker_env,
         )
         s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="64")
         yield s

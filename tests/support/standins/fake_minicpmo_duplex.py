@@ -40,6 +40,10 @@ from tests.support.standins.fake_minicpmo_decoder import (
     wave,
 )
 
+# the model's marker of earlier content (``prepare``'s ``context_previous_marker`` default)
+PREVIOUS_MARKER = "\n\nprevious: "
+AUDIO_START = "\n<|audio_start|>"
+
 
 class DuplexCore:
     """State and behaviour shared by the revisions (``from_existing_model`` and friends)."""
@@ -122,6 +126,7 @@ class DuplexCore:
     def set_session_stop(self) -> None:
         self.session_stop_event.set()
         self.break_event.set()
+        self.primed_with = None  # the session is over: the next prepare starts another
 
     def clear_session_stop(self) -> None:
         self.session_stop_event.clear()
@@ -168,7 +173,46 @@ class DuplexCore:
         self.model.calls.append((f"duplex.{name}", kwargs))
 
     # -- prepare
+    def _check_prime(self, prefix: str, ref_audio: Any, prompt_wav_path: Any) -> None:
+        """The layout of earlier content, and a prepare again within a live session (a
+        rollover): the same system prompt, LLM voice and TTS voice file contents as the
+        session's first prepare, the conversation behind the model's own marker inside the
+        system text, before the voice."""
+        if prefix.count(PREVIOUS_MARKER) > 1:
+            raise StandInFault("earlier content marked twice in one system prompt")
+        system, _, previous = prefix.partition(PREVIOUS_MARKER)
+        if PREVIOUS_MARKER in prefix:
+            if not previous.strip() or previous.startswith(AUDIO_START):
+                raise StandInFault("the previous-content marker with nothing behind it")
+            if ref_audio is not None and not previous.endswith(AUDIO_START):
+                raise StandInFault("earlier content placed after the reference voice")
+        if ref_audio is not None:
+            voice = np.asarray(ref_audio)
+            if voice.dtype != np.float32 or voice.ndim != 1:
+                raise StandInFault(
+                    f"ref_audio must be 1-D float32, got {voice.dtype} {voice.shape}"
+                )
+        wav = None
+        if prompt_wav_path:
+            with open(prompt_wav_path, "rb") as fh:
+                wav = fh.read()
+        own = (system.removesuffix(AUDIO_START), ref_audio, wav)
+        before = getattr(self, "primed_with", None)
+        if before is not None:  # a prepare again while the session is live
+            if own[0] != before[0]:
+                raise StandInFault(f"a re-prime changed the system prompt: {own[0][:60]!r}")
+            same_voice = (own[1] is None) == (before[1] is None) and (
+                own[1] is None or np.array_equal(own[1], before[1])
+            )
+            if not same_voice:
+                raise StandInFault("a re-prime changed the LLM reference voice")
+            if own[2] != before[2]:
+                raise StandInFault("a re-prime changed the TTS voice file")
+        self.primed_with = own
+        self.primes = getattr(self, "primes", 0) + 1
+
     def _prepare(self, prefix: str, suffix: str, ref_audio: Any, prompt_wav_path: Any) -> str:
+        self._check_prime(prefix, ref_audio, prompt_wav_path)
         self.clear_break_event()
         self.clear_session_stop()
         self._reset_streaming_state()

@@ -16,6 +16,8 @@ SAMPLES: list[E.Event] = [
     E.Created(prompt_length=30, metrics={"history_turns": 2}, recovered=True),
     E.Recovering(reason="worker_lost"),
     E.Listen(input_id="input_1", kv_cache_length=40, metrics={"step_s": 0.1}),
+    E.Rollover(kv_cache_length=310, metrics={"rollovers": 1}),
+    E.Expiring(reason=E.ExpiringReason.DURATION, time_left_ms=30_000),
     E.Speak(response_id="resp_1", input_id="input_2", text="Hi", audio="AAAA", end_of_turn=True),
     E.Speak(response_id="resp_1", input_id="input_2", interrupted=True),
     E.Prefill(input_tokens=7, prefill_s=0.01),
@@ -39,7 +41,7 @@ def test_round_trip(event: E.Event) -> None:
 def test_every_event_class_is_in_the_union_with_its_own_tag() -> None:
     union = typing.get_args(typing.get_args(E.Event)[0])
     tags = [E.tag(cls) for cls in union]
-    assert len(set(tags)) == len(tags) == 13
+    assert len(set(tags)) == len(tags) == 15
     assert {type(e) for e in SAMPLES} == set(union)
 
 

@@ -20,9 +20,12 @@ from streaming.events import (
     Error,
     ErrorCode,
     Event,
+    Expiring,
+    ExpiringReason,
     Gap,
     Listen,
     Prefill,
+    Rollover,
     Speak,
     Started,
     TextDelta,
@@ -194,3 +197,33 @@ def test_older_close_reasons_are_spec04s() -> None:
     assert older_close_reason("backend_error", "user_stop") == "error"
     for kept in ("timeout", "context_full", "server_shutdown", "error"):
         assert older_close_reason(kept, "user_stop") == kept
+
+
+def test_duplex_rollover_and_expiring_frames() -> None:
+    m = DuplexMapper(Dialect.CURRENT, "rt_1")
+    m.frames(Listen(input_id="input_1", kv_cache_length=6200))
+    rollover = Rollover(kv_cache_length=300, metrics={"rollovers": 1})
+    assert m.frames(rollover) == [
+        {
+            "type": "session.rollover",
+            "session_id": "rt_1",
+            "kv_cache_length": 300,
+            "metrics": {"rollovers": 1},
+        }
+    ]
+    expiring = Expiring(reason=ExpiringReason.DURATION, time_left_ms=30_000)
+    assert m.frames(expiring) == [
+        {
+            "type": "session.expiring",
+            "session_id": "rt_1",
+            "reason": "duration",
+            "time_left_ms": 30_000,
+        }
+    ]
+    # the older dialect has no extension event for a rollover: its kv_cache_length drops
+    old = DuplexMapper(Dialect.OLDER, "rt_2")
+    old.frames(Listen(input_id="input_1", kv_cache_length=6200))
+    assert old.frames(rollover) == []
+    assert old.frames(Listen(input_id="input_2", kv_cache_length=0)) == [
+        {"type": "response.listen", "kv_cache_length": 300}
+    ]

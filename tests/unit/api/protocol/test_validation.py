@@ -79,6 +79,24 @@ def test_duplex_init_both_dialects() -> None:
     assert older.control() == InitControl(system_prompt="x", config={"k": 1})
 
 
+def test_duplex_init_opts_in_to_the_expiring_notice() -> None:
+    init = duplex_init(
+        {"type": "session.init", "payload": {"extensions": ["session.expiring", "later.thing"]}}
+    )
+    assert init.control().expiring is True  # a name it does not know is ignored
+    assert duplex_init({"type": "session.init", "payload": {}}).control().expiring is False
+    older = duplex_init(
+        {
+            "type": "session.update",
+            "session": {"instructions": "x", "extensions": ["session.expiring"]},
+        }
+    )
+    assert older.control().expiring is True
+    with pytest.raises(ProtocolError) as err:
+        duplex_init({"type": "session.init", "payload": {"extensions": "session.expiring"}})
+    assert err.value.field == "payload.extensions"
+
+
 @pytest.mark.parametrize(
     "event,code,field",
     [

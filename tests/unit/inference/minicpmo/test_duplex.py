@@ -337,3 +337,78 @@ def test_closed_and_stale_sessions():
         s1.step(DuplexInput(audio=quiet()))
     assert s2.step(DuplexInput(audio=quiet())).listen
     s2.close()
+
+
+# ---------------------------------------------------------------- rollover
+
+
+def test_a_rollover_primes_the_same_wrapper_with_the_conversation(revision):
+    """``reprime``: ``prepare`` again on the live wrapper, the session's system prompt and
+    voices, the conversation behind the model's own marker inside the system text."""
+    from inference import HistoryTurn
+
+    b, s = prepared(revision)
+    w = b.duplex_wrapper
+    steps = to_speech(s) + [s.step(u) for u in units(quiet(), quiet(), quiet())]
+    assert any(not st.listen for st in steps)
+    kv_before = steps[-1].kv_cache_length
+    history = [HistoryTurn("assistant", "".join(SPEECH))]
+    config = DuplexConfig(system_prompt="Be brief.", ref_audio=voice(), history=history)
+    length = s.reprime(config)
+    assert 0 < length < kv_before
+    prepares = [kw for name, kw in w.log if name == "prepare"]
+    assert len(prepares) == 2 and w.primes == 2
+    prefix = prepares[-1]["prefix_system_prompt"]
+    body = "Be brief.\n\nprevious: " + "".join(SPEECH)
+    if revision == "demo":
+        assert prefix == "<|im_start|>system\n" + body + "\n<|audio_start|>"
+        assert prepares[-1]["suffix_system_prompt"] == "<|audio_end|><|im_end|>"
+    else:
+        assert prefix == body
+    assert w.system_prompt.count("<|im_start|>system") == 1
+    assert "[audio embedding]" in w.system_prompt  # the voice was fed again
+    # the session goes on: the next units run on the fresh cache, and the model speaks again
+    after = to_speech(s)
+    assert all(st.kv_cache_length < kv_before for st in after)
+    assert any(not st.listen for st in after)
+    s.close()
+
+
+def test_stand_in_refuses_a_rollover_prime_with_another_voice_or_prompt():
+    from inference import HistoryTurn
+
+    history = [HistoryTurn("assistant", "hello")]
+    b, s = prepared("published")
+    with pytest.raises(StandInFault, match="reference voice"):
+        b.duplex_wrapper.prepare(
+            prefix_system_prompt="Be brief.\n\nprevious: hello",
+            ref_audio=voice(3.0),
+            prompt_wav_path=s._prompt_wav_path,  # the session's own file
+        )
+    b, s = prepared("published")
+    with pytest.raises(BackendError, match="system prompt"):
+        s.reprime(DuplexConfig(system_prompt="Be long.", ref_audio=voice(), history=history))
+    b, s = prepared("published")
+    s._prompt_wav_path = None  # a prime that forgets the TTS voice
+    with pytest.raises(BackendError, match="TTS voice"):
+        s.reprime(DuplexConfig(system_prompt="Be brief.", ref_audio=voice(), history=history))
+
+
+def test_stand_in_refuses_earlier_content_after_the_voice():
+    b = make_backend("demo")
+    w = b.duplex_wrapper
+    with pytest.raises(StandInFault, match="after the reference voice"):
+        w.prepare(
+            prefix_system_prompt="<|im_start|>system\nBe brief.\n<|audio_start|>\n\nprevious: hi",
+            suffix_system_prompt="<|audio_end|><|im_end|>",
+            ref_audio=voice(),
+        )
+
+
+def test_a_rollover_does_not_force_the_first_units_to_listen_again():
+    b, s = prepared("legacy", duplex_options={"force_listen_count": 3})
+    w = b.duplex_wrapper
+    to_speech(s)
+    s.reprime(DuplexConfig(system_prompt="Be brief.", ref_audio=voice()))
+    assert w.force_listen_count == 0
+    s.close()
