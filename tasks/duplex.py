@@ -396,6 +396,7 @@ class DuplexRunner:
             self.close(CloseReason.CONTEXT_FULL)
             return True
         self.rollovers += 1
+        ctx.runtime.metrics.count("omniserve_duplex_rollovers_total", ctx.runtime.backend_name)
         log.info(
             "session %s: rolled over at %d tokens to %d (%d turns, %d dropped)",
             ctx.session_id,

@@ -46,7 +46,11 @@ RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.85, 1, 1.25, 1.5, 2, 3, 5)
 SLOT_STATES = ("loading", "idle", "busy", "quarantined", "draining")
 #: counters kept per node in Redis (a hung step or a killed pool process ends the process),
 #: with the number of their labels
-PERSISTED = {"omniserve_backend_step_timeouts_total": 1, "omniserve_worker_sessions_total": 2}
+PERSISTED = {
+    "omniserve_backend_step_timeouts_total": 1,
+    "omniserve_worker_sessions_total": 2,
+    "omniserve_duplex_rollovers_total": 1,
+}
 SEP = "|"  # between a persisted counter's name and its label values in the Redis field
 # a node's hash lives this long after its last write: node names are new on each worker start
 NODE_COUNTERS_TTL_S = 7 * 24 * 3600
@@ -198,6 +202,11 @@ class PersistedCounters(Collector):
                 "omniserve_worker_sessions",
                 "Sessions and chat turns of this node, by kind (duplex, chat) and outcome.",
                 labels=["kind", "outcome"],
+            ),
+            "omniserve_duplex_rollovers_total": CounterMetricFamily(
+                "omniserve_duplex_rollovers",
+                "Rollovers: a duplex session going on in a fresh model session, primed.",
+                labels=["backend"],
             ),
         }
         for field, value in sorted(self._read().items()):

@@ -257,6 +257,15 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 ],
             ),
             Panel(
+                "Rollovers into a fresh model session, by backend",
+                [
+                    Q(
+                        f"sum by (backend) (increase(omniserve_duplex_rollovers_total[{RATE}]))",
+                        "{{backend}}",
+                    )
+                ],
+            ),
+            Panel(
                 "Backend load time",
                 [Q("max by (backend) (omniserve_backend_load_seconds)", "{{backend}}")],
                 unit="s",

@@ -77,6 +77,12 @@ async def test_a_long_call_rolls_over_instead_of_filling_its_context(
         assert p.startswith("Be brief.") and "Assistant: one two three four five six" in p
         assert "User: hello there" in p
         assert len(p.split()) <= 2 + 40  # the prime budget (scripted: a token per word)
+    # each one counted for Prometheus in the node's persisted counters
+    counted = 0.0
+    for key in stack.redis().scan_iter(match=stack.keys.node_counters("*")):
+        value = stack.redis().hget(key, "omniserve_duplex_rollovers_total|scripted")
+        counted += float(value or 0)
+    assert counted == len(rollovers)
     await c.send({"type": "session.close"})
     assert (await c.until("session.closed"))["reason"] == "user_stop"
     stack.wait_free(1, timeout=10)
