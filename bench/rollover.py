@@ -12,12 +12,22 @@ then silence, which the model answers. The worker's rollover settings are the de
 output gap across each rollover (from the answer before it to the answer after it) beside the
 gap between two ordinary steps (p50/p99), the rollover's own prepare time, and the worker's
 memory (RSS of its processes) at the first rollover and at the end.
+
+    python -m bench rollover --backend pocket [--minutes 10] [--turn-s 20] [--kv-tokens 400]
+
+The same call in real time on the ``pocket`` backend (real speech: the user's turns are
+synthesised by its own Piper voice and sent one second of audio per second). The first turn
+gives the user's name; the first turn after each rollover asks for it, and whether the spoken
+answer's text holds the name is printed beside the figures above. The gap here is each chunk's
+latency, from sending it to the first output for it, ordinary against the steps a rollover
+came in.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import math
 import statistics
 import time
@@ -36,8 +46,6 @@ TRANSCRIPT = "my name is Ada and I like long calls"
 
 def chunk(voiced: bool) -> str:
     """One second of 16 kHz float32 audio, base64: a tone, or silence."""
-    import base64
-
     t = np.arange(16000, dtype=np.float32) / 16000
     pcm = (0.2 * np.sin(2 * math.pi * 300 * t)) if voiced else np.zeros(16000)
     return base64.b64encode(pcm.astype(np.float32).tobytes()).decode()
@@ -136,6 +144,175 @@ async def call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]:
     }
 
 
+NAME = "Ada"
+GREETING = f"Hello! My name is {NAME}. Nice to meet you."
+ASK = "Do you remember my name? What did I say my name was?"
+SMALL_TALK = (
+    "What is the capital of France?",
+    "Tell me something about the sea.",
+    "What colour is the sky?",
+    "Name a big animal.",
+    "What do cats like to eat?",
+    "How many days are in a week?",
+)
+
+
+async def pocket_call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]:
+    """A real-time spoken call on pocket; the figures of the module docstring."""
+    from inference.pocket.assets import default_piper_voice
+    from inference.pocket.tts import Speaker
+    from omnicore.audio import resample
+
+    speaker = Speaker(default_piper_voice())
+    spoken: dict[str, list[np.ndarray]] = {}
+
+    def utterance(text: str) -> list[np.ndarray]:
+        """``text`` in Piper's voice as one-second 16 kHz chunks (cached)."""
+        if text not in spoken:
+            audio = resample(speaker.synthesize(text, varied=False), 24_000, 16_000)
+            audio = audio.astype(np.float32)
+            pad = (-audio.size) % 16_000
+            audio = np.pad(audio, (0, pad))
+            spoken[text] = [audio[i : i + 16_000] for i in range(0, audio.size, 16_000)]
+        return spoken[text]
+
+    silence = np.zeros(16_000, dtype=np.float32)
+    sent_at: dict[int, float] = {}
+    first_out: dict[int, float] = {}
+    rolled_at: list[int] = []  # the chunk whose step rolled over (the last one sent then)
+    rollovers: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
+    answers: dict[int, str] = {}  # turn -> the reply's text
+    asks: list[int] = []  # turns that asked for the name
+    rss: list[float] = []
+    turn_of_chunk: dict[int, int] = {}
+    state = {"turn": -1, "sent": 0, "ask_next": False}
+    async with websockets.connect(f"{stack.url}/v1/realtime?mode=audio", max_size=None) as ws:
+
+        async def until(*types: str) -> dict[str, Any]:
+            while True:
+                ev: dict[str, Any] = orjson.loads(await asyncio.wait_for(ws.recv(), 120))
+                if ev["type"] in types:
+                    return ev
+
+        await until("session.queue_done")
+        payload = {"system_prompt": "You are a friendly assistant. Answer in one short sentence."}
+        await ws.send(orjson.dumps({"type": "session.init", "payload": payload}).decode())
+        await until("session.created")
+
+        async def sender() -> None:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            queue: list[np.ndarray] = []
+            for i in range(seconds):
+                if i % turn_s == 0:
+                    state["turn"] += 1
+                    turn = state["turn"]
+                    if turn == 0:
+                        text = GREETING
+                    elif state["ask_next"]:
+                        text, state["ask_next"] = ASK, False
+                        asks.append(turn)
+                    else:
+                        text = SMALL_TALK[turn % len(SMALL_TALK)]
+                    queue = list(utterance(text))
+                chunk_ = queue.pop(0) if queue else silence
+                await asyncio.sleep(max(0.0, t0 + i - loop.time()))
+                n = i + 1
+                sent_at[n], turn_of_chunk[n] = time.perf_counter(), state["turn"]
+                state["sent"] = n
+                audio = base64.b64encode(chunk_.tobytes()).decode()
+                await ws.send(
+                    orjson.dumps({"type": "input.append", "input": {"audio": audio}}).decode()
+                )
+
+        send = asyncio.create_task(sender())
+        try:
+            while not (send.done() and len(first_out) >= state["sent"]):
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), 5)
+                except TimeoutError:
+                    if send.done():
+                        break
+                    continue
+                ev = orjson.loads(raw)
+                kind = ev["type"]
+                if kind == "session.rollover":
+                    rollovers.append(ev)
+                    rolled_at.append(state["sent"])
+                    state["ask_next"] = True
+                    if not rss:
+                        rss.append(worker_rss_mib(stack))
+                elif kind in ("error", "session.closed"):
+                    problems.append(ev)
+                    if kind == "session.closed":
+                        raise RuntimeError(f"the call ended: {ev}")
+                elif kind == "response.output.delta" and ev.get("input_id"):
+                    n = int(ev["input_id"].split("_")[1])
+                    first_out.setdefault(n, time.perf_counter())
+                    if ev["kind"] == "text":
+                        turn = turn_of_chunk.get(n, 0)
+                        answers[turn] = answers.get(turn, "") + ev["text"]
+        finally:
+            send.cancel()
+        rss.append(worker_rss_mib(stack))
+        await ws.send(orjson.dumps({"type": "session.close"}).decode())
+        closed = await until("session.closed")
+    latency = {n: first_out[n] - sent_at[n] for n in first_out if n in sent_at}
+    rolled = set(rolled_at)
+    ordinary = [v for n, v in latency.items() if n not in rolled]
+    across = [v for n, v in latency.items() if n in rolled]
+    ms = 1000.0
+    knew = [NAME.lower() in answers.get(t, "").lower() for t in asks]
+    return {
+        "call_s": seconds,
+        "rollovers": len(rollovers),
+        "context_full": closed["reason"] == "context_full",
+        "errors": [p for p in problems if p["type"] == "error"],
+        "kv_before_rollover": [int(r["metrics"]["kv_cache_length_before"]) for r in rollovers],
+        "kv_after_rollover": [int(r["kv_cache_length"]) for r in rollovers],
+        "gap_ms": {
+            "p50": round(pct(ordinary, 0.5) * ms, 1),
+            "p99": round(pct(ordinary, 0.99) * ms, 1),
+        },
+        "rollover_gap_ms": {
+            "p50": round(pct(across, 0.5) * ms, 1) if across else None,
+            "p99": round(pct(across, 0.99) * ms, 1) if across else None,
+        },
+        "rollover_prepare_ms_median": round(
+            statistics.median(float(r["metrics"]["prepare_s"]) for r in rollovers) * ms, 1
+        )
+        if rollovers
+        else None,
+        "max_kv_cache_length": max(
+            [0, *(int(r["metrics"]["kv_cache_length_before"]) for r in rollovers)]
+        ),
+        "name_asked_after_rollover": len(asks),
+        "name_known_after_rollover": sum(knew),
+        "answers_to_name": [answers.get(t, "") for t in asks],
+        "worker_rss_mib": {"first_rollover": round(rss[0], 1), "end": round(rss[-1], 1)},
+    }
+
+
+def measure_pocket(
+    minutes: float, kv_tokens: int, prime_tokens: int, turn_s: int
+) -> dict[str, Any]:
+    """Start a pocket stack, run the real-time call, stop the stack."""
+    env = {
+        "OMNISERVE_AUDIO_DURATION_S": str(minutes * 60 + 300),
+        "OMNISERVE_ROLLOVER_KV_TOKENS": str(kv_tokens or 400),
+    }
+    if prime_tokens:
+        env["OMNISERVE_ROLLOVER_PRIME_TOKENS"] = str(prime_tokens)
+    stack = Stack(shared_redis(), env=env)
+    try:
+        stack.start_worker(1, "{}", backend="pocket")
+        stack.start_gateway()
+        return asyncio.run(pocket_call(stack, round(minutes * 60), turn_s))
+    finally:
+        stack.stop()
+
+
 def measure(minutes: float, kv_tokens: int, turn_s: int) -> dict[str, Any]:
     """Start the stack, run the call, stop the stack."""
     env = {
@@ -157,15 +334,24 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench rollover", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--minutes", type=float, default=30.0, help="minutes of call audio")
-    p.add_argument("--kv-tokens", type=int, default=0, help="rollover budget (0: the default)")
+    p.add_argument("--backend", choices=("scripted", "pocket"), default="scripted")
+    p.add_argument("--minutes", type=float, help="minutes of call audio (scripted: 30, pocket: 10)")
+    p.add_argument(
+        "--kv-tokens", type=int, default=0, help="rollover budget (0: the default; pocket: 400)"
+    )
+    p.add_argument("--prime-tokens", type=int, default=0, help="prime budget (0: the default)")
     p.add_argument("--turn-s", type=int, default=20, help="seconds between the user's turns")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = p.parse_args(argv)
     install_cleanup()
     t0 = time.perf_counter()
     try:
-        out = measure(args.minutes, args.kv_tokens, args.turn_s)
+        if args.backend == "pocket":
+            args.minutes = args.minutes or 10.0
+            out = measure_pocket(args.minutes, args.kv_tokens, args.prime_tokens, args.turn_s)
+        else:
+            args.minutes = args.minutes or 30.0
+            out = measure(args.minutes, args.kv_tokens, args.turn_s)
     finally:
         kill_all()
     out["elapsed_s"] = round(time.perf_counter() - t0, 1)
@@ -173,7 +359,8 @@ def main(argv: list[str]) -> int:
         print(orjson.dumps(out).decode())
         return 0 if out["rollovers"] and not out["context_full"] else 1
     print(
-        f"rollover: a {args.minutes:g}-minute audio call (scripted, {out['elapsed_s']} s wall): "
+        f"rollover: a {args.minutes:g}-minute audio call ({args.backend}, {out['elapsed_s']} s "
+        "wall): "
         f"{out['rollovers']} rollovers, context_full: {out['context_full']}, "
         f"errors: {len(out['errors'])}, largest KV cache {out['max_kv_cache_length']}"
     )
@@ -184,4 +371,9 @@ def main(argv: list[str]) -> int:
     print(f"  rollover prepare (median)   {out['rollover_prepare_ms_median']} ms")
     m = out["worker_rss_mib"]
     print(f"  worker RSS: at the first rollover {m['first_rollover']} MiB, end {m['end']} MiB")
+    if "name_asked_after_rollover" in out:
+        print(
+            f"  the user's name, asked after a rollover: known {out['name_known_after_rollover']}"
+            f" of {out['name_asked_after_rollover']} times; answers {out['answers_to_name']}"
+        )
     return 0 if out["rollovers"] and not out["context_full"] else 1

@@ -206,8 +206,11 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"gateway did not start:\n{tail(log)}")
 
-    def start_worker(self, slots: int, options: str = '{"trigger": "always"}') -> None:
-        """Start a scripted worker with ``slots`` concurrent sessions; waits for its slots."""
+    def start_worker(
+        self, slots: int, options: str = '{"trigger": "always"}', backend: str = "scripted"
+    ) -> None:
+        """Start a worker (scripted unless ``backend`` says) with ``slots`` concurrent sessions;
+        waits for its slots."""
         p, log = spawn(
             f"{self.prefix}-worker{len(self.workers)}",
             [
@@ -216,7 +219,7 @@ class Stack:
                 "omniserve",
                 "worker",
                 "--backend",
-                "scripted",
+                backend,
                 "--slots",
                 str(slots),
                 "--backend-options",
@@ -228,7 +231,7 @@ class Stack:
         self.workers.append(p)
         self.slots += slots
         r = self.redis()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + (60 if backend == "scripted" else 300)  # models load
         while time.monotonic() < deadline:
             if p.poll() is not None:
                 raise RuntimeError(f"worker exited:\n{tail(log)}")

@@ -5,10 +5,14 @@ A rollover (and a failover) starts a new backend session from the session's ``In
 prime has a budget (``rollover_prime_tokens``) and this rule decides what of the conversation
 goes in it, the same way every time:
 
-1. the newest turns, whole, as many as fit the budget, in their order;
-2. when not even the newest turn fits whole, its last words that fit (the end of what was said
-   matters most to what comes next);
-3. everything older is dropped; the prime says how many turns were left out (``dropped``),
+1. when the whole conversation fits the budget, all of it;
+2. else the call's opening first: the user's first turn, whole or its first words, in at most
+   ``OPENING_SHARE`` of the budget (where people say who they are and what they want: a name
+   given at the start is still known hours later);
+3. then the newest turns, whole, as many as fit the rest, in their order; when not even the
+   newest turn fits whole, its last words that fit (the end of what was said matters most to
+   what comes next);
+4. everything between is dropped; the prime says how many turns were left out (``dropped``),
    in the rollover event's metrics.
 
 Only what was said goes in: the model's reply in progress is the text it has already sent
@@ -26,6 +30,7 @@ TokenCount = Callable[[str], int]
 
 # what one turn costs besides its words: the role label and line break around it
 TURN_OVERHEAD_TOKENS = 3
+OPENING_SHARE = 0.25  # of the prime budget, at most, for the user's first turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +43,31 @@ class Prime:
 
 
 def prime_history(turns: list[HistoryTurn], budget: int, count: TokenCount) -> Prime:
-    """The newest turns that fit ``budget`` tokens (see the module docstring)."""
+    """The call's opening and the newest turns that fit ``budget`` tokens (see the module
+    docstring)."""
+    costs = [count(t.text) + TURN_OVERHEAD_TOKENS for t in turns]
+    if sum(costs) <= budget:
+        return Prime(history=list(turns), dropped=0, tokens=sum(costs))
+    opening: list[HistoryTurn] = []
+    used = 0
+    first = next((i for i, t in enumerate(turns) if t.role == "user"), None)
+    if first is not None:
+        share = int(budget * OPENING_SHARE)
+        text = turns[first].text
+        if costs[first] > share:
+            text = _head(text, share - TURN_OVERHEAD_TOKENS, count)
+        if text:
+            opening = [HistoryTurn(role="user", text=text)]
+            used = count(text) + TURN_OVERHEAD_TOKENS
+    later = turns[first + 1 :] if opening and first is not None else turns
+    recent = _newest(later, budget - used, count)
+    tokens = used + sum(count(t.text) + TURN_OVERHEAD_TOKENS for t in recent)
+    kept = [*opening, *recent]
+    return Prime(history=kept, dropped=len(turns) - len(kept), tokens=tokens)
+
+
+def _newest(turns: list[HistoryTurn], budget: int, count: TokenCount) -> list[HistoryTurn]:
+    """The newest whole turns that fit ``budget``, or the last words of the newest one."""
     kept: list[HistoryTurn] = []
     used = 0
     for turn in reversed(turns):
@@ -51,10 +80,24 @@ def prime_history(turns: list[HistoryTurn], budget: int, count: TokenCount) -> P
             tail = _tail(turn.text, budget - TURN_OVERHEAD_TOKENS, count)
             if tail:
                 kept.append(HistoryTurn(role=turn.role, text=tail))
-                used = count(tail) + TURN_OVERHEAD_TOKENS
         break
     kept.reverse()
-    return Prime(history=kept, dropped=len(turns) - len(kept), tokens=used)
+    return kept
+
+
+def _head(text: str, budget: int, count: TokenCount) -> str:
+    """The longest run of first words of ``text`` that takes at most ``budget`` tokens."""
+    words = text.split()
+    lo, hi = 0, len(words)  # the answer keeps words[:cut]; find the largest cut that fits
+    if budget <= 0 or not words:
+        return ""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(words[:mid])) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
 
 
 def _tail(text: str, budget: int, count: TokenCount) -> str:

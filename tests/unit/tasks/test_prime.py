@@ -1,10 +1,11 @@
-"""The prime rule: the newest whole turns that fit, the tail of one that does not, older ones
+"""The prime rule: all of a conversation that fits; else the user's opening turn in a share of
+the budget, then the newest whole turns that fit, the tail of one that does not, the rest
 dropped."""
 
 from __future__ import annotations
 
 from inference import HistoryTurn
-from tasks.prime import TURN_OVERHEAD_TOKENS, prime_history
+from tasks.prime import OPENING_SHARE, TURN_OVERHEAD_TOKENS, prime_history
 
 
 def words(text: str) -> int:
@@ -44,3 +45,31 @@ def test_of_a_newest_turn_too_long_its_last_words() -> None:
 def test_nothing_fits_a_budget_below_one_turn() -> None:
     assert prime_history(turns("a b c"), TURN_OVERHEAD_TOKENS, words).history == []
     assert prime_history([], 100, words).history == []
+
+
+def test_the_users_opening_is_kept_before_the_newest_turns() -> None:
+    conv = turns("my name is Ada", "hello Ada", *(f"turn {i} a b c d e" for i in range(20)))
+    budget = 40
+    prime = prime_history(conv, budget, words)
+    assert prime.history[0] == conv[0]  # the name, said at the start
+    assert prime.history[1:] == conv[-len(prime.history) + 1 :]  # then the newest, in order
+    assert prime.tokens <= budget
+    assert prime.dropped == len(conv) - len(prime.history) > 0
+
+
+def test_a_long_opening_keeps_its_first_words_in_its_share() -> None:
+    opening = " ".join(f"w{i}" for i in range(100))
+    conv = turns(opening, "ok", "and now", "sure")
+    budget = 60
+    prime = prime_history(conv, budget, words)
+    share = int(budget * OPENING_SHARE) - TURN_OVERHEAD_TOKENS
+    assert prime.history[0] == HistoryTurn("user", " ".join(f"w{i}" for i in range(share)))
+    assert prime.history[1:] == conv[1:]
+
+
+def test_a_conversation_opened_by_the_model_keeps_the_users_first_turn() -> None:
+    conv = [HistoryTurn("assistant", "hi, how can I help")] + turns(
+        "I am Ada", "hello Ada", *(f"turn {i} x y z" for i in range(10))
+    )
+    prime = prime_history(conv, 30, words)
+    assert prime.history[0] == HistoryTurn("user", "I am Ada")
