@@ -18,9 +18,10 @@ memory (RSS of its processes) at the first rollover and at the end.
 The same call in real time on the ``pocket`` backend (real speech: the user's turns are
 synthesised by its own Piper voice and sent one second of audio per second). The first turn
 gives the user's name; the first turn after each rollover asks for it, and whether the spoken
-answer's text holds the name is printed beside the figures above. The gap here is each chunk's
-latency, from sending it to the first output for it, ordinary against the steps a rollover
-came in.
+answer's text holds the name is printed beside the figures above, and beside it the floor:
+the same language model asked with the greeting just before the question and no rollover.
+The gap here is each chunk's latency, from sending it to the first output for it, ordinary
+against the steps a rollover came in.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ async def call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]:
 
 
 NAME = "Ada"
+SYSTEM_PROMPT = "You are a friendly assistant. Answer in one short sentence."
 GREETING = f"Hello! My name is {NAME}. Nice to meet you."
 ASK = "Do you remember my name? What did I say my name was?"
 SMALL_TALK = (
@@ -196,7 +198,7 @@ async def pocket_call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]
                     return ev
 
         await until("session.queue_done")
-        payload = {"system_prompt": "You are a friendly assistant. Answer in one short sentence."}
+        payload = {"system_prompt": SYSTEM_PROMPT}
         await ws.send(orjson.dumps({"type": "session.init", "payload": payload}).decode())
         await until("session.created")
 
@@ -294,6 +296,23 @@ async def pocket_call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]
     }
 
 
+def name_floor() -> str:
+    """The floor under the name check: pocket's language model asked for the name with the
+    greeting right before the question in its prompt, no rollover at all."""
+    from inference.pocket import llm_convert
+    from inference.pocket.assets import default_llm_gguf
+    from inference.pocket.llm import LanguageModel
+
+    lm = LanguageModel(default_llm_gguf(), cache_dir=llm_convert.default_cache_dir())
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": GREETING},
+        {"role": "assistant", "content": "Nice to meet you too!"},
+        {"role": "user", "content": ASK},
+    ]
+    return "".join(lm.stream(messages, 64))
+
+
 def measure_pocket(
     minutes: float, kv_tokens: int, prime_tokens: int, turn_s: int
 ) -> dict[str, Any]:
@@ -308,9 +327,13 @@ def measure_pocket(
     try:
         stack.start_worker(1, "{}", backend="pocket")
         stack.start_gateway()
-        return asyncio.run(pocket_call(stack, round(minutes * 60), turn_s))
+        out = asyncio.run(pocket_call(stack, round(minutes * 60), turn_s))
     finally:
         stack.stop()
+    floor = name_floor()
+    out["name_floor_answer"] = floor
+    out["name_floor_known"] = NAME.lower() in floor.lower()
+    return out
 
 
 def measure(minutes: float, kv_tokens: int, turn_s: int) -> dict[str, Any]:
@@ -375,5 +398,9 @@ def main(argv: list[str]) -> int:
         print(
             f"  the user's name, asked after a rollover: known {out['name_known_after_rollover']}"
             f" of {out['name_asked_after_rollover']} times; answers {out['answers_to_name']}"
+        )
+        print(
+            f"  floor, no rollover (the greeting just before the question in the prompt): "
+            f"known {out['name_floor_known']}; answer {out['name_floor_answer']!r}"
         )
     return 0 if out["rollovers"] and not out["context_full"] else 1
