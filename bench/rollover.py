@@ -201,6 +201,7 @@ async def pocket_call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]
         payload = {"system_prompt": SYSTEM_PROMPT}
         await ws.send(orjson.dumps({"type": "session.init", "payload": payload}).decode())
         await until("session.created")
+        start_rss = worker_rss_mib(stack)
 
         async def sender() -> None:
             loop = asyncio.get_running_loop()
@@ -292,7 +293,11 @@ async def pocket_call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]
         "name_asked_after_rollover": len(asks),
         "name_known_after_rollover": sum(knew),
         "answers_to_name": [answers.get(t, "") for t in asks],
-        "worker_rss_mib": {"first_rollover": round(rss[0], 1), "end": round(rss[-1], 1)},
+        "worker_rss_mib": {
+            "start": round(start_rss, 1),
+            "first_rollover": round(rss[0], 1) if len(rss) > 1 else None,
+            "end": round(rss[-1], 1),
+        },
     }
 
 
@@ -393,7 +398,10 @@ def main(argv: list[str]) -> int:
     print(f"  output gap, across rollover p50 {r['p50']} ms  p99 {r['p99']} ms")
     print(f"  rollover prepare (median)   {out['rollover_prepare_ms_median']} ms")
     m = out["worker_rss_mib"]
-    print(f"  worker RSS: at the first rollover {m['first_rollover']} MiB, end {m['end']} MiB")
+    start = f"at the start {m['start']} MiB, " if "start" in m else ""
+    print(
+        f"  worker RSS: {start}at the first rollover {m['first_rollover']} MiB, end {m['end']} MiB"
+    )
     if "name_asked_after_rollover" in out:
         print(
             f"  the user's name, asked after a rollover: known {out['name_known_after_rollover']}"
