@@ -71,6 +71,7 @@ class RealtimeChat(RealtimeSession):
         self.next_out: tuple[str, SessionOutput] | None = None
 
     def session_goes_on(self) -> bool:
+        """Detached for a resume, or taken over by another connection (``SessionResume``)."""
         return self.resume.goes_on()
 
     async def on_event(self, event: dict[str, Any]) -> None:

@@ -90,6 +90,7 @@ class RealtimeDuplex(RealtimeSession):
         self.unqueued = 0  # input chunks Redis did not take since the last one it took
 
     def session_goes_on(self) -> bool:
+        """Detached for a resume, or taken over by another connection (``SessionResume``)."""
         return self.resume.goes_on()
 
     # ------------------------------------------------------------------ client side

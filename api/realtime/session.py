@@ -242,7 +242,7 @@ class RealtimeSession(ClientSocket):
                 reason = older_close_reason(reason, self.close_reason or CloseReason.USER_STOP)
             self.ended_reason = str(reason)
             await self.send(self.closed_frame(reason))
-        elif self.ended_reason is None:  # a mode sent its own session.closed (a logged one)
+        elif self.ended_reason is None:  # a mode sent its own (chat: numbered, logged)
             self.ended_reason = str(reason)
         await self.close(code)
 
