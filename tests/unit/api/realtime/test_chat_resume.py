@@ -149,6 +149,7 @@ async def test_a_resumed_connection_follows_the_turn_the_old_one_finishes(
         assert first.chat.frames is not None
         assert await first.chat.frames.turn_holder() == first.resume.conn_id
         await first.chat.emit(delta("a"))
+        await first.chat.logged()  # (in the log before the client comes back)
         first.host.gone.set()  # the client drops
         await first.chat.note_gone()
         second, catching_up = await resumed(gateway, token, last_seq=0)

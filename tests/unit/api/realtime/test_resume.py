@@ -177,7 +177,7 @@ async def test_queue_events_wait_for_the_clients_first_event(gateway: Gateway) -
     resume.first_event.set()  # before the hold is over
     await resume.queue_frame(queued)
     await resume.queue_frame(update)
-    for _ in range(100):
+    for _ in range(500):
         if len(host.sent) == 2:
             break
         await asyncio.sleep(0.01)
