@@ -7,8 +7,10 @@ the extension events ``response.queued`` / ``response.queue_update`` / ``respons
 (same fields, plus the turn's ``response_id`` and ``input_id``), which a client that knows only
 the spec ignores.
 
-A session is resumable (``api/realtime/chat_resume.py``): its frames after ``session.created`` carry
-a ``seq`` and a connection whose first event is ``session.resume`` takes an existing session over.
+A session is resumable: its resume record is a ``SessionResume`` (``api/realtime/resume.py``) and
+its numbered frames, input count and turn lease a ``ChatResume`` (``api/realtime/chat_resume.py``),
+both collaborators the session owns. Its frames after ``session.created`` carry a ``seq``, and a
+connection whose first event is ``session.resume`` takes an existing session over.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
-from api.protocol.dialects import ChatMapper
+from api.protocol.dialects import ChatMapper, Dialect
 from api.protocol.errors import Frame, ProtocolError, error_frame
-from api.realtime.chat_resume import ResumableChat
+from api.realtime.chat_resume import ChatResume
 from api.realtime.chat_turn import ChatTurn
-from api.realtime.recovery import parse_resume
-from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.realtime.recovery import ResumeRequest, parse_resume
+from api.realtime.resume import SessionResume
+from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, RealtimeSession, SessionState
 from api.realtime.slot_wait import Admitted
 from api.relay.task import TaskNotStarted, WorkerLost
 from streaming.controls import CloseControl
@@ -53,30 +56,36 @@ TURN_INTERRUPTED = {CloseReason.CLIENT_CLOSED.value: "its worker took this gatew
 CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
 
 
-class RealtimeChat(ResumableChat):
+class RealtimeChat(RealtimeSession):
     """Chat mode: turns run one at a time, each taking its own place in the global queue."""
 
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
-        super().__init__(gateway, ws)
+        super().__init__(gateway, ws, "chat")
+        self.resume = SessionResume(gateway, self)
+        self.chat_resume = ChatResume(gateway, self, self.resume)
         self.turns: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.current_turn: str | None = None  # the id of the turn running or last run
         self.turn_running = False  # from taking the turn lease to the turn's end
         # the next turn's output channel, subscribed while the session waits for its input,
-        # so a turn's start does not wait for the SUBSCRIBE (issue #16)
+        # so a turn's start does not wait for the SUBSCRIBE
         self.next_out: tuple[str, SessionOutput] | None = None
+
+    def session_goes_on(self) -> bool:
+        """Detached for a resume, or taken over by another connection (``SessionResume``)."""
+        return self.resume.goes_on()
 
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
-        self.first_event.set()  # (after this call: the held session.queue_done goes out, or not)
+        self.resume.first_event.set()  # (after this call: the held queue_done goes out, or not)
         kind = self.accept_event(event)
         if kind is None or kind == CLOSE_EVENT:
             return
         if kind == "session.resume":
-            if self.resume_request or self.state is not SessionState.CONNECTED:
+            if self.resume.request or self.state is not SessionState.CONNECTED:
                 raise ProtocolError(
                     ErrorCode.INVALID_PAYLOAD, "session.resume must be the first event", "type"
                 )
-            self.resume_request = parse_resume(event)
+            self.resume.request = parse_resume(event)
             self.superseded.set()
             return
         if kind in INIT_EVENTS:
@@ -100,7 +109,7 @@ class RealtimeChat(ResumableChat):
             }
             if self.recording.id:
                 created["recording_id"] = self.recording.id
-            await self.offer(created, orjson.dumps(event[field]))
+            await self.chat_resume.offer(created, orjson.dumps(event[field]))
             await self.send(created)
             return
         if self.state is not SessionState.ACTIVE:
@@ -118,10 +127,10 @@ class RealtimeChat(ResumableChat):
             )
         voices = self.gateway.settings.voices_dir
         request = chat_request(event["input"], REALTIME_CHAT_DEFAULTS, voices_dir=voices)
-        self.note_input()
-        self.turns.put_nowait((f"input_{self.input_seq}", request))
+        self.chat_resume.note_input()
+        self.turns.put_nowait((f"input_{self.chat_resume.input_seq}", request))
         if self.turn_running:  # its turn lease was taken with an older count
-            await self.note_waiting_input()
+            await self.chat_resume.note_waiting_input()
 
     async def on_evict(self, reason: CloseReason) -> None:
         await super().on_evict(reason)
@@ -133,21 +142,21 @@ class RealtimeChat(ResumableChat):
         """Turns one at a time until the session ends; a vanished client's session is kept
         for a resume (detached) when it has a token."""
         self.state = SessionState.CONNECTED
-        await self.queue_frame({"type": "session.queue_done", "session_id": self.session_id})
+        await self.resume.queue_frame({"type": "session.queue_done", "session_id": self.session_id})
         try:
             await self.run_turns()
         finally:
             await self._drop_next_output()
-            await self.turn_ended()
-            await self.logged()
-            await self.note_gone()
+            await self.chat_resume.turn_ended()
+            await self.chat_resume.logged()
+            await self.chat_resume.note_gone()
 
     async def run_turns(self) -> None:
         resumed = False
         while True:
-            if self.resume_request is not None and not resumed:
+            if self.resume.request is not None and not resumed:
                 resumed = True
-                if not await self.resume_chat(self.resume_request):
+                if not await self.resume_session(self.resume.request):
                     return
                 self.superseded.clear()  # this connection's own turns queue from now on
             if self.state is SessionState.ACTIVE and self.turns.empty():
@@ -176,8 +185,29 @@ class RealtimeChat(ResumableChat):
             if get in done:
                 if not await self.turn(*get.result()):
                     return
-            elif self.resumable and await self._was_replaced():
+            elif self.resume.resumable and await self.resume.was_replaced():
                 return
+
+    async def resume_session(self, req: ResumeRequest) -> bool:
+        """Take the session over and bring the client up to date; False when refused."""
+        taken = await self.resume.take_over(req)
+        if taken is None:
+            return False
+        self.dialect = Dialect.CURRENT
+        await self.chat_resume.catch_up(req.last_seq, *taken)
+        return not self.gone.is_set()
+
+    def must_stop_turn(self) -> bool:
+        """A turn stops for a close, the clock, or a client gone for good (not resumable)."""
+        gone = self.gone.is_set() and not self.chat_resume.enabled
+        return self.close_wanted.is_set() or self.time_left() <= 0 or gone
+
+    def turn_stops(self) -> tuple[asyncio.Event, ...]:
+        """``must_stop_turn``'s events, which end a turn's wait for another slot (the clock
+        bounds that wait by itself)."""
+        if self.chat_resume.enabled:
+            return (self.close_wanted,)
+        return (self.close_wanted, self.gone)
 
     def turn_id(self, input_seq: int) -> str:
         """The id (and output channel) of the turn that answers ``input_<input_seq>`` (input
@@ -186,7 +216,7 @@ class RealtimeChat(ResumableChat):
 
     async def _open_next_output(self) -> None:
         """Subscribe the next input's turn channel now, while the session is idle."""
-        turn_id = self.turn_id(self.input_seq + 1)
+        turn_id = self.turn_id(self.chat_resume.input_seq + 1)
         if self.next_out is not None and self.next_out[0] == turn_id:
             return
         await self._drop_next_output()
@@ -224,7 +254,8 @@ class RealtimeChat(ResumableChat):
         self.turn_running = True
         try:
             task = WaitingTask(self.turn_id(int(input_id.removeprefix("input_"))), ChatJob.task)
-            async with self.hold_turn(lambda: self.acquire_slot(task, queue_event)) as admitted:
+            hold = self.chat_resume.hold_turn(lambda: self.acquire_slot(task, queue_event))
+            async with hold as admitted:
                 if admitted is None:
                     return False
                 return await self.run_turn(admitted, input_id, request, names)
@@ -264,25 +295,26 @@ class RealtimeChat(ResumableChat):
                         # the worker ended the turn early (drain, deadline, cancel)
                         if not self.must_stop_turn():
                             why = TURN_INTERRUPTED.get(ev.reason, ev.reason)
-                            await self.emit(
+                            await self.chat_resume.emit(
                                 error_frame(ErrorCode.INFERENCE_ERROR, f"turn interrupted: {why}")
                             )
                         continue
                     for frame in mapper.frames(ev):
                         # (an output_gap error is about this connection: not replayed)
-                        await (self.send(frame) if isinstance(ev, Gap) else self.emit(frame))
+                        emit = self.send if isinstance(ev, Gap) else self.chat_resume.emit
+                        await emit(frame)
                     telemetry.relayed(self.gateway.metrics, self.clock, ev, turn_id)
         except TaskNotStarted as exc:
-            await self.emit(
+            await self.chat_resume.emit(
                 error_frame(
                     ErrorCode.WORKER_CONNECT_FAILED, f"Worker connection failed: {exc.detail}"
                 )
             )
-            await self.end_record()
+            await self.chat_resume.end_record()
             await self.close(status.WS_1013_TRY_AGAIN_LATER)
             return False
         except WorkerLost:
-            await self.emit(
+            await self.chat_resume.emit(
                 error_frame(ErrorCode.INFERENCE_ERROR, "the worker running this turn was lost")
             )
             return True
@@ -293,3 +325,14 @@ class RealtimeChat(ResumableChat):
         if not self.vanished():
             await self.finish(*self.end_reason())
         return False
+
+    async def finish(self, reason: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
+        """``session.closed`` (numbered and logged when resumable); the record is ended, so a
+        later resume is told ``resume_expired``."""
+        if not self.closed_sent and self.chat_resume.enabled:
+            self.closed_sent = True
+            self.state = SessionState.CLOSED
+            await self.chat_resume.emit(self.closed_frame(reason))
+            await self.chat_resume.logged()
+            await self.chat_resume.end_record()
+        await super().finish(reason, code)

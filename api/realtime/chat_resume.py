@@ -1,15 +1,16 @@
-"""What makes a chat session resumable (docs/PROTOCOL.md, "Resume and failover");
-``RealtimeChat`` (``api/realtime/chat.py``) builds on it.
+"""What makes a chat session resumable (docs/PROTOCOL.md, "Resume and failover"): ``ChatResume``,
+a collaborator of ``RealtimeChat`` (``api/realtime/chat.py``), which it reaches only through
+``ChatResumeHost``.
 
 A chat session holds no worker slot between turns and each turn streams on its own channel, so
 its session-wide ``seq`` is numbered here, on the gateway: every frame after ``session.created``
 (``emit``) goes to the session's frame log (``streaming/chat_log.py``) alongside the client.
-The resume record (``api/realtime/resume.py``) keeps the init payload and the number of accepted
-inputs; the conversation itself travels in each turn's ``messages``.
+The resume record (``SessionResume``, ``api/realtime/resume.py``) keeps the init payload and the
+number of accepted inputs; the conversation itself travels in each turn's ``messages``.
 
 - a client that drops mid-turn: the connection detaches the session and finishes the turn in
   flight into the log (a turn still waiting for a slot is withdrawn, as are turns not started);
-- ``resume_chat``: a new connection takes the session over, replays the log after the client's
+- ``catch_up``: a new connection that took the session over replays the log after the client's
   ``last_seq`` (or ``session.resync_required``), follows the turn another connection is still
   finishing (``follow``) until its turn lease is gone, then runs the next turns itself;
 - only the holder of the turn lease runs a turn and writes the log (``hold_turn``).
@@ -21,16 +22,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
-
-from starlette import status
-from starlette.websockets import WebSocket
+from typing import Protocol
 
 from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect
 from api.protocol.errors import Frame
-from api.realtime.recovery import ResumeRequest
-from api.realtime.resume import Resumable, resync_frame
-from api.realtime.session import SessionState
+from api.realtime.resume import SessionResume, resync_frame
 from api.realtime.slot_wait import Admitted
 from streaming.chat_log import ChatLog
 
@@ -41,32 +38,58 @@ RENEW_S = 1.0  # how often the connection running a turn renews it (and checks i
 FOLLOW_POLL_S = 0.5  # how long one read of another connection's turn waits
 
 
-class ResumableChat(Resumable):
-    """The resume half of a chat session (see the module docstring)."""
+class ChatResumeHost(Protocol):
+    """What a ``ChatResume`` needs of its chat session (``RealtimeChat`` is one)."""
 
-    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
-        super().__init__(gateway, ws, "chat")
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def dialect(self) -> Dialect | None: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def gone(self) -> asyncio.Event: ...  # the client left (or was closed)
+    @property
+    def closed_sent(self) -> bool: ...
+
+    def time_left(self) -> float: ...
+    def vanished(self) -> bool: ...  # the client left without asking to close
+    async def send(self, frame: Frame) -> None: ...
+
+
+class ChatResume:
+    """The frame log, the input count and the turn lease of one chat session (see the module
+    docstring); ``resume`` is the session's own record."""
+
+    def __init__(self, gateway: Gateway, host: ChatResumeHost, resume: SessionResume) -> None:
+        self.gateway = gateway
+        self.host = host
+        self.resume = resume
         self.frames: ChatLog | None = None  # None: resume is off for this session
         self.seq = 0  # the last client seq emitted
         self.input_seq = 0  # accepted input.append events: input_1, input_2, ...
-        self.detached = False
         self._logging: asyncio.Task[None] | None = None  # the last frame's log write
         self._unlogged = 0  # frames Redis did not take since the last one it took
         self._turn_ends: set[asyncio.Task[None]] = set()  # lease hand-backs under way
         self._turns_held = 0  # the turn leases this connection took (each has its number)
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the session is resumable: its frames are numbered and logged."""
+        return self.frames is not None
+
     def _open_log(self) -> ChatLog:
         s = self.gateway.settings
-        ttl = self.time_left() + s.resume_grace_s + 60
+        ttl = self.host.time_left() + s.resume_grace_s + 60
         return ChatLog(
-            self.gateway.redis, self.gateway.keys, self.session_id, s.output_log_maxlen, ttl
+            self.gateway.redis, self.gateway.keys, self.host.session_id, s.output_log_maxlen, ttl
         )
 
     async def offer(self, created: Frame, init: bytes) -> None:
         """Give ``session.created`` a resume token (current dialect, resume on)."""
-        if self.gateway.settings.resume_grace_s <= 0 or self.dialect is not Dialect.CURRENT:
+        if self.gateway.settings.resume_grace_s <= 0 or self.host.dialect is not Dialect.CURRENT:
             return
-        token = await self.offer_resume(0, init, True)
+        token = await self.resume.offer(0, init, True)
         if token is not None:
             created["resume_token"] = token
             self.frames = self._open_log()
@@ -76,19 +99,18 @@ class ResumableChat(Resumable):
 
         The log write goes out alongside the send, and nothing waits for it until the next
         frame is numbered (``logged``), so the log stays in order while neither the client nor
-        the end of a turn waits for a Redis round trip per frame (issue #16). A gateway that
-        dies between the two leaves the log a frame short of what the client saw, which a
-        resume handles already (it numbers on from the larger of the client's ``last_seq``
-        and the log's).
+        the end of a turn waits for a Redis round trip per frame. A gateway that dies between
+        the two leaves the log a frame short of what the client saw, which a resume handles
+        already (it numbers on from the larger of the client's ``last_seq`` and the log's).
         """
         if self.frames is None:
-            await self.send(frame)
+            await self.host.send(frame)
             return
         await self.logged()
         self.seq += 1
         frame["seq"] = self.seq
         self._logging = asyncio.ensure_future(self._log(self.frames, self.seq, frame))
-        await self.send(frame)
+        await self.host.send(frame)
 
     async def logged(self) -> None:
         """Wait until the last frame emitted is in the log (or failed to get there)."""
@@ -106,11 +128,11 @@ class ResumableChat(Resumable):
         except Exception:
             self._unlogged += 1
             if self._unlogged == 1:
-                log.warning("frame %d of %s not logged", seq, self.session_id, exc_info=True)
+                log.warning("frame %d of %s not logged", seq, self.host.session_id, exc_info=True)
             return
         if self._unlogged:
             log.warning(
-                "%d frame(s) of %s before %d not logged", self._unlogged, self.session_id, seq
+                "%d frame(s) of %s before %d not logged", self._unlogged, self.host.session_id, seq
             )
             self._unlogged = 0
 
@@ -125,53 +147,40 @@ class ResumableChat(Resumable):
         if self.frames is None:
             return
         try:
-            await self.gateway.resumes.note(self.session_id, "inputs", self.input_seq)
+            await self.gateway.resumes.note(self.host.session_id, "inputs", self.input_seq)
         except Exception:
-            log.warning("input count of %s not kept", self.session_id, exc_info=True)
-
-    def must_stop_turn(self) -> bool:
-        """A turn stops for a close, the clock, or a client gone for good (not resumable)."""
-        gone = self.gone.is_set() and self.frames is None
-        return self.close_wanted.is_set() or self.time_left() <= 0 or gone
-
-    def turn_stops(self) -> tuple[asyncio.Event, ...]:
-        """``must_stop_turn``'s events, which end a turn's wait for another slot (the clock
-        bounds that wait by itself)."""
-        return (self.close_wanted,) if self.frames is not None else (self.close_wanted, self.gone)
+            log.warning("input count of %s not kept", self.host.session_id, exc_info=True)
 
     async def note_gone(self) -> None:
         """The client vanished: start the grace period once (a resumable session)."""
-        if self.vanished() and not self.detached and not self.closed_sent:
-            self.detached = await self.detach()
+        resume = self.resume
+        if self.host.vanished() and not resume.detached and not self.host.closed_sent:
+            # (also when another connection resumed it meanwhile: no second try)
+            resume.detached = await resume.detach()
 
     # ------------------------------------------------------------------ resume
-    async def resume_chat(self, req: ResumeRequest) -> bool:
-        """Take the session over and bring the client up to date; False when refused."""
-        taken = await self.take_over(req)
-        if taken is None:
-            return False
-        token, record = taken
-        self.dialect = Dialect.CURRENT
+    async def catch_up(self, last_seq: int, token: str, record: dict[str, str]) -> None:
+        """Bring a client that took the session over (``SessionResume.take_over``: ``token``,
+        ``record``) up to date from its ``last_seq``: replay the log, then follow."""
         self.input_seq = int(record.get("inputs") or 0)
         frames = self.frames = self._open_log()
-        await self.send(self.resumed_frame(token, req.last_seq))
-        held = await frames.after(req.last_seq)
+        await self.host.send(self.resume.resumed_frame(token, last_seq))
+        held = await frames.after(last_seq)
         first = held[0][0] if held else await frames.last_seq() + 1
-        if first > req.last_seq + 1:
-            await self.send(resync_frame(self.session_id, req.last_seq + 1, first - 1))
-        await self.follow(await self._relay(held, req.last_seq))
-        return not self.gone.is_set()
+        if first > last_seq + 1:
+            await self.host.send(resync_frame(self.host.session_id, last_seq + 1, first - 1))
+        await self.follow(await self._relay(held, last_seq))
 
     async def follow(self, seq: int) -> None:
         """Relay the frames another connection writes (the turn it is finishing) until its turn
         lease is gone; then this connection numbers the next frames."""
         frames = self.frames
         assert frames is not None
-        while not self.gone.is_set():
+        while not self.host.gone.is_set():
             holder = await frames.turn_holder()
-            if holder is None or holder == self.conn_id:
+            if holder is None or holder == self.resume.conn_id:
                 break
-            if await self._was_replaced():
+            if await self.resume.was_replaced():
                 return
             seq = await self._relay(await frames.wait_after(seq, FOLLOW_POLL_S), seq)
         seq = await self._relay(await frames.after(seq), seq)
@@ -180,10 +189,11 @@ class ResumableChat(Resumable):
     async def _relay(self, entries: list[tuple[int, Frame]], seq: int) -> int:
         """Send logged frames; the last seq sent (``seq`` when none)."""
         for number, frame in entries:
-            await self.send(frame)
+            await self.host.send(frame)
             seq = number
         return seq
 
+    # ------------------------------------------------------------------ the turn lease
     @asynccontextmanager
     async def hold_turn(
         self, acquire: Callable[[], Awaitable[Admitted | None]]
@@ -193,10 +203,10 @@ class ResumableChat(Resumable):
         detach when the client vanishes and notice being replaced.
 
         The lease and the slot are asked for at once, so starting a turn waits for one Redis
-        round trip, not two (issue #16). Another connection holds the lease only when this
-        session was just resumed elsewhere; then the slot goes back before following it. The
-        lease goes back after the turn without holding up the session (``_end_turn``); a next
-        turn does not wait for that, it takes the lease over.
+        round trip, not two. Another connection holds the lease only when this session was just
+        resumed elsewhere; then the slot goes back before following it. The lease goes back
+        after the turn without holding up the session (``_end_turn``); a next turn does not wait
+        for that, it takes the lease over.
         """
         frames = self.frames
         if frames is None:
@@ -204,11 +214,13 @@ class ResumableChat(Resumable):
             return
         self._turns_held += 1
         turn = self._turns_held
+        conn_id = self.resume.conn_id
         while True:
             slot = asyncio.ensure_future(acquire())
-            record = (self.gateway.keys.session_resume(self.session_id), "inputs", self.input_seq)
+            key = self.gateway.keys.session_resume(self.host.session_id)
+            record = (key, "inputs", self.input_seq)
             try:
-                taken = await frames.take_turn(self.conn_id, turn, TURN_LEASE_S, record)
+                taken = await frames.take_turn(conn_id, turn, TURN_LEASE_S, record)
             except BaseException:
                 await self._give_back(slot)
                 raise
@@ -218,7 +230,7 @@ class ResumableChat(Resumable):
                 yield None  # the acquire ended the session meanwhile (and told the client)
                 return
             await self.follow(self.seq)
-            if self.gone.is_set():
+            if self.host.gone.is_set():
                 slot = asyncio.ensure_future(acquire())
                 break
         keeper = asyncio.create_task(self._keep_turn(frames, turn))
@@ -226,8 +238,7 @@ class ResumableChat(Resumable):
             yield await slot
         finally:
             keeper.cancel()
-            # given back behind the session's back: a next turn sent at once does not wait
-            # for it (issue #16)
+            # given back behind the session's back: a next turn sent at once does not wait for it
             ending = asyncio.create_task(self._end_turn(frames, keeper, turn))
             self._turn_ends.add(ending)
             ending.add_done_callback(self._turn_ends.discard)
@@ -240,9 +251,9 @@ class ResumableChat(Resumable):
             await keeper
         await self.logged()
         try:
-            await frames.release_turn(self.conn_id, turn)
+            await frames.release_turn(self.resume.conn_id, turn)
         except Exception:
-            log.warning("turn lease of %s not released", self.session_id, exc_info=True)
+            log.warning("turn lease of %s not released", self.host.session_id, exc_info=True)
 
     async def turn_ended(self) -> None:
         """Wait until the turns that ended gave their leases back."""
@@ -258,7 +269,7 @@ class ResumableChat(Resumable):
         except asyncio.CancelledError:
             return True
         except Exception:
-            log.warning("acquire of %s failed", self.session_id, exc_info=True)
+            log.warning("acquire of %s failed", self.host.session_id, exc_info=True)
             return True
         if got is None:
             return False
@@ -269,29 +280,18 @@ class ResumableChat(Resumable):
         while True:
             await asyncio.sleep(RENEW_S)
             try:
-                await frames.renew_turn(self.conn_id, turn, TURN_LEASE_S)
+                await frames.renew_turn(self.resume.conn_id, turn, TURN_LEASE_S)
                 await self.note_gone()
-                if not self.replaced and not self.gone.is_set():
-                    await self._was_replaced()
+                if not self.resume.replaced and not self.host.gone.is_set():
+                    await self.resume.was_replaced()
             except Exception:
-                log.warning("turn lease of %s not renewed", self.session_id, exc_info=True)
+                log.warning("turn lease of %s not renewed", self.host.session_id, exc_info=True)
 
     # ------------------------------------------------------------------ ending
-    async def finish(self, reason: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
-        """``session.closed`` (numbered and logged when resumable); the record is ended, so a
-        later resume is told ``resume_expired``."""
-        if not self.closed_sent and self.frames is not None:
-            self.closed_sent = True
-            self.state = SessionState.CLOSED
-            await self.emit(self.closed_frame(reason))
-            await self.logged()
-            await self.end_record()
-        await super().finish(reason, code)
-
     async def end_record(self) -> None:
         """The session is over: its record says so (until Redis takes it, as a duplex
-        session's: ``api/gateway/worker_stops.py``; else a resume of the closed session would be let
-        in)."""
-        if not self.resumable:
+        session's: ``api/gateway/worker_stops.py``; else a resume of the closed session would be
+        let in)."""
+        if not self.resume.resumable:
             return
-        await self.gateway.stops.end_record(self.session_id, self.deadline)
+        await self.gateway.stops.end_record(self.host.session_id, self.host.deadline)

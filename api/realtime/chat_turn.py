@@ -72,8 +72,8 @@ class ChatTurn:
         ``TurnEnd``, not included).
 
         The turn ends for the client at ``Done``: all the task sends after it is ``TurnEnd``,
-        which the worker writes in a round trip of its own, and a next turn sent at once
-        waited for it (issue #16).
+        which the worker writes in a round trip of its own, and a next turn sent at once does
+        not wait for it.
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
         is abandoned, so it never will) and the iteration ends. A turn whose worker died before

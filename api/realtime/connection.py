@@ -5,11 +5,12 @@ subclass's hooks: ``decode`` (one text frame -> an event, or None to ignore it),
 ``on_client_error`` and ``on_event_failure``. Unlike it, the session's own work (``run``: queueing,
 relaying the worker) runs beside the receive loop, because a client may send while its output
 streams. ``serve`` runs both and cleans up on every exit; sends are ordered and stop once the
-client is gone.
+client is gone. ``run``, ``decode`` and ``on_event`` are abstract: every handler has its own.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import random
@@ -86,7 +87,7 @@ class Flag(asyncio.Event):
             self._on_set()
 
 
-class ClientSocket:
+class ClientSocket(abc.ABC):
     """A client WebSocket: ordered sends, one close, and the receive loop with its hooks."""
 
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
@@ -182,9 +183,9 @@ class ClientSocket:
                 self.gateway.watch.drop(self)
                 self.recording.finish(**self.recording_info())
 
+    @abc.abstractmethod
     async def run(self) -> None:
         """The session's own work (queueing, relaying); the socket closes when it returns."""
-        raise NotImplementedError
 
     def recording_info(self) -> dict[str, Any]:
         """What the recording's metadata says of this connection besides its media."""
@@ -204,26 +205,26 @@ class ClientSocket:
         self.output_overflowed = True
         self.gateway.watch.look_now(self)
 
-    async def on_evict(self, reason: CloseReason) -> None:
+    async def on_evict(self, reason: CloseReason) -> None:  # noqa: B027 - a hook: by default, nothing
         """The client stopped keeping up: free its worker at once (default: nothing held)."""
 
     # ------------------------------------------------------------------ receiving
+    @abc.abstractmethod
     def decode(self, text: str | None) -> dict[str, Any] | None:
         """One frame -> an event for ``on_event``, or None to ignore it.
 
         Raises NotJSON (the socket closes with 1003) or ProtocolError (``on_client_error``).
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event; ProtocolError goes to ``on_client_error``."""
-        raise NotImplementedError
 
     async def on_client_error(self, exc: ProtocolError) -> None:
         """A client mistake: answer it, the session goes on."""
         await self.send_error(exc.code, exc.message, exc.field)
 
-    async def on_event_failure(self, event: dict[str, Any]) -> None:
+    async def on_event_failure(self, event: dict[str, Any]) -> None:  # noqa: B027 - a hook: by default, nothing
         """``on_event`` raised something else (logged already); default: keep going."""
 
     async def _receive_loop(self) -> None:

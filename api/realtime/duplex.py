@@ -4,17 +4,19 @@ States (docs/PROTOCOL.md): QUEUED until a slot is assigned, CONNECTED until a va
 INITIALIZING until the worker's ``Created``, ACTIVE until ``Closed``; then CLOSED. RECOVERING
 while a failover looks for a new worker (``api/realtime/recovery.py``).
 
-Resume and failover (docs/PROTOCOL.md, "Resume and failover"):
+Resume and failover (docs/PROTOCOL.md, "Resume and failover") are collaborators the session
+owns: ``self.resume`` (``SessionResume``, ``api/realtime/resume.py``: the record, take-over,
+detach, replaced) and ``self.failover`` (``Failover``, ``api/realtime/recovery.py``).
 
 - ``session.created`` carries a resume token and the session's record goes to Redis
   (``streaming/resume.py``); every later event carries its ``seq`` (the worker's sequence number
   minus that of ``Created``: assigned once, where the events are ordered, never renumbered);
 - a client that vanishes detaches the session (``_left``) instead of ending it;
 - a connection whose first event is ``session.resume`` drops the new session it was starting and
-  takes over an existing one instead (``resume``): it gets what it missed from the replay log (or
-  ``session.resync_required``), then the live stream; the connection it replaced learns so from
-  the record and closes with ``replaced``;
-- ``_restart``: a failover (``Failover``, ``api/realtime/recovery.py``) when the worker is gone.
+  takes over an existing one instead (``run_resumed``): it gets what it missed from the replay
+  log (or ``session.resync_required``), then the live stream; the connection it replaced learns
+  so from the record and closes with ``replaced``;
+- ``_restart``: a failover when the worker is gone.
 
 An init sent while QUEUED is validated at once and kept (the latest one wins); it goes to the
 worker the moment the slot is assigned. Browser clients (the official demo's pages) send their
@@ -41,8 +43,8 @@ from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame, ProtocolError
 from api.protocol.validation import DuplexInit, duplex_append, duplex_init
 from api.realtime.recovery import Failover, ResumeRequest, parse_resume
-from api.realtime.resume import Resumable, resync_frame
-from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, SessionState
+from api.realtime.resume import SessionResume, resync_frame
+from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, RealtimeSession, SessionState
 from api.relay.retry import start_elsewhere
 from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
 from streaming.controls import InitControl, encode_control
@@ -69,11 +71,12 @@ CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not
 CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
 
 
-class RealtimeDuplex(Resumable):
+class RealtimeDuplex(RealtimeSession):
     """Video / audio full-duplex: one long task pinned to one worker slot."""
 
     def __init__(self, gateway: Gateway, ws: WebSocket, public_mode: str) -> None:
         super().__init__(gateway, ws, public_mode)
+        self.resume = SessionResume(gateway, self)
         self.mapper: DuplexMapper | None = None
         self.init_control: InitControl | None = None  # kept in the record for a failover
         self.created_seq: int | None = None  # client seq = event seq - this
@@ -86,10 +89,14 @@ class RealtimeDuplex(Resumable):
         self.input_failure: asyncio.Task[None] | None = None  # telling of a chunk not queued
         self.unqueued = 0  # input chunks Redis did not take since the last one it took
 
+    def session_goes_on(self) -> bool:
+        """Detached for a resume, or taken over by another connection (``SessionResume``)."""
+        return self.resume.goes_on()
+
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
-        self.first_event.set()  # (after this call: the held queue events go out, or not)
+        self.resume.first_event.set()  # (after this call: the held queue events go out, or not)
         kind = self.accept_event(event)
         S = SessionState
         if kind is None:
@@ -100,11 +107,11 @@ class RealtimeDuplex(Resumable):
             return
         if kind == "session.resume":
             started = self.init_since is not None or self.pending_init is not None
-            if self.resume_request or self.state not in (S.QUEUED, S.CONNECTED) or started:
+            if self.resume.request or self.state not in (S.QUEUED, S.CONNECTED) or started:
                 raise ProtocolError(
                     ErrorCode.INVALID_PAYLOAD, "session.resume must be the first event", "type"
                 )
-            self.resume_request = parse_resume(event)
+            self.resume.request = parse_resume(event)
             self.superseded.set()
             return
         if kind in INIT_EVENTS:
@@ -185,13 +192,13 @@ class RealtimeDuplex(Resumable):
         """A new session, unless the client's first event is ``session.resume``: then the new
         one stops where it is (its ticket or slot given back) and the old one is taken over."""
         await self.run_new()
-        if self.resume_request is not None and not self.gone.is_set():
-            await self.resume(self.resume_request)
+        if self.resume.request is not None and not self.gone.is_set():
+            await self.run_resumed(self.resume.request)
 
     async def run_new(self) -> None:
         """Queue, start the task, relay it."""
         task = WaitingTask(claim_id(self.session_id, 0), DuplexJob.task)  # the first attempt's
-        admitted = await self.acquire_slot(task, self.queue_frame)
+        admitted = await self.acquire_slot(task, self.resume.queue_frame)
         if admitted is None:
             return
         slot = self.slot_id = admitted.slot_id
@@ -217,7 +224,7 @@ class RealtimeDuplex(Resumable):
                 await self.close(status.WS_1013_TRY_AGAIN_LATER)
                 return
             self.state = SessionState.CONNECTED
-            await self.release_queue_frames()
+            await self.resume.release_queue_frames()
             if self.superseded.is_set():  # the client resumes another session instead
                 return await relay.stop(CloseReason.CLIENT_CLOSED)
             pending, self.pending_init = self.pending_init, None
@@ -254,7 +261,7 @@ class RealtimeDuplex(Resumable):
                 return
             if self.superseded.is_set() and self.created_seq is None:
                 return await relay.stop(CloseReason.CLIENT_CLOSED)  # resuming another one
-            if self.resumable and await self._was_replaced_lately():
+            if self.resume.resumable and await self.resume.was_replaced_lately():
                 return
             if closing_since is None and (self.close_wanted.is_set() or self.time_left() <= 0):
                 closing_since = time.monotonic()
@@ -318,7 +325,7 @@ class RealtimeDuplex(Resumable):
             not isinstance(ev, Speak | Listen)
             or self.state is not SessionState.ACTIVE
             or self.superseded.is_set()
-            or self._replaced_seen
+            or self.resume.replacement_seen
             or not self.can_send_now()
         ):
             return False
@@ -388,16 +395,16 @@ class RealtimeDuplex(Resumable):
     # ------------------------------------------------------------------ resume and failover
     async def _left(self) -> None:
         """The relay ended: a vanished client's session waits for a resume, or is stopped."""
-        if not self.vanished() or self.closed_sent or self.replaced:
+        if not self.vanished() or self.closed_sent or self.resume.replaced:
             return
-        if await self.detach():
+        if await self.resume.detach():
             return
         await self._tell_worker(CloseReason.CLIENT_CLOSED)  # the client vanished
 
-    async def resume(self, req: ResumeRequest) -> None:
+    async def run_resumed(self, req: ResumeRequest) -> None:
         """Take over a session with its token; replay what the client missed, then relay."""
         gateway = self.gateway
-        taken = await self.take_over(req)
+        taken = await self.resume.take_over(req)
         if taken is None:
             return
         token, record = taken
@@ -408,7 +415,7 @@ class RealtimeDuplex(Resumable):
         self.mapper = DuplexMapper(Dialect.CURRENT, sid, self.recording.id)
         out = await gateway.bus.open(sid, after=self.created_seq + req.last_seq)
         try:
-            await self.send(self.resumed_frame(token, req.last_seq))
+            await self.send(self.resume.resumed_frame(token, req.last_seq))
             for ev in await out.catch_up():
                 if isinstance(ev, Gap) and ev.first == self.created_seq + req.last_seq + 1:
                     await self.send(self._resync(ev))
@@ -439,7 +446,8 @@ class RealtimeDuplex(Resumable):
         the client asked to close while it waited for a slot (the session ends as asked; a
         client that left is not waited for: the session stays resumable meanwhile)."""
         self.state = SessionState.RECOVERING
-        await self._reclaim()  # (a detached record read with the lapsed lease: before the attempt)
+        # (a detached record read with the lapsed lease: attached again before the attempt)
+        await self.resume.reclaim()
         relay = await self.failover.start(out, until=(self.close_wanted,))
         if relay is None and self.close_wanted.is_set():
             await self.finish(*self.end_reason())
@@ -452,7 +460,7 @@ class RealtimeDuplex(Resumable):
 
     def _can_recover(self) -> bool:
         return (
-            self.resumable
+            self.resume.resumable
             and self.gateway.settings.failover_wait_s > 0
             and self.state in (SessionState.ACTIVE, SessionState.RECOVERING)
             and not self.stopping()
@@ -471,7 +479,7 @@ class RealtimeDuplex(Resumable):
         self.created_seq = ev.seq
         frames = self.mapper.frames(ev)
         if (s.resume_grace_s > 0 or s.failover_wait_s > 0) and self.init_control is not None:
-            token = await self.offer_resume(
+            token = await self.resume.offer(
                 ev.seq, encode_control(self.init_control), self.dialect is Dialect.CURRENT
             )
             if token is not None:
@@ -490,7 +498,7 @@ class RealtimeDuplex(Resumable):
         that within ``DETACHED_CHECK_S`` and gives its slot back; a later resume gets
         ``resume_expired``. A record Redis would not end now is ended when it will
         (``api/gateway/worker_stops.py``)."""
-        if not self.closed_sent and self.resumable and not self.replaced:
+        if not self.closed_sent and self.resume.resumable and not self.resume.replaced:
             await self.gateway.stops.end_record(self.session_id, self.deadline)
         await super().finish(reason, code)
 

@@ -1,10 +1,13 @@
-"""What every resumable ``/v1/realtime`` session shares, duplex and chat (docs/PROTOCOL.md,
-"Resume and failover"): the resume record it offers with ``session.created``, taking a session
-over with its token, detaching when the client vanishes, and noticing it was replaced.
+"""A ``/v1/realtime`` session's resume state and behaviour, duplex and chat alike
+(docs/PROTOCOL.md, "Resume and failover"): the resume record it offers with
+``session.created``, taking a session over with its token, detaching when the client vanishes,
+and noticing it was replaced.
 
-The modes differ only in where their numbered events come from: a duplex session's from its
-worker's replay log (``api/realtime/duplex.py``), a chat session's from the frame log its
-gateway writes (``api/realtime/chat_resume.py``).
+``SessionResume`` is a collaborator of the session it serves (``RealtimeDuplex``,
+``RealtimeChat``), which it reaches only through ``ResumeHost``. The modes differ only in where
+their numbered events come from: a duplex session's from its worker's replay log
+(``api/realtime/duplex.py``), a chat session's from the frame log its gateway writes
+(``api/realtime/chat_resume.py``).
 """
 
 from __future__ import annotations
@@ -12,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from starlette import status
-from starlette.websockets import WebSocket
 
 from api.gateway.liveness import DETACHED, Answer
 from api.gateway.state import Gateway
 from api.protocol.errors import Frame
 from api.realtime.recovery import ResumeRequest
-from api.realtime.session import RealtimeSession, SessionState
+from api.realtime.session import SessionState
 from streaming.events import ErrorCode
 from streaming.resume import AttachResult, new_conn_id, new_token
 
@@ -39,19 +42,46 @@ def resync_frame(session_id: str, first: int, last: int) -> Frame:
     }
 
 
-class Resumable(RealtimeSession):
-    """A session whose record (``streaming/resume.py``) lets another connection take it over."""
+class ResumeHost(Protocol):
+    """What a ``SessionResume`` needs of its session (``RealtimeSession`` is one)."""
 
-    def __init__(self, gateway: Gateway, ws: WebSocket, public_mode: str) -> None:
-        super().__init__(gateway, ws, public_mode)
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def public_mode(self) -> str: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def gone(self) -> asyncio.Event: ...  # the client left (or was closed)
+    @property
+    def superseded(self) -> asyncio.Event: ...  # the client resumes another session instead
+
+    state: SessionState
+    closed_sent: bool  # session.closed (or the answer that ends the socket) went out
+
+    def time_left(self) -> float: ...
+    def wake_relay(self) -> None: ...
+    def adopt(self, session_id: str, deadline: float) -> None: ...
+    async def send(self, frame: Frame) -> None: ...
+    async def send_error(self, code: ErrorCode, message: str, field: str | None = None) -> None: ...
+    async def close(self, code: int = status.WS_1000_NORMAL_CLOSURE, reason: str = "") -> None: ...
+
+
+class SessionResume:
+    """One connection's part in its session's resume record (``streaming/resume.py``), which
+    lets another connection take the session over."""
+
+    def __init__(self, gateway: Gateway, host: ResumeHost) -> None:
+        self.gateway = gateway
+        self.host = host
         self.conn_id = new_conn_id()  # owner id in the session's resume record
         self.resumable = False  # the record exists: watch for being replaced
-        self.resume_offered = False  # the client has a token: a drop detaches, not closes
+        self.offered = False  # the client has a token: a drop detaches, not closes
         self.replaced = False
         self.detached = False  # the client vanished and the session waits for a resume
-        self.resume_request: ResumeRequest | None = None
+        self.request: ResumeRequest | None = None  # the client's session.resume, if it sent one
         self.opened = time.monotonic()
-        self.first_event = asyncio.Event()
+        self.first_event = asyncio.Event()  # the client's first event arrived
         self._held: list[Frame] | None = []  # queue events of the new session, held briefly
         self._flusher: asyncio.Future[None] | None = None
         # (session, conn) that gateway.liveness watches
@@ -59,12 +89,18 @@ class Resumable(RealtimeSession):
         self._replaced_seen = False  # the watch read another owner
         self._detached_seen = False  # the watch read no owner while this connection relays
 
+    @property
+    def replacement_seen(self) -> bool:
+        """The liveness watch read another owner (``was_replaced_lately`` acts on it)."""
+        return self._replaced_seen
+
+    # ------------------------------------------------------------------ a new session's queue
     async def queue_frame(self, frame: Frame) -> None:
         """The new session's queue events wait until the client's first event, at most
         ``QUEUE_HOLD_S`` after connect: a client that resumes instead never sees them."""
         if self._held is None:
-            if not self.superseded.is_set():
-                await self.send(frame)
+            if not self.host.superseded.is_set():
+                await self.host.send(frame)
             return
         self._held.append(frame)
         if self._flusher is None:
@@ -81,41 +117,42 @@ class Resumable(RealtimeSession):
     async def release_queue_frames(self) -> None:
         """Send the held queue events (none once the client resumes another session)."""
         held, self._held = self._held, None
-        if held and not self.superseded.is_set():
+        if held and not self.host.superseded.is_set():
             for frame in held:
-                await self.send(frame)
+                await self.host.send(frame)
 
-    async def offer_resume(self, created_seq: int, init: bytes, offer: bool) -> str | None:
+    # ------------------------------------------------------------------ the record
+    async def offer(self, created_seq: int, init: bytes, offer: bool) -> str | None:
         """Write the session's record; the token for ``session.created`` when ``offer`` (and
         resume is on), else None. A Redis failure leaves the session simply not resumable."""
-        gateway, s = self.gateway, self.gateway.settings
+        gateway, s, host = self.gateway, self.gateway.settings, self.host
         token = new_token()
         try:
             await gateway.resumes.create(
-                self.session_id,
+                host.session_id,
                 token=token,
-                mode=self.public_mode,
+                mode=host.public_mode,
                 gateway=gateway.gateway_id,
                 conn=self.conn_id,
                 created_seq=created_seq,
-                deadline=self.deadline,
+                deadline=host.deadline,
                 init=init,
-                ttl_s=self.time_left() + s.resume_grace_s + 60,
+                ttl_s=host.time_left() + s.resume_grace_s + 60,
             )
         except Exception:
-            log.warning("no resume record for %s", self.session_id, exc_info=True)
+            log.warning("no resume record for %s", host.session_id, exc_info=True)
             return None
         self.resumable = True
         if offer and s.resume_grace_s > 0:
-            self.resume_offered = True
+            self.offered = True
             return token
         return None
 
     async def take_over(self, req: ResumeRequest) -> tuple[str, dict[str, str]] | None:
-        """Attach to ``req``'s session: its new token and record, now registered as this
-        connection's session; None when refused (the client got the documented error and the
-        socket is closed)."""
-        gateway, s = self.gateway, self.gateway.settings
+        """Attach to ``req``'s session: its new token and record, the host now serving it
+        (``adopt``); None when refused (the client got the documented error and the socket is
+        closed)."""
+        gateway, s, host = self.gateway, self.gateway.settings, self.host
         token = new_token()
         result = AttachResult.NOT_FOUND
         if s.resume_grace_s > 0:
@@ -123,7 +160,7 @@ class Resumable(RealtimeSession):
                 req.session_id,
                 req.resume_token,
                 token,
-                self.public_mode,
+                host.public_mode,
                 gateway.gateway_id,
                 self.conn_id,
                 s.resume_grace_s,
@@ -134,29 +171,26 @@ class Resumable(RealtimeSession):
             what = (
                 "can no longer be resumed" if expired else "was not found (or the token is wrong)"
             )
-            await self.send_error(code, f"session {req.session_id} {what}", "session_id")
-            self.closed_sent = True
-            await self.close(status.WS_1008_POLICY_VIOLATION)
+            await host.send_error(code, f"session {req.session_id} {what}", "session_id")
+            host.closed_sent = True
+            await host.close(status.WS_1008_POLICY_VIOLATION)
             return None
         record = await gateway.resumes.fields(req.session_id)
-        gateway.sessions.pop(self.session_id, None)
-        self.session_id = req.session_id
-        gateway.sessions[req.session_id] = self
-        self.deadline = float(record["deadline"])
-        self.state, self.resumable, self.resume_offered = SessionState.ACTIVE, True, True
-        self.admitted_at = time.time()  # (the session-end line: this connection never queued)
+        host.adopt(req.session_id, float(record["deadline"]))
+        self.resumable, self.offered = True, True
         return token, record
 
     def resumed_frame(self, token: str, last_seq: int) -> Frame:
         """``session.resumed``, the first answer to an accepted ``session.resume``."""
         return {
             "type": "session.resumed",
-            "session_id": self.session_id,
+            "session_id": self.host.session_id,
             "resume_token": token,
             "last_seq": last_seq,
         }
 
-    def session_goes_on(self) -> bool:
+    # ------------------------------------------------------------------ the client gone
+    def goes_on(self) -> bool:
         """This connection ended but the session did not: it waits for a resume (detached), or
         another connection took it over (replaced)."""
         return self.detached or self.replaced
@@ -165,19 +199,20 @@ class Resumable(RealtimeSession):
         """The client vanished: start the grace period. False (the caller then stops the worker:
         a session nobody can resume must not keep its slot): not resumable, or its record is gone
         (Redis restarted empty), or Redis away."""
-        if not self.resume_offered or self.replaced:
+        session_id = self.host.session_id
+        if not self.offered or self.replaced:
             return False
         try:
-            detached = await self.gateway.resumes.detach(self.session_id, self.conn_id)
+            detached = await self.gateway.resumes.detach(session_id, self.conn_id)
         except Exception:
-            log.warning("could not detach %s", self.session_id, exc_info=True)
+            log.warning("could not detach %s", session_id, exc_info=True)
             return False
         if detached:
-            log.info("session %s detached: resumable", self.session_id)
+            log.info("session %s detached: resumable", session_id)
             self.detached = True
             return True
         try:
-            owner = await self.gateway.resumes.owner(self.session_id)
+            owner = await self.gateway.resumes.owner(session_id)
         except Exception:  # noqa: BLE001 - Redis away: the caller stops the worker
             owner = None
         if owner is not None:  # already detached, or another connection resumed it meanwhile
@@ -185,75 +220,75 @@ class Resumable(RealtimeSession):
             self.detached = not self.replaced
             return True
         # no record any more (Redis restarted empty): nobody can resume it
-        log.warning("session %s: its resume record is gone; the session ends", self.session_id)
+        log.warning("session %s: its resume record is gone; the session ends", session_id)
         return False
 
-    async def _was_replaced(self) -> bool:
+    # ------------------------------------------------------------------ replaced
+    async def was_replaced(self) -> bool:
         """Another connection resumed this session: tell the client and stop relaying."""
         try:
-            owner = await self.gateway.resumes.owner(self.session_id)
+            owner = await self.gateway.resumes.owner(self.host.session_id)
         except Exception:  # noqa: BLE001 - Redis away: decided at the next check
             return False
-        return await self._replaced_by(owner)
+        if owner is None or owner == self.conn_id or owner == "":
+            return False
+        return await self._close_replaced()
 
-    async def _was_replaced_lately(self) -> bool:
-        """``_was_replaced`` from the gateway's batched liveness read (``api/gateway/liveness.py``),
+    async def was_replaced_lately(self) -> bool:
+        """``was_replaced`` from the gateway's batched liveness read (``api/gateway/liveness.py``),
         for a relay loop that must not wait on Redis: the first call starts a watch (read every
         tick; a replacement wakes the loop), later ones see what it found (a failed read: the
         next tick decides)."""
-        key = (self.session_id, self.conn_id)
+        key = (self.host.session_id, self.conn_id)
         if self._replaced_watch != key:  # (a connection that resumed another session: its id)
             self._replaced_watch, self._replaced_seen = key, False
             self.gateway.liveness.watch_replaced(
                 *key, lambda answer: self._replaced_read(key, answer)
             )
-        await self._reclaim()
+        await self.reclaim()
         return self._replaced_seen and await self._close_replaced()
 
-    async def _reclaim(self) -> None:
+    async def reclaim(self) -> None:
         """When the watch read that nobody relays the session, yet this connection does: its
         worker took this gateway for gone (frozen past its lease) and would give the slot back,
         and each failover's new attempt would read the record detached again. Attach it again."""
         if not self._detached_seen:
             return
         self._detached_seen = False
+        session_id = self.host.session_id
         try:
             if await self.gateway.resumes.reclaim(
-                self.session_id, self.conn_id, self.gateway.gateway_id
+                session_id, self.conn_id, self.gateway.gateway_id
             ):
                 log.warning(
                     "session %s: its worker took this gateway for gone; attached again",
-                    self.session_id,
+                    session_id,
                 )
         except Exception:  # Redis away: the next tick reads the record again
-            log.warning("could not attach %s again", self.session_id, exc_info=True)
+            log.warning("could not attach %s again", session_id, exc_info=True)
 
     def _replaced_read(self, key: tuple[str, str], answer: Answer) -> bool:
         """A tick's read of the owner: False (stop watching) once replaced or no longer
         relayed."""
-        if self.gone.is_set() or key != self._replaced_watch:
+        if self.host.gone.is_set() or key != self._replaced_watch:
             return False
         if answer is True:
             self._replaced_seen = True
-            self.wake_relay()
+            self.host.wake_relay()
             return False
         if answer == DETACHED:
             self._detached_seen = True
-            self.wake_relay()
+            self.host.wake_relay()
         return True
-
-    async def _replaced_by(self, owner: str | None) -> bool:
-        if owner is None or owner == self.conn_id or owner == "":
-            return False
-        return await self._close_replaced()
 
     async def _close_replaced(self) -> bool:
         """Tell the client that another connection took the session over, and close."""
+        host = self.host
         self.replaced = True
-        self.closed_sent = True
-        self.state = SessionState.CLOSED
-        await self.send(
-            {"type": "session.closed", "session_id": self.session_id, "reason": "replaced"}
+        host.closed_sent = True
+        host.state = SessionState.CLOSED
+        await host.send(
+            {"type": "session.closed", "session_id": host.session_id, "reason": "replaced"}
         )
-        await self.close(status.WS_1000_NORMAL_CLOSURE)
+        await host.close(status.WS_1000_NORMAL_CLOSURE)
         return True

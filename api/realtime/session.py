@@ -2,7 +2,8 @@
 
 The modes themselves are ``RealtimeDuplex`` (video, audio: ``api/realtime/duplex.py``), which
 holds one worker slot for the whole session, and ``RealtimeChat`` (``api/realtime/chat.py``),
-which holds a slot only while a turn runs.
+which holds a slot only while a turn runs. Both subclass ``RealtimeSession`` and make their
+session resumable with a ``SessionResume`` (``api/realtime/resume.py``) they own.
 """
 
 from __future__ import annotations
@@ -115,8 +116,19 @@ class RealtimeSession(ClientSocket):
 
     def session_goes_on(self) -> bool:
         """Whether the session outlives this connection (a resumable one may: see
-        ``api/realtime/duplex.py``); then its end is neither counted nor logged here."""
+        ``api/realtime/resume.py``); then its end is neither counted nor logged here."""
         return False
+
+    def adopt(self, session_id: str, deadline: float) -> None:
+        """This connection now serves ``session_id``, taken over from another connection
+        (``SessionResume.take_over``): registered under that id, on that session's clock,
+        active, and never queued here (the session-end line)."""
+        self.gateway.sessions.pop(self.session_id, None)
+        self.session_id = session_id
+        self.gateway.sessions[session_id] = self
+        self.deadline = deadline
+        self.state = SessionState.ACTIVE
+        self.admitted_at = time.time()
 
     def time_left(self) -> float:
         """Seconds until the mode's duration limit (counted from connect)."""
@@ -230,7 +242,7 @@ class RealtimeSession(ClientSocket):
                 reason = older_close_reason(reason, self.close_reason or CloseReason.USER_STOP)
             self.ended_reason = str(reason)
             await self.send(self.closed_frame(reason))
-        elif self.ended_reason is None:  # a subclass sent its own session.closed (chat resume)
+        elif self.ended_reason is None:  # a mode sent its own (chat: numbered, logged)
             self.ended_reason = str(reason)
         await self.close(code)
 

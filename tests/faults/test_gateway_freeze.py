@@ -4,7 +4,7 @@ Its workers take it for gone: a resumable session's record is noted detached, it
 a resume elsewhere (``resume_slot_hold_s``), then given back. The thawed gateway still holds the
 clients, yet each failover's new attempt read the record detached again and gave its slot back:
 an endless ``session.recovering`` loop every ~2.5 s. The gateway now attaches such a session
-again as soon as it reads its record detached (``ResumableConnection._reclaim``). A session
+again as soon as it reads its record detached (``SessionResume.reclaim``). A session
 without a record ends; its client, still there, is told ``error``, not ``client_closed``.
 """
 
