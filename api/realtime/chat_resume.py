@@ -165,8 +165,9 @@ class ChatResume:
         self.input_seq = int(record.get("inputs") or 0)
         frames = self.frames = self._open_log()
         await self.host.send(self.resume.resumed_frame(token, last_seq))
+        newest = await frames.last_seq()  # first: a frame logged between the reads is held
         held = await frames.after(last_seq)
-        first = held[0][0] if held else await frames.last_seq() + 1
+        first = held[0][0] if held else newest + 1
         if first > last_seq + 1:
             await self.host.send(resync_frame(self.host.session_id, last_seq + 1, first - 1))
         await self.follow(await self._relay(held, last_seq))
