@@ -1,17 +1,27 @@
 """The client-facing error: ``ProtocolError`` and the ``error`` frame.
 
-Error codes are ``streaming.events.ErrorCode`` (one definition for workers and gateway); close
-codes are starlette's ``status.WS_*`` constants.
+Error codes and close reasons are ``streaming.events.ErrorCode`` and ``CloseReason`` (one
+definition for workers and gateway), re-exported here for the api; close codes are starlette's
+``status.WS_*`` constants.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
-from streaming.events import ErrorCode
+from api.protocol.events import ServerEvent
+from streaming.events import CloseReason, ErrorCode
 
 Frame = dict[str, Any]
 """One JSON server event, as sent to a client."""
+
+
+class ErrorType(StrEnum):
+    """An ``error`` frame's ``error.type``: whose mistake it was."""
+
+    CLIENT_ERROR = "client_error"
+    SERVER_ERROR = "server_error"
 
 
 class ProtocolError(Exception):
@@ -29,8 +39,11 @@ def error_frame(code: ErrorCode, message: str, field: str | None = None) -> Fram
     err: dict[str, Any] = {
         "code": code.value,
         "message": message,
-        "type": "client_error" if code.is_client_error else "server_error",
+        "type": ErrorType.CLIENT_ERROR if code.is_client_error else ErrorType.SERVER_ERROR,
     }
     if field:
         err["field"] = field
-    return {"type": "error", "error": err}
+    return {"type": ServerEvent.ERROR, "error": err}
+
+
+__all__ = ["CloseReason", "ErrorCode", "ErrorType", "Frame", "ProtocolError", "error_frame"]

@@ -28,8 +28,9 @@ from starlette.websockets import WebSocket
 from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect
 from api.protocol.errors import Frame
+from api.protocol.frames import resync_frame
 from api.realtime.recovery import ResumeRequest
-from api.realtime.resume import Resumable, resync_frame
+from api.realtime.resume import Resumable
 from api.realtime.session import SessionState
 from api.realtime.slot_wait import Admitted
 from streaming.chat_log import ChatLog

@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket
 from api.gateway.liveness import DETACHED, Answer
 from api.gateway.state import Gateway
 from api.protocol.errors import Frame
+from api.protocol.frames import session_closed, session_resumed
 from api.realtime.recovery import ResumeRequest
 from api.realtime.session import RealtimeSession, SessionState
 from streaming.events import ErrorCode
@@ -27,16 +28,6 @@ from streaming.resume import AttachResult, new_conn_id, new_token
 log = logging.getLogger("omniserve.gateway")
 
 QUEUE_HOLD_S = 0.25  # a resuming client's session.resume arrives within this of its connect
-
-
-def resync_frame(session_id: str, first: int, last: int) -> Frame:
-    """``session.resync_required``: the log no longer holds client seqs ``first``..``last``."""
-    return {
-        "type": "session.resync_required",
-        "session_id": session_id,
-        "first_missing_seq": first,
-        "last_missing_seq": last,
-    }
 
 
 class Resumable(RealtimeSession):
@@ -149,12 +140,7 @@ class Resumable(RealtimeSession):
 
     def resumed_frame(self, token: str, last_seq: int) -> Frame:
         """``session.resumed``, the first answer to an accepted ``session.resume``."""
-        return {
-            "type": "session.resumed",
-            "session_id": self.session_id,
-            "resume_token": token,
-            "last_seq": last_seq,
-        }
+        return session_resumed(self.session_id, token, last_seq)
 
     def session_goes_on(self) -> bool:
         """This connection ended but the session did not: it waits for a resume (detached), or
@@ -252,8 +238,6 @@ class Resumable(RealtimeSession):
         self.replaced = True
         self.closed_sent = True
         self.state = SessionState.CLOSED
-        await self.send(
-            {"type": "session.closed", "session_id": self.session_id, "reason": "replaced"}
-        )
+        await self.send(session_closed(self.session_id, "replaced"))
         await self.close(status.WS_1000_NORMAL_CLOSURE)
         return True
