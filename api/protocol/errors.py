@@ -17,6 +17,24 @@ Frame = dict[str, Any]
 """One JSON server event, as sent to a client."""
 
 
+CLOSING_ERRORS = frozenset(
+    {
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.ORIGIN_NOT_ALLOWED,
+        ErrorCode.TOO_MANY_CONNECTIONS,
+        ErrorCode.SERVICE_UNAVAILABLE,
+        ErrorCode.QUEUE_FULL,
+        ErrorCode.WORKER_BUSY,
+        ErrorCode.WORKER_CONNECT_FAILED,
+        ErrorCode.BACKEND_ERROR,
+    }
+)
+"""The errors that end a session: the server closes the connection after them (docs/PROTOCOL.md,
+"Error codes"; a ``backend_error`` comes with ``session.closed``)."""
+RESUME_ERRORS = frozenset({ErrorCode.SESSION_NOT_FOUND, ErrorCode.RESUME_EXPIRED})
+"""The answers to a ``session.resume`` that failed; the connection closes after them too."""
+
+
 class ErrorType(StrEnum):
     """An ``error`` frame's ``error.type``: whose mistake it was."""
 
@@ -46,4 +64,13 @@ def error_frame(code: ErrorCode, message: str, field: str | None = None) -> Fram
     return {"type": ServerEvent.ERROR, "error": err}
 
 
-__all__ = ["CloseReason", "ErrorCode", "ErrorType", "Frame", "ProtocolError", "error_frame"]
+__all__ = [
+    "CLOSING_ERRORS",
+    "RESUME_ERRORS",
+    "CloseReason",
+    "ErrorCode",
+    "ErrorType",
+    "Frame",
+    "ProtocolError",
+    "error_frame",
+]
