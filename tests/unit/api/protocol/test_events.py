@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from api.protocol import events
+from api.protocol.chat_validation import ContentItem
 from api.protocol.errors import ErrorType
 from api.protocol.events import (
     CURRENT_SERVER_EVENTS,
@@ -129,6 +130,12 @@ def test_close_reasons_and_error_codes_of_the_spec_are_known() -> None:
     assert not unknown, f"close reasons of the spec that CloseReason does not name: {unknown}"
     codes = set(CODE_VALUE.findall(text))
     assert codes and codes <= set(ErrorCode)
+
+
+def test_chat_content_items_take_the_content_types() -> None:
+    assert ContentItem.model_fields["type"].annotation is ContentType
+    item = ContentItem.model_validate({"type": "image", "data": "x"})
+    assert item.type is ContentType.IMAGE and item.model_dump()["type"] == "image"
 
 
 def test_every_protocol_name_is_defined_once() -> None:
