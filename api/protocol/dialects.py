@@ -36,6 +36,16 @@ from streaming.events import (
     TextDelta,
 )
 
+# The names of the deltas, as plain strings: on the relay's hot path an enum member's lookup and
+# serialisation cost more than building the rest of the frame (python -m bench.event_codec).
+_OUTPUT_DELTA: str = ServerEvent.RESPONSE_OUTPUT_DELTA.value
+_LISTEN: str = ServerEvent.RESPONSE_LISTEN.value
+_OUTPUT_AUDIO_DELTA: str = ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA.value
+_KIND_LISTEN: str = DeltaKind.LISTEN.value
+_KIND_TEXT: str = DeltaKind.TEXT.value
+_KIND_AUDIO: str = DeltaKind.AUDIO.value
+_CHUNK: str = LegacyChatEvent.CHUNK.value
+
 
 class Dialect(StrEnum):
     """The generation of event names a client speaks (its first event decides)."""
@@ -139,10 +149,10 @@ class DuplexMapper:
     def _listen(self, ev: Listen) -> Frame:
         self.kv_cache_length = ev.kv_cache_length or self.kv_cache_length
         if self.dialect is Dialect.OLDER:
-            return {"type": ServerEvent.RESPONSE_LISTEN, "kv_cache_length": self.kv_cache_length}
+            return {"type": _LISTEN, "kv_cache_length": self.kv_cache_length}
         return {
-            "type": ServerEvent.RESPONSE_OUTPUT_DELTA,
-            "kind": DeltaKind.LISTEN,
+            "type": _OUTPUT_DELTA,
+            "kind": _KIND_LISTEN,
             "session_id": self.session_id,
             "input_id": ev.input_id,
             "text": "",
@@ -155,7 +165,7 @@ class DuplexMapper:
         if self.dialect is Dialect.OLDER:
             return [
                 {
-                    "type": ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA,
+                    "type": _OUTPUT_AUDIO_DELTA,
                     "text": ev.text,
                     "audio": ev.audio,
                     "end_of_turn": ev.end_of_turn,
@@ -163,7 +173,7 @@ class DuplexMapper:
                 }
             ]
         base: Frame = {
-            "type": ServerEvent.RESPONSE_OUTPUT_DELTA,
+            "type": _OUTPUT_DELTA,
             "session_id": self.session_id,
             "response_id": ev.response_id,
             "input_id": ev.input_id,
@@ -173,9 +183,9 @@ class DuplexMapper:
             metrics["interrupted"] = True
         frames = []
         if ev.text:
-            frames.append({**base, "kind": DeltaKind.TEXT, "text": ev.text, "metrics": metrics})
+            frames.append({**base, "kind": _KIND_TEXT, "text": ev.text, "metrics": metrics})
         if ev.audio:
-            frames.append({**base, "kind": DeltaKind.AUDIO, "audio": ev.audio, "metrics": metrics})
+            frames.append({**base, "kind": _KIND_AUDIO, "audio": ev.audio, "metrics": metrics})
         return frames
 
 
@@ -189,9 +199,9 @@ class ChatMapper:
         self.base: Frame = {"session_id": session_id, "response_id": response_id}
         self.input_id = input_id
 
-    def _delta(self, kind: DeltaKind, key: str, value: str) -> Frame:
+    def _delta(self, kind: str, key: str, value: str) -> Frame:
         return {
-            "type": ServerEvent.RESPONSE_OUTPUT_DELTA,
+            "type": _OUTPUT_DELTA,
             "kind": kind,
             **self.base,
             "input_id": self.input_id,
@@ -203,13 +213,13 @@ class ChatMapper:
         """Frames for one event of the turn."""
         match ev:
             case TextDelta():
-                return [self._delta(DeltaKind.TEXT, "text", ev.text)]
+                return [self._delta(_KIND_TEXT, "text", ev.text)]
             case AudioDelta():
-                return [self._delta(DeltaKind.AUDIO, "audio", ev.audio)]
+                return [self._delta(_KIND_AUDIO, "audio", ev.audio)]
             case Done():
                 frames = []
                 if ev.last_audio:  # the end of a streamed turn's speech
-                    frames.append(self._delta(DeltaKind.AUDIO, "audio", ev.last_audio))
+                    frames.append(self._delta(_KIND_AUDIO, "audio", ev.last_audio))
                 done: Frame = {
                     "type": ServerEvent.RESPONSE_DONE,
                     **self.base,
@@ -236,7 +246,7 @@ def legacy_error(message: str) -> Frame:
 
 def legacy_chunk(text_delta: str, audio_data: str | None) -> Frame:
     """A ``/ws/chat`` ``chunk``: a piece of the answer's text or of its speech."""
-    return {"type": LegacyChatEvent.CHUNK, "text_delta": text_delta, "audio_data": audio_data}
+    return {"type": _CHUNK, "text_delta": text_delta, "audio_data": audio_data}
 
 
 class LegacyChatMapper:
