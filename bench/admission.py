@@ -23,6 +23,7 @@ import redis
 import redis.asyncio as aioredis
 import websockets
 
+from api.protocol.events import ClientEvent, ServerEvent
 from bench.report import percentiles
 from bench.stack import Stack
 from bench.tap import Tap
@@ -42,7 +43,7 @@ async def _until(ws: websockets.ClientConnection, kind: str, timeout: float = 30
         ev = orjson.loads(await asyncio.wait_for(ws.recv(), timeout))
         if ev["type"] == kind:
             return time.time()
-        if ev["type"] == "error":
+        if ev["type"] == ServerEvent.ERROR:
             raise RuntimeError(ev["error"])
 
 
@@ -52,21 +53,23 @@ async def _connect(url: str) -> websockets.ClientConnection:
 
 async def _handoff(url: str, rounds: int, waiting: int) -> list[float]:
     holder = await _connect(url)
-    await _until(holder, "session.queue_done")
+    await _until(holder, ServerEvent.SESSION_QUEUE_DONE)
     queue = []
     for _ in range(waiting):
         ws = await _connect(url)
-        await _until(ws, "session.queued")
+        await _until(ws, ServerEvent.SESSION_QUEUED)
         queue.append(ws)
     done_at: list[float] = []
     for _ in range(rounds):
-        await holder.send('{"type":"session.close","reason":"user_stop"}')
+        await holder.send(
+            orjson.dumps({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"}).decode()
+        )
         nxt = queue.pop(0)
-        done_at.append(await _until(nxt, "session.queue_done"))
+        done_at.append(await _until(nxt, ServerEvent.SESSION_QUEUE_DONE))
         await holder.close()
         holder = nxt
         ws = await _connect(url)
-        await _until(ws, "session.queued")
+        await _until(ws, ServerEvent.SESSION_QUEUED)
         queue.append(ws)
         await asyncio.sleep(0.3)  # let the queue settle: each round is measured alone
     for ws in [holder, *queue]:
@@ -110,9 +113,9 @@ async def _ws_updates(
             )
             socks[i] = ws
             first = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
-            if first.get("type") in ("session.queued", "session.queue_update"):
+            if first.get("type") in (ServerEvent.SESSION_QUEUED, ServerEvent.SESSION_QUEUE_UPDATE):
                 positions[i] = int(first["position"])
-                if first["type"] != "session.queued":
+                if first["type"] != ServerEvent.SESSION_QUEUED:
                     update_first.append(i)  # protocol order: queued must come first
             else:
                 rejected.append(str((first.get("error") or {}).get("code")))
@@ -121,14 +124,14 @@ async def _ws_updates(
         try:
             async for raw in ws:
                 ev = orjson.loads(raw)
-                if ev["type"] == "session.queue_update":
+                if ev["type"] == ServerEvent.SESSION_QUEUE_UPDATE:
                     counts["updates"] += 1
                     positions[i] = int(ev["position"])
         except websockets.ConnectionClosed:
             pass
 
     holder = await _connect(url)  # takes the only slot, so everyone else waits
-    await _until(holder, "session.queue_done")
+    await _until(holder, ServerEvent.SESSION_QUEUE_DONE)
     # 20 connects in flight: more trips the gateway's Redis pool limit (see docs/BENCHMARKS.md)
     sem, ready = asyncio.Semaphore(20), asyncio.Event()
     t_fill = time.perf_counter()

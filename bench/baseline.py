@@ -21,6 +21,7 @@ import orjson
 import websockets
 from websockets.asyncio.server import ServerConnection, serve
 
+from api.protocol.events import ClientEvent, DeltaKind, ServerEvent
 from inference.base import (
     ChatDelta,
     ChatDone,
@@ -48,38 +49,42 @@ async def duplex(ws: ServerConnection, sid: str) -> None:
     async for raw in ws:
         ev = orjson.loads(raw)
         kind = ev.get("type")
-        if kind == "session.init":
+        if kind == ClientEvent.SESSION_INIT:
             prompt = session.prepare(DuplexConfig(system_prompt="bench"))
             await ws.send(
                 orjson.dumps(
                     {
-                        "type": "session.created",
+                        "type": ServerEvent.SESSION_CREATED,
                         "session_id": sid,
                         "mode": "full_duplex",
                         "prompt_length": prompt,
                     }
                 ).decode()
             )
-        elif kind == "input.append":
+        elif kind == ClientEvent.INPUT_APPEND:
             n += 1
             pcm = b64_to_pcm(ev["input"]["audio"])
             step = await asyncio.to_thread(session.step, DuplexInput(audio=pcm))
-            base = {"type": "response.output.delta", "session_id": sid, "input_id": f"input_{n}"}
+            base = {
+                "type": ServerEvent.RESPONSE_OUTPUT_DELTA,
+                "session_id": sid,
+                "input_id": f"input_{n}",
+            }
             if step.listen:
-                frames = [{**base, "kind": "listen", "t_emit": time.time()}]
+                frames = [{**base, "kind": DeltaKind.LISTEN, "t_emit": time.time()}]
             else:
                 audio = _b64(step.audio)
                 t = time.time()
                 frames = [
-                    {**base, "kind": "text", "text": step.text, "t_emit": t},
-                    {**base, "kind": "audio", "audio": audio, "t_emit": t},
+                    {**base, "kind": DeltaKind.TEXT, "text": step.text, "t_emit": t},
+                    {**base, "kind": DeltaKind.AUDIO, "audio": audio, "t_emit": t},
                 ]
             for f in frames:
                 await ws.send(orjson.dumps(f).decode())
-        elif kind == "session.close":
+        elif kind == ClientEvent.SESSION_CLOSE:
             await ws.send(
                 orjson.dumps(
-                    {"type": "session.closed", "session_id": sid, "reason": "user_stop"}
+                    {"type": ServerEvent.SESSION_CLOSED, "session_id": sid, "reason": "user_stop"}
                 ).decode()
             )
             return
@@ -106,13 +111,13 @@ async def chat(ws: ServerConnection, sid: str) -> None:
     async for raw in ws:
         ev = orjson.loads(raw)
         kind = ev.get("type")
-        if kind == "session.init":
+        if kind == ClientEvent.SESSION_INIT:
             await ws.send(
                 orjson.dumps(
-                    {"type": "session.created", "session_id": sid, "mode": "turn_based"}
+                    {"type": ServerEvent.SESSION_CREATED, "session_id": sid, "mode": "turn_based"}
                 ).decode()
             )
-        elif kind == "input.append":
+        elif kind == ClientEvent.INPUT_APPEND:
             q: asyncio.Queue[Any] = asyncio.Queue()
             worker = loop.run_in_executor(None, _chat_thread, ev["input"], loop, q)
             base = {"session_id": sid, "response_id": "resp_baseline"}
@@ -121,8 +126,8 @@ async def chat(ws: ServerConnection, sid: str) -> None:
                     await ws.send(
                         orjson.dumps(
                             {
-                                "type": "response.output.delta",
-                                "kind": "text",
+                                "type": ServerEvent.RESPONSE_OUTPUT_DELTA,
+                                "kind": DeltaKind.TEXT,
                                 **base,
                                 "text": item.text,
                             }
@@ -132,7 +137,7 @@ async def chat(ws: ServerConnection, sid: str) -> None:
                     await ws.send(
                         orjson.dumps(
                             {
-                                "type": "response.done",
+                                "type": ServerEvent.RESPONSE_DONE,
                                 **base,
                                 "text": item.text,
                                 "reason": "turn_end",
@@ -140,10 +145,10 @@ async def chat(ws: ServerConnection, sid: str) -> None:
                         ).decode()
                     )
             await worker
-        elif kind == "session.close":
+        elif kind == ClientEvent.SESSION_CLOSE:
             await ws.send(
                 orjson.dumps(
-                    {"type": "session.closed", "session_id": sid, "reason": "user_stop"}
+                    {"type": ServerEvent.SESSION_CLOSED, "session_id": sid, "reason": "user_stop"}
                 ).decode()
             )
             return
@@ -153,7 +158,9 @@ async def handler(ws: ServerConnection) -> None:
     assert ws.request is not None  # (the handshake is done when the handler runs)
     mode = parse_qs(urlsplit(ws.request.path).query).get("mode", ["audio"])[0]
     sid = f"base_{id(ws):x}"
-    await ws.send(orjson.dumps({"type": "session.queue_done", "session_id": sid}).decode())
+    await ws.send(
+        orjson.dumps({"type": ServerEvent.SESSION_QUEUE_DONE, "session_id": sid}).decode()
+    )
     try:
         await (chat(ws, sid) if mode == "chat" else duplex(ws, sid))
     except websockets.ConnectionClosed:

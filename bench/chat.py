@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import websockets
 
+from api.protocol.events import ClientEvent, ServerEvent
 from bench.report import percentiles
 
 SHORT = " ".join(f"w{i}" for i in range(5))
@@ -26,14 +27,20 @@ async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
     first: list[float] = []
     done: list[float] = []
     try:
-        while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.queue_done":
+        while (
+            orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"]
+            != ServerEvent.SESSION_QUEUE_DONE
+        ):
             pass
-        await ws.send('{"type":"session.init","payload":{}}')
-        while orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "session.created":
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
+        while (
+            orjson.loads(await asyncio.wait_for(ws.recv(), 30))["type"]
+            != ServerEvent.SESSION_CREATED
+        ):
             pass
         msg = orjson.dumps(
             {
-                "type": "input.append",
+                "type": ClientEvent.INPUT_APPEND,
                 "input": {
                     "messages": [{"role": "user", "content": f"Reply with exactly: {text}"}],
                     "streaming": True,
@@ -51,13 +58,13 @@ async def _turns(url: str, text: str, rounds: int) -> dict[str, Any]:
             t_first = None
             while True:
                 ev = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
-                if ev["type"] == "response.output.delta" and t_first is None:
+                if ev["type"] == ServerEvent.RESPONSE_OUTPUT_DELTA and t_first is None:
                     t_first = time.perf_counter()
-                elif ev["type"] == "response.done":
+                elif ev["type"] == ServerEvent.RESPONSE_DONE:
                     done.append((time.perf_counter() - t0) * 1000)
                     first.append(((t_first or time.perf_counter()) - t0) * 1000)
                     break
-                elif ev["type"] == "error":
+                elif ev["type"] == ServerEvent.ERROR:
                     raise RuntimeError(ev["error"])
     finally:
         await ws.close()

@@ -17,11 +17,12 @@ import numpy as np
 import orjson
 import websockets
 
+from api.protocol.events import ClientEvent, ServerEvent
 from omnicore.audio import pcm_to_b64
 
 SILENCE_1S = pcm_to_b64(np.zeros(16000, dtype=np.float32))
 COMPRESSION: list[str | None] = ["deflate"]  # what clients offer; None: no permessage-deflate
-APPEND = orjson.dumps({"type": "input.append", "input": {"audio": SILENCE_1S}}).decode()
+APPEND = orjson.dumps({"type": ClientEvent.INPUT_APPEND, "input": {"audio": SILENCE_1S}}).decode()
 
 
 @dataclass
@@ -56,17 +57,18 @@ async def _session(
     try:
         while True:
             ev = orjson.loads(await asyncio.wait_for(ws.recv(), 120))
-            if ev["type"] == "session.queue_done":
+            if ev["type"] == ServerEvent.SESSION_QUEUE_DONE:
                 break
-            if ev["type"] == "error":
+            if ev["type"] == ServerEvent.ERROR:
                 raise RuntimeError(ev["error"]["code"])
-        await ws.send('{"type":"session.init","payload":{"system_prompt":"bench"}}')
+        init = {"type": ClientEvent.SESSION_INIT, "payload": {"system_prompt": "bench"}}
+        await ws.send(orjson.dumps(init).decode())
         while True:
             ev = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
-            if ev["type"] == "session.created":
+            if ev["type"] == ServerEvent.SESSION_CREATED:
                 sid = ev["session_id"]
                 break
-            if ev["type"] == "error":
+            if ev["type"] == ServerEvent.ERROR:
                 raise RuntimeError(ev["error"]["code"])
         res.sessions += 1
         await ready.wait()
@@ -86,25 +88,27 @@ async def _session(
                 raw = await asyncio.wait_for(ws.recv(), max(0.5, stop_at[0] + 3 - time.monotonic()))
                 t_recv = time.time()
                 ev = orjson.loads(raw)
-                if ev.get("type") == "response.output.delta":
+                if ev.get("type") == ServerEvent.RESPONSE_OUTPUT_DELTA:
                     m = ev.get("metrics") or {}
                     dropped = max(dropped, int(m.get("dropped_chunks") or 0))
                     res.records.append(
                         (t_recv, sid, ev["kind"], ev.get("input_id"), ev.get("t_emit"))
                     )
-                elif ev.get("type") == "error":
+                elif ev.get("type") == ServerEvent.ERROR:
                     res.errors.append(ev["error"]["code"])
-                elif ev.get("type") == "session.closed":
+                elif ev.get("type") == ServerEvent.SESSION_CLOSED:
                     break
         except TimeoutError:
             pass
         finally:
             send_task.cancel()
-        await ws.send('{"type":"session.close","reason":"user_stop"}')
+        await ws.send(
+            orjson.dumps({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"}).decode()
+        )
         try:
             while True:
                 ev = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
-                if ev.get("type") == "session.closed":
+                if ev.get("type") == ServerEvent.SESSION_CLOSED:
                     break
         except (TimeoutError, websockets.ConnectionClosed):
             pass

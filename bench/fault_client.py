@@ -22,6 +22,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from api.protocol.events import ClientEvent, ServerEvent
 from omnicore.audio import pcm_to_b64
 
 TINY_RCVBUF = 4096  # the kernel doubles it; still a few KB
@@ -49,16 +50,16 @@ async def run(url: str, mode: str, no_read: bool) -> None:
         max_size=None,
         max_queue=1 if no_read else 16,
     ) as ws:
-        await until(ws, "session.queue_done")
-        await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
-        created = await until(ws, "session.created")
+        await until(ws, ServerEvent.SESSION_QUEUE_DONE)
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
+        created = await until(ws, ServerEvent.SESSION_CREATED)
         print(f"ACTIVE {created['session_id']}", flush=True)
         reader = None if no_read else asyncio.create_task(_drain(ws))
         n = 0
         try:
             while reader is None or not reader.done():
                 audio = SPEECH if n % 4 == 0 else SILENCE
-                event = {"type": "input.append", "input": {"audio": audio}}
+                event = {"type": ClientEvent.INPUT_APPEND, "input": {"audio": audio}}
                 await asyncio.wait_for(ws.send(orjson.dumps(event).decode()), 30)
                 n += 1
                 await asyncio.sleep(0.3)

@@ -46,6 +46,7 @@ import numpy as np
 import orjson
 import websockets
 
+from api.protocol.events import ClientEvent, DeltaKind, ServerEvent
 from bench.report import RESULTS
 from bench.stack import Stack, install_cleanup, kill_all, shared_redis, spawn, tail
 
@@ -91,10 +92,16 @@ async def one_turn(url: str, signal: np.ndarray, end: int, chunk: int) -> dict[s
         f"{url}/v1/realtime?mode=audio", max_size=None, ping_interval=None, open_timeout=60
     )
     try:
-        while orjson.loads(await asyncio.wait_for(ws.recv(), 300))["type"] != "session.queue_done":
+        while (
+            orjson.loads(await asyncio.wait_for(ws.recv(), 300))["type"]
+            != ServerEvent.SESSION_QUEUE_DONE
+        ):
             pass
-        await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
-        while orjson.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != "session.created":
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
+        while (
+            orjson.loads(await asyncio.wait_for(ws.recv(), 60))["type"]
+            != ServerEvent.SESSION_CREATED
+        ):
             pass
         loop = asyncio.get_running_loop()
         sent: dict[int, float] = {}
@@ -107,7 +114,9 @@ async def one_turn(url: str, signal: np.ndarray, end: int, chunk: int) -> dict[s
                 audio = base64.b64encode(piece.astype("<f4").tobytes()).decode()
                 sent[i + 1] = loop.time()
                 await ws.send(
-                    orjson.dumps({"type": "input.append", "input": {"audio": audio}}).decode()
+                    orjson.dumps(
+                        {"type": ClientEvent.INPUT_APPEND, "input": {"audio": audio}}
+                    ).decode()
                 )
 
         task = asyncio.create_task(sender())
@@ -116,11 +125,17 @@ async def one_turn(url: str, signal: np.ndarray, end: int, chunk: int) -> dict[s
             deadline = t0 + signal.size / RATE + 30
             while True:
                 ev = orjson.loads(await asyncio.wait_for(ws.recv(), deadline - loop.time()))
-                if ev.get("type") == "error":
+                if ev.get("type") == ServerEvent.ERROR:
                     raise RuntimeError(f"error from the server: {ev}")
-                if ev.get("type") == "response.output.delta" and ev.get("kind") == "text":
+                if (
+                    ev.get("type") == ServerEvent.RESPONSE_OUTPUT_DELTA
+                    and ev.get("kind") == DeltaKind.TEXT
+                ):
                     first_text = first_text or str(ev.get("text") or "")
-                if ev.get("type") == "response.output.delta" and ev.get("kind") == "audio":
+                if (
+                    ev.get("type") == ServerEvent.RESPONSE_OUTPUT_DELTA
+                    and ev.get("kind") == DeltaKind.AUDIO
+                ):
                     received = loop.time()
                     break
         finally:
@@ -163,7 +178,9 @@ async def one_turn(url: str, signal: np.ndarray, end: int, chunk: int) -> dict[s
         if m.get("speech_end_before_chunk_end_s") is not None:
             detected = answered * chunk - m["speech_end_before_chunk_end_s"] * RATE
             row["vad_end_error_s"] = round((detected - end) / RATE, 3)
-        await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
+        await ws.send(
+            orjson.dumps({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"}).decode()
+        )
         return row
     finally:
         await ws.close()

@@ -31,6 +31,7 @@ import orjson
 import redis.asyncio as aioredis
 import websockets
 
+from api.protocol.events import ClientEvent, ServerEvent
 from bench.stack import Stack, install_cleanup, kill_all, shared_redis
 
 TOKEN_DELAY_S = 0.1
@@ -65,7 +66,7 @@ class Client:
 
     async def _recv(self, ws: websockets.ClientConnection) -> dict[str, Any]:
         ev: dict[str, Any] = orjson.loads(await asyncio.wait_for(ws.recv(), 120))
-        if ev["type"] == "error":
+        if ev["type"] == ServerEvent.ERROR:
             raise RuntimeError(f"error event: {ev.get('error')}")
         return ev
 
@@ -91,36 +92,36 @@ class Client:
 
     async def chat(self, words: int) -> Sample | None:
         async with websockets.connect(f"{self.url}/v1/realtime?mode=chat", max_size=None) as ws:
-            await self._until(ws, "session.queue_done")
-            await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
-            await self._until(ws, "session.created")
+            await self._until(ws, ServerEvent.SESSION_QUEUE_DONE)
+            await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
+            await self._until(ws, ServerEvent.SESSION_CREATED)
             text = "Reply with exactly: " + " ".join(["word"] * words)
             turn = {"messages": [{"role": "user", "content": text}]}
-            await ws.send(orjson.dumps({"type": "input.append", "input": turn}).decode())
+            await ws.send(orjson.dumps({"type": ClientEvent.INPUT_APPEND, "input": turn}).decode())
             # a turn served at once hears no response.queue_done
             sample, last = await self._wait(
                 ws,
                 "chat",
                 "response",
-                "response.queue_done",
-                "response.output.delta",
-                "response.done",
+                ServerEvent.RESPONSE_QUEUE_DONE,
+                ServerEvent.RESPONSE_OUTPUT_DELTA,
+                ServerEvent.RESPONSE_DONE,
             )
-            if last != "response.done":
-                await self._until(ws, "response.done")
+            if last != ServerEvent.RESPONSE_DONE:
+                await self._until(ws, ServerEvent.RESPONSE_DONE)
             return sample
 
     async def duplex(self, mode: str, hold_s: float) -> Sample | None:
         async with websockets.connect(f"{self.url}/v1/realtime?mode={mode}", max_size=None) as ws:
             # sent at once (kept until the slot comes): a first event lets the queue events go
             # out as they happen, not held for a resume
-            await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
-            sample, _ = await self._wait(ws, mode, "session", "session.queue_done")
-            await self._until(ws, "session.created")
+            await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
+            sample, _ = await self._wait(ws, mode, "session", ServerEvent.SESSION_QUEUE_DONE)
+            await self._until(ws, ServerEvent.SESSION_CREATED)
             await asyncio.sleep(hold_s)
-            close = {"type": "session.close", "reason": "user_stop"}
+            close = {"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"}
             await ws.send(orjson.dumps(close).decode())
-            await self._until(ws, "session.closed")
+            await self._until(ws, ServerEvent.SESSION_CLOSED)
             return sample
 
     async def _until(self, ws: websockets.ClientConnection, kind: str) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from api.protocol.events import ClientEvent, DeltaKind, ServerEvent
 from api.recordings.recorder import Recorder
 from omnicore.audio import pcm_to_b64
 from omnicore.settings import Settings
@@ -44,20 +45,20 @@ def _frames() -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
 
     jpeg = base64.b64encode(buf.getvalue()).decode()
     event_in: dict[str, object] = {
-        "type": "input.append",
+        "type": ClientEvent.INPUT_APPEND,
         "input": {"audio": audio_in, "video_frames": [jpeg]},
     }
-    base = {"type": "response.output.delta", "session_id": "rt_x", "response_id": "r1"}
+    base = {"type": ServerEvent.RESPONSE_OUTPUT_DELTA, "session_id": "rt_x", "response_id": "r1"}
     audio: dict[str, object] = {
         **base,
-        "kind": "audio",
+        "kind": DeltaKind.AUDIO,
         "input_id": "input_1",
         "audio": audio_out,
         "metrics": {},
     }
     text: dict[str, object] = {
         **base,
-        "kind": "text",
+        "kind": DeltaKind.TEXT,
         "input_id": "input_1",
         "text": "Hello there.",
         "metrics": {},

@@ -39,6 +39,7 @@ import orjson
 import psutil
 import websockets
 
+from api.protocol.events import ClientEvent, ServerEvent
 from bench.stack import Stack, install_cleanup, kill_all, shared_redis
 
 SPEECH_S = 3
@@ -82,9 +83,9 @@ async def call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]:
                 if ev["type"] in types:
                     return ev
 
-        await until("session.queue_done")
-        await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
-        await until("session.created")
+        await until(ServerEvent.SESSION_QUEUE_DONE)
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
+        await until(ServerEvent.SESSION_CREATED)
         gaps: list[float] = []  # between consecutive answers, without a rollover
         rollover_gaps: list[float] = []
         prepare_s: list[float] = []
@@ -97,39 +98,41 @@ async def call(stack: Stack, seconds: int, turn_s: int) -> dict[str, Any]:
         for i in range(seconds):
             audio = voiced if i % turn_s < SPEECH_S else quiet
             await ws.send(
-                orjson.dumps({"type": "input.append", "input": {"audio": audio}}).decode()
+                orjson.dumps({"type": ClientEvent.INPUT_APPEND, "input": {"audio": audio}}).decode()
             )
             rolled = False
             while True:
                 ev = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
                 kind = ev["type"]
-                if kind == "session.rollover":
+                if kind == ServerEvent.SESSION_ROLLOVER:
                     rolled = True
                     prepare_s.append(float(ev["metrics"]["prepare_s"]))
                     kv_before.append(int(ev["metrics"]["kv_cache_length_before"]))
                     kv_after.append(int(ev["kv_cache_length"]))
                     if not rss:
                         rss.append(worker_rss_mib(stack))
-                elif kind in ("error", "session.closed"):
+                elif kind in (ServerEvent.ERROR, ServerEvent.SESSION_CLOSED):
                     problems.append(ev)
-                    if kind == "session.closed":
+                    if kind == ServerEvent.SESSION_CLOSED:
                         raise RuntimeError(f"the call ended after {i} s: {ev}")
-                elif kind == "response.output.delta" and ev["input_id"] == f"input_{i + 1}":
+                elif (
+                    kind == ServerEvent.RESPONSE_OUTPUT_DELTA and ev["input_id"] == f"input_{i + 1}"
+                ):
                     max_kv = max(max_kv, int(ev["metrics"].get("kv_cache_length", 0)))
                     break
             now = time.perf_counter()
             (rollover_gaps if rolled else gaps).append(now - last)
             last = now
         rss.append(worker_rss_mib(stack))
-        await ws.send(orjson.dumps({"type": "session.close"}).decode())
-        closed = await until("session.closed")
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_CLOSE}).decode())
+        closed = await until(ServerEvent.SESSION_CLOSED)
     ms = 1000.0
     return {
         "call_s": seconds,
         "rollovers": len(rollover_gaps),
         "context_full": closed["reason"] == "context_full"
         or any(p.get("reason") == "context_full" for p in problems),
-        "errors": [p for p in problems if p["type"] == "error"],
+        "errors": [p for p in problems if p["type"] == ServerEvent.ERROR],
         "max_kv_cache_length": max_kv,
         "kv_before_rollover": kv_before,
         "kv_after_rollover": kv_after,

@@ -37,6 +37,7 @@ import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from api.protocol.events import ClientEvent, ServerEvent
 from bench.soak_stack import SoakStack
 from bench.stack import install_cleanup, stop
 from omnicore.audio import pcm_to_b64
@@ -88,7 +89,10 @@ class Session:
     def _ended(self, code: int | None) -> str:
         if self.reason is not None:
             return "closed"
-        if any(f.get("type") == "error" for f in self.frames) and code not in (None, 1006):
+        if any(f.get("type") == ServerEvent.ERROR for f in self.frames) and code not in (
+            None,
+            1006,
+        ):
             return "refused"
         if self.stack.gateway_epoch[self.gw] != self.epoch:
             return "cut"
@@ -103,25 +107,27 @@ class Session:
         while True:
             frame: dict[str, Any] = orjson.loads(await asyncio.wait_for(ws.recv(), STUCK_S))
             self.frames.append(frame)
-            if frame.get("type") == "session.closed":
+            if frame.get("type") == ServerEvent.SESSION_CLOSED:
                 self.reason = str(frame.get("reason"))
-            if frame.get("type") in types or frame.get("type") == "session.closed":
+            if frame.get("type") in types or frame.get("type") == ServerEvent.SESSION_CLOSED:
                 return frame
 
     async def _talk(self, ws: Any) -> str:
         rng = self.rng
-        await self._recv(ws, "session.queue_done")
+        await self._recv(ws, ServerEvent.SESSION_QUEUE_DONE)
         if self.reason:
             return "closed"
         leave_at = rng.choice(["queue_done", "init", "stream"]) if self.kind == "leave" else ""
         if leave_at == "queue_done":
             ws.transport.abort()
             return "left"
-        await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
         if leave_at == "init":
             ws.transport.abort()
             return "left"
-        if (await self._recv(ws, "session.created"))["type"] == "session.closed":
+        if (await self._recv(ws, ServerEvent.SESSION_CREATED))[
+            "type"
+        ] == ServerEvent.SESSION_CLOSED:
             return "closed"
         if self.kind == "chat":
             return await self._chat(ws)
@@ -131,7 +137,7 @@ class Session:
             if reader.done():
                 break
             audio = SPEECH if n % 4 == 0 else SILENCE
-            event = {"type": "input.append", "input": {"audio": audio}}
+            event = {"type": ClientEvent.INPUT_APPEND, "input": {"audio": audio}}
             await ws.send(orjson.dumps(event).decode())
             await asyncio.sleep(0.3)
             if leave_at == "stream" and n == chunks // 2:
@@ -139,18 +145,18 @@ class Session:
                 ws.transport.abort()
                 return "left"
         if not reader.done():
-            await ws.send(orjson.dumps({"type": "session.close"}).decode())
+            await ws.send(orjson.dumps({"type": ClientEvent.SESSION_CLOSE}).decode())
         await reader
         return "closed"
 
     async def _chat(self, ws: Any) -> str:
         for _ in range(self.rng.randint(1, 2)):
             turn = {"messages": [{"role": "user", "content": "hello"}]}
-            await ws.send(orjson.dumps({"type": "input.append", "input": turn}).decode())
-            frame = await self._recv(ws, "response.done", "error")
-            if frame["type"] == "session.closed":
+            await ws.send(orjson.dumps({"type": ClientEvent.INPUT_APPEND, "input": turn}).decode())
+            frame = await self._recv(ws, ServerEvent.RESPONSE_DONE, ServerEvent.ERROR)
+            if frame["type"] == ServerEvent.SESSION_CLOSED:
                 return "closed"
-        await ws.send(orjson.dumps({"type": "session.close"}).decode())
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_CLOSE}).decode())
         await self._recv(ws)
         return "closed"
 

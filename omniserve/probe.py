@@ -20,6 +20,7 @@ from websockets.exceptions import (
     WebSocketException,
 )
 
+from api.protocol.events import ClientEvent, DeltaKind, ServerEvent
 from omnicore.audio import b64_to_pcm, pcm_to_b64, read_audio, resample, wav_bytes
 
 RECV_TIMEOUT_S = 120.0
@@ -79,13 +80,13 @@ async def _wait_queue(ws: websockets.ClientConnection) -> None:
         async with asyncio.timeout(QUEUE_TIMEOUT_S):
             ev = orjson.loads(await ws.recv())
         kind = ev["type"]
-        if kind in ("session.queued", "session.queue_update"):
+        if kind in (ServerEvent.SESSION_QUEUED, ServerEvent.SESSION_QUEUE_UPDATE):
             print(
                 f"[queued: position {ev['position']}, ~{ev['estimated_wait_s']} s]", file=sys.stderr
             )
-        elif kind == "session.queue_done":
+        elif kind == ServerEvent.SESSION_QUEUE_DONE:
             return
-        elif kind == "error":
+        elif kind == ServerEvent.ERROR:
             raise GatewayRefused(f"{ev['error']['code']}: {ev['error']['message']}")
 
 
@@ -100,15 +101,15 @@ async def chat(url: str, text: str, tts_out: str | None = None, api_key: str | N
         f"{url}/v1/realtime?mode=chat", max_size=None, additional_headers=_headers(api_key)
     ) as ws:
         await _wait_queue(ws)
-        await ws.send(orjson.dumps({"type": "session.init", "payload": {}}).decode())
+        await ws.send(orjson.dumps({"type": ClientEvent.SESSION_INIT, "payload": {}}).decode())
         created = await _recv(ws)
-        if created["type"] != "session.created":
+        if created["type"] != ServerEvent.SESSION_CREATED:
             print(created, file=sys.stderr)
             return 1
         await ws.send(
             orjson.dumps(
                 {
-                    "type": "input.append",
+                    "type": ClientEvent.INPUT_APPEND,
                     "input": {
                         "messages": [{"role": "user", "content": text}],
                         "streaming": True,
@@ -120,22 +121,27 @@ async def chat(url: str, text: str, tts_out: str | None = None, api_key: str | N
         audio: list[np.ndarray] = []
         while True:
             ev = await _recv(ws)
-            if ev["type"] in ("response.queued", "response.queue_update"):  # the turn waits
+            if ev["type"] in (
+                ServerEvent.RESPONSE_QUEUED,
+                ServerEvent.RESPONSE_QUEUE_UPDATE,
+            ):  # the turn waits
                 print(
                     f"[queued: position {ev['position']}, ~{ev['estimated_wait_s']} s]",
                     file=sys.stderr,
                 )
-            elif ev["type"] == "response.output.delta" and ev["kind"] == "text":
+            elif ev["type"] == ServerEvent.RESPONSE_OUTPUT_DELTA and ev["kind"] == DeltaKind.TEXT:
                 print(ev["text"], end="", flush=True)
-            elif ev["type"] == "response.output.delta" and ev["kind"] == "audio":
+            elif ev["type"] == ServerEvent.RESPONSE_OUTPUT_DELTA and ev["kind"] == DeltaKind.AUDIO:
                 audio.append(b64_to_pcm(ev["audio"]))
-            elif ev["type"] == "response.done":
+            elif ev["type"] == ServerEvent.RESPONSE_DONE:
                 print()
                 break
-            elif ev["type"] == "error":
+            elif ev["type"] == ServerEvent.ERROR:
                 print(f"\nerror: {ev['error']}", file=sys.stderr)
                 return 1
-        await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
+        await ws.send(
+            orjson.dumps({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"}).decode()
+        )
     if tts_out and audio:
         await asyncio.to_thread(Path(tts_out).write_bytes, wav_bytes(np.concatenate(audio), 24_000))
         print(f"speech written to {tts_out}", file=sys.stderr)
@@ -166,28 +172,28 @@ async def audio(
         await ws.send(
             orjson.dumps(
                 {
-                    "type": "session.init",
+                    "type": ClientEvent.SESSION_INIT,
                     "payload": {"system_prompt": "You are a helpful assistant."},
                 }
             ).decode()
         )
         created = await _recv(ws)
-        if created["type"] != "session.created":
+        if created["type"] != ServerEvent.SESSION_CREATED:
             print(created, file=sys.stderr)
             return 1
 
         async def reader() -> None:
             async for raw in ws:
                 ev = orjson.loads(raw)
-                if ev["type"] == "response.output.delta":
-                    if ev["kind"] == "text":
+                if ev["type"] == ServerEvent.RESPONSE_OUTPUT_DELTA:
+                    if ev["kind"] == DeltaKind.TEXT:
                         text.append(ev["text"])
                         print(ev["text"], end="", flush=True)
-                    elif ev["kind"] == "audio":
+                    elif ev["kind"] == DeltaKind.AUDIO:
                         out.append(b64_to_pcm(ev["audio"]))
-                elif ev["type"] == "error":
+                elif ev["type"] == ServerEvent.ERROR:
                     print(f"\nerror: {ev['error']}", file=sys.stderr)
-                elif ev["type"] == "session.closed":
+                elif ev["type"] == ServerEvent.SESSION_CLOSED:
                     return
 
         task = asyncio.create_task(reader())
@@ -198,13 +204,15 @@ async def audio(
             await ws.send(
                 orjson.dumps(
                     {
-                        "type": "input.append",
+                        "type": ClientEvent.INPUT_APPEND,
                         "input": {"audio": pcm_to_b64(chunk)},
                     }
                 ).decode()
             )
         await asyncio.sleep(1.0)
-        await ws.send(orjson.dumps({"type": "session.close", "reason": "user_stop"}).decode())
+        await ws.send(
+            orjson.dumps({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"}).decode()
+        )
         try:
             await asyncio.wait_for(task, 30)
         except TimeoutError:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.gateway.waiting_events import WaitingEvents, WaitingTask
+from api.protocol.events import ServerEvent
+from api.protocol.frames import queue_frame
 from omnicore.aio import cancel_and_wait
 from streaming.admission import Admission, QueueFull, QueueSnapshot
 
@@ -117,7 +119,7 @@ class QueueManager:
     async def acquire(
         self,
         notify: Notify,
-        queued_event: str = "session.queued",
+        queued_event: ServerEvent = ServerEvent.SESSION_QUEUED,
         owner: object | None = None,
         front: bool = False,
         task: WaitingTask | None = None,
@@ -248,20 +250,20 @@ class QueueManager:
         waiter: Waiter,
         snap: QueueSnapshot,
         position: int,
-        event_type: str = "session.queue_update",
+        event_type: ServerEvent = ServerEvent.SESSION_QUEUE_UPDATE,
     ) -> None:
         waiter.last_position = position
         waiter.last_sent = time.monotonic()
         self.updates_sent += 1
         try:
             await waiter.notify(
-                {
-                    "type": event_type,
-                    "position": position,
-                    "estimated_wait_s": snap.estimated_wait_s(position),
-                    "ticket_id": waiter.ticket_id,
-                    "queue_length": snap.length,
-                }
+                queue_frame(
+                    event_type,
+                    position,
+                    snap.estimated_wait_s(position),
+                    waiter.ticket_id,
+                    snap.length,
+                )
             )
         except Exception:
             log.debug("queue update to %s failed", waiter.ticket_id, exc_info=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from api.metrics.registry import GatewayMetrics
+from api.protocol.errors import ErrorType
+from api.protocol.events import LegacyChatEvent, ServerEvent
 from streaming.events import (
     AudioDelta,
     CloseReason,
@@ -80,16 +82,21 @@ def mode_of(conn: Any) -> str:
     return mode if isinstance(mode, str) else "chat"
 
 
+# plain strings: this runs for every frame, and an enum member's lookup costs more than the check
+_ERROR: str = ServerEvent.ERROR.value  # (every dialect's error frame is "error")
+_SERVER_ERROR: str = ErrorType.SERVER_ERROR.value
+
+
 def frame_sent(m: GatewayMetrics, frame: dict[str, Any]) -> str | None:
     """Every frame to a client: count the ``error`` events by code (legacy string errors as
     ``legacy``); returns the code of a server error (what a session that ends without
     ``session.closed`` is counted under)."""
-    if frame.get("type") != "error":
+    if frame.get("type") != _ERROR:
         return None
     err = frame.get("error")
     code = str(err.get("code")) if isinstance(err, dict) else "legacy"
     m.errors.labels(code).inc()
-    server = isinstance(err, dict) and err.get("type") == "server_error"
+    server = isinstance(err, dict) and err.get("type") == _SERVER_ERROR
     return code if server else None
 
 
@@ -150,9 +157,11 @@ def _drops(m: GatewayMetrics, clock: ResponseClock, metrics: dict[str, Any]) -> 
         clock.dropped = total
 
 
-# Close reasons that are ours; a client's own session.close reason is free text, counted as one
-# label value so that clients cannot create series at will.
-_OUR_REASONS = frozenset(CloseReason) | frozenset(ErrorCode) | {"done", "error"}
+# Close reasons that are ours (a /ws/chat connection ends with the frame it ended on); a client's
+# own session.close reason is free text, counted as one label value so that clients cannot create
+# series at will.
+_LEGACY_ENDINGS = {LegacyChatEvent.DONE, LegacyChatEvent.ERROR}
+_OUR_REASONS = frozenset(CloseReason) | frozenset(ErrorCode) | _LEGACY_ENDINGS
 CLIENT_REASON = "client_reason"
 
 

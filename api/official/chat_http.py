@@ -31,7 +31,9 @@ from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.chat_validation import ChatDefaults, chat_request
+from api.protocol.dialects import legacy_error
 from api.protocol.errors import Frame, ProtocolError
+from api.protocol.events import LegacyChatEvent
 from api.realtime.chat_turn import ChatTurn
 from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
@@ -187,7 +189,7 @@ class HttpChat:
                             answer["queue_wait_ms"] = queue_wait_ms
                             answer["estimated_queue_wait_s"] = round(self.estimated_wait_s, 1)
                             self.ended_reason = "done"
-                            self.recording.sent({"type": "done", **answer})
+                            self.recording.sent({"type": LegacyChatEvent.DONE, **answer})
                             return JSONResponse(answer)
                         case Error():
                             self.last_server_error = ev.code.value
@@ -249,5 +251,5 @@ class HttpChat:
             "queue_wait_ms": queue_wait_ms,
             "estimated_queue_wait_s": round(self.estimated_wait_s, 1),
         }
-        self.recording.sent({"type": "error", "error": message})
+        self.recording.sent(legacy_error(message))
         return JSONResponse(answer)

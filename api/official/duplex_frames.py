@@ -1,4 +1,5 @@
-"""Worker events -> the frames of the official gateway's ``/ws/duplex`` (its worker's protocol).
+"""Every frame of the official gateway's ``/ws/duplex``: worker events as its worker's protocol
+has them, and the session's own (queue, pause, stop). Its type names are ``OfficialEvent``.
 
 The official worker answers ``prepare`` with ``prepared {prompt_length}`` and each
 ``audio_chunk`` with one ``result`` (its ``DuplexGenerateResult``: ``is_listen``, ``text``,
@@ -16,12 +17,46 @@ import time
 from typing import Any
 
 from api.protocol.errors import Frame
+from api.protocol.events import OFFICIAL_QUEUE_EVENTS, OfficialEvent
 from streaming.events import Created, Error, Event, Gap, Listen, Speak
 
 
 def official_error(message: str) -> Frame:
     """The official dialect's error frame (a string)."""
-    return {"type": "error", "error": message}
+    return {"type": OfficialEvent.ERROR, "error": message}
+
+
+def official_frame(event: OfficialEvent) -> Frame:
+    """A frame that is its type alone (``queue_done``, ``resumed``, ``interrupted``,
+    ``stopped``)."""
+    return {"type": event}
+
+
+def official_paused(timeout: float) -> Frame:
+    """``paused``: the answer to ``pause``, with the seconds the session waits for a resume."""
+    return {"type": OfficialEvent.PAUSED, "timeout": timeout}
+
+
+def official_timeout(reason: str) -> Frame:
+    """``timeout``: the session ended at its duration limit, or paused for too long."""
+    return {"type": OfficialEvent.TIMEOUT, "reason": reason}
+
+
+def official_queue_frame(frame: Frame) -> Frame | None:
+    """The queue's ``session.queued`` / ``session.queue_update`` under the official names
+    (``queued``, ``queue_update``); None for any other frame."""
+    kind = OFFICIAL_QUEUE_EVENTS.get(frame["type"])
+    if kind is None:
+        return None
+    out: Frame = {
+        "type": kind,
+        "position": frame.get("position"),
+        "estimated_wait_s": frame.get("estimated_wait_s"),
+        "queue_length": frame.get("queue_length"),
+    }
+    if kind is OfficialEvent.QUEUED:
+        out["ticket_id"] = frame.get("ticket_id")
+    return out
 
 
 def _ms(metrics: dict[str, Any], key: str) -> float | None:
@@ -48,7 +83,7 @@ class ResultMapper:
         match ev:
             case Created():
                 self.kv_cache_length = ev.prompt_length
-                frame: Frame = {"type": "prepared", "prompt_length": ev.prompt_length}
+                frame: Frame = {"type": OfficialEvent.PREPARED, "prompt_length": ev.prompt_length}
                 if self.recording_id:
                     frame["recording_session_id"] = self.recording_id
                 return [frame]
@@ -83,7 +118,7 @@ class ResultMapper:
         self.steps += 1
         wall = (time.monotonic() - received_at) * 1000 if received_at is not None else None
         return {
-            "type": "result",
+            "type": OfficialEvent.RESULT,
             "is_listen": listen,
             "text": text,
             "audio_data": audio,

@@ -32,10 +32,18 @@ from api.gateway import client_watch
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
-from api.official.duplex_frames import ResultMapper, official_error
+from api.official.duplex_frames import (
+    ResultMapper,
+    official_error,
+    official_frame,
+    official_paused,
+    official_queue_frame,
+    official_timeout,
+)
 from api.official.duplex_requests import audio_chunk, prepare_control
-from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
+from api.protocol.diagnostics import ClientDiagnostics
 from api.protocol.errors import Frame, ProtocolError
+from api.protocol.events import ClientEvent, OfficialClientEvent, OfficialEvent
 from api.realtime.connection import ClientSocket, Flag, NotJSON, new_session_id, parse_json
 from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
@@ -51,7 +59,6 @@ log = logging.getLogger("omniserve.gateway")
 PAUSE_TIMEOUT_S = 60.0  # the official worker's default pause timeout
 CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not waited for
 CLOSING_LOOK_S = 0.25
-QUEUE_FRAMES = {"session.queued": "queued", "session.queue_update": "queue_update"}
 
 
 class OfficialDuplex(ClientSocket):
@@ -145,18 +152,9 @@ class OfficialDuplex(ClientSocket):
 
     async def queue_frame(self, frame: Frame) -> None:
         """The queue's events under the official names (``queued``, ``queue_update``)."""
-        kind = QUEUE_FRAMES.get(str(frame.get("type")))
-        if kind is None:
-            return
-        out: Frame = {
-            "type": kind,
-            "position": frame.get("position"),
-            "estimated_wait_s": frame.get("estimated_wait_s"),
-            "queue_length": frame.get("queue_length"),
-        }
-        if kind == "queued":
-            out["ticket_id"] = frame.get("ticket_id")
-        await self.send(out)
+        out = official_queue_frame(frame)
+        if out is not None:
+            await self.send(out)
 
     async def run(self) -> None:
         gateway = self.gateway
@@ -197,7 +195,7 @@ class OfficialDuplex(ClientSocket):
             except TaskNotStarted as exc:
                 return await self._fail(f"Worker connection failed: {exc.detail}", 1013)
             self.set_state("CONNECTED")
-            await self.send({"type": "queue_done"})
+            await self.send(official_frame(OfficialEvent.QUEUE_DONE))
             telemetry.handed_off(gateway.metrics, got.assigned_at)
             if self.pending is not None:
                 pending, self.pending = self.pending, None
@@ -299,10 +297,10 @@ class OfficialDuplex(ClientSocket):
         self.set_state("CLOSED")
         if reason == CloseReason.USER_STOP:
             self.ended_reason = "stopped"
-            await self.send({"type": "stopped"})
+            await self.send(official_frame(OfficialEvent.STOPPED))
         elif reason == CloseReason.TIMEOUT:
             self.ended_reason = str(reason)
-            await self.send({"type": "timeout", "reason": self.timeout_message or "timeout"})
+            await self.send(official_timeout(self.timeout_message or "timeout"))
         else:
             self.ended_reason = str(reason)
             await self.send(official_error(f"session ended: {reason}"))
@@ -337,30 +335,31 @@ class OfficialDuplex(ClientSocket):
     async def on_event(self, event: dict[str, Any]) -> None:
         kind: str = event["type"]
         match kind:
-            case "prepare":
+            case OfficialClientEvent.PREPARE:
                 await self._on_prepare(event)
-            case "audio_chunk":
+            case OfficialClientEvent.AUDIO_CHUNK:
                 self._on_chunk(event)
-            case "pause":
+            case OfficialClientEvent.PAUSE:
                 timeout = event.get("timeout", PAUSE_TIMEOUT_S)
                 if isinstance(timeout, bool) or not isinstance(timeout, int | float):
                     raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "timeout must be a number")
                 timeout = max(0.0, min(float(timeout), self.time_left()))
                 self.paused_until = time.monotonic() + timeout
                 self.wake_relay()
-                await self.send({"type": "paused", "timeout": timeout})
-            case "resume":
+                await self.send(official_paused(timeout))
+            case OfficialClientEvent.RESUME:
                 self.paused_until = None
                 self.set_state(self.state)  # an idle client is counted from its resume
-                await self.send({"type": "resumed"})
-            case "interrupt":  # the official worker's deprecated interrupt: only acknowledged
-                await self.send({"type": "interrupted"})
-            case "stop":
+                await self.send(official_frame(OfficialEvent.RESUMED))
+            case OfficialClientEvent.INTERRUPT:  # the official worker's deprecated one: only
+                # acknowledged
+                await self.send(official_frame(OfficialEvent.INTERRUPTED))
+            case OfficialClientEvent.STOP:
                 self.stop_reason = CloseReason.USER_STOP
                 if self.state in ("CONNECTED", "PREPARING", "ACTIVE"):
                     await self._tell_worker(CloseReason.USER_STOP)
                 self.stop_wanted.set()
-            case _ if kind == DIAGNOSTIC_EVENT:
+            case ClientEvent.CLIENT_DIAGNOSTIC:
                 self.diagnostics.note(event)
             case _:
                 raise ProtocolError(ErrorCode.UNKNOWN_EVENT, f"Unknown message type: {kind}")

@@ -5,10 +5,13 @@ With ``OMNISERVE_STATIC_DIR`` set, that directory (the official demo's static fi
 ``/web/``. Assets are served from the package directory ``api/web/`` under ``/web/``: plain ES
 modules, no build step, nothing loaded from another host.
 
-Two small JSON endpoints exist only because the pages need them:
+Small endpoints exist only because the pages need them:
 
 - ``GET /web/config``: what the client cannot learn from the protocol (duration limits, whether
   an API key is required).
+- ``GET /web/protocol.js``: the protocol's event types, error codes and close reasons as an ES
+  module the client imports, and ``GET /v1/protocol``, the same as JSON for any client
+  (``api/protocol/catalog.py``): the pages keep no copy of their own.
 - ``GET /v1/admin/overview``: workers with the state of each slot, the global queue, live
   sessions and the latest recordings, for the operator page. It is behind the admin guard
   (``api.security.policy.require_admin``: ``Authorization: Bearer <admin token>``; without a token,
@@ -25,10 +28,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from api.gateway.state import Gateway
+from api.protocol.catalog import catalog, javascript_module
 from api.security.policy import require_admin
 from omnicore import __version__
 from omnicore.settings import Settings
@@ -116,7 +120,7 @@ def live_sessions(gateway: Gateway) -> list[dict[str, Any]]:
 
 
 def create_router(settings: Settings) -> APIRouter:
-    """The page routes and the two JSON endpoints behind them."""
+    """The page routes and the endpoints behind them."""
     router = APIRouter(include_in_schema=False)
 
     if not settings.static_dir:  # else "/" is the static directory's (api/official/static_site.py)
@@ -141,6 +145,14 @@ def create_router(settings: Settings) -> APIRouter:
             },
             headers=_NO_CACHE,
         )
+
+    @router.get("/v1/protocol")
+    async def protocol() -> JSONResponse:
+        return JSONResponse(catalog())
+
+    @router.get("/web/protocol.js")
+    async def protocol_module() -> Response:
+        return Response(javascript_module(), media_type="text/javascript", headers=_NO_CACHE)
 
     @router.get("/v1/admin/overview", dependencies=[Depends(require_admin)])
     async def overview(request: Request) -> JSONResponse:

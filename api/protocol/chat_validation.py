@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from api.protocol.errors import ProtocolError
+from api.protocol.events import ContentType
 from api.protocol.validation import (
     MAX_SLICE_NUMS,
     LooseModel,
@@ -27,7 +28,7 @@ from streaming.events import ErrorCode
 
 
 class ContentItem(LooseModel):
-    type: Literal["text", "image", "audio", "video"]
+    type: ContentType
     text: StrictStr | None = None
     data: StrictStr | None = None
     sample_rate: StrictInt | None = Field(None, gt=0, le=384_000)
@@ -93,7 +94,7 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
             continue
         for j, item in enumerate(msg.content):
             where = f"{prefix}.messages[{i}].content[{j}]"
-            if item.type == "text":
+            if item.type == ContentType.TEXT:
                 if item.text is None:
                     raise ProtocolError(
                         ErrorCode.MISSING_FIELD,
@@ -105,10 +106,10 @@ def _check_content(messages: list[ChatMessage], prefix: str) -> None:
                 raise ProtocolError(
                     ErrorCode.MISSING_FIELD, f"missing required field {where}.data", f"{where}.data"
                 )
-            if item.type == "image":
+            if item.type == ContentType.IMAGE:
                 raw = b64_field(item.data, f"{where}.data")
                 verify_image(raw, f"{where}.data")
-            elif item.type == "audio":
+            elif item.type == ContentType.AUDIO:
                 raw = b64_field(item.data, f"{where}.data")
                 if len(raw) % 4:
                     raise ProtocolError(

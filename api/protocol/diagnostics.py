@@ -20,7 +20,6 @@ from prometheus_client import Counter
 
 log = logging.getLogger("omniserve.gateway")
 
-DIAGNOSTIC_EVENT = "client_diagnostic"
 GAP_EVENT = "gap"
 LOGGED_PER_SESSION = 50
 EXCERPT_CHARS = 400

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from api.protocol.errors import Frame, error_frame
+from api.protocol.events import OLDER_CLIENT_EVENTS, DeltaKind, LegacyChatEvent, ServerEvent
 from streaming.events import (
     AudioDelta,
     Closed,
@@ -35,6 +36,16 @@ from streaming.events import (
     TextDelta,
 )
 
+# The names of the deltas, as plain strings: on the relay's hot path an enum member's lookup and
+# serialisation cost more than building the rest of the frame (python -m bench.event_codec).
+_OUTPUT_DELTA: str = ServerEvent.RESPONSE_OUTPUT_DELTA.value
+_LISTEN: str = ServerEvent.RESPONSE_LISTEN.value
+_OUTPUT_AUDIO_DELTA: str = ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA.value
+_KIND_LISTEN: str = DeltaKind.LISTEN.value
+_KIND_TEXT: str = DeltaKind.TEXT.value
+_KIND_AUDIO: str = DeltaKind.AUDIO.value
+_CHUNK: str = LegacyChatEvent.CHUNK.value
+
 
 class Dialect(StrEnum):
     """The generation of event names a client speaks (its first event decides)."""
@@ -43,12 +54,9 @@ class Dialect(StrEnum):
     OLDER = "older"
 
 
-OLDER_EVENTS = frozenset({"session.update", "input_audio_buffer.append"})
-
-
 def dialect_of(event_type: str) -> Dialect:
     """The dialect a client's first event implies."""
-    return Dialect.OLDER if event_type in OLDER_EVENTS else Dialect.CURRENT
+    return Dialect.OLDER if event_type in OLDER_CLIENT_EVENTS else Dialect.CURRENT
 
 
 def older_close_reason(reason: str, client_reason: str) -> str:
@@ -99,7 +107,7 @@ class DuplexMapper:
             case Expiring():  # sent only to a client that opted in (its init's extensions)
                 return [
                     {
-                        "type": "session.expiring",
+                        "type": ServerEvent.SESSION_EXPIRING,
                         "session_id": self.session_id,
                         "reason": ev.reason.value,
                         "time_left_ms": ev.time_left_ms,
@@ -120,7 +128,7 @@ class DuplexMapper:
             return []
         return [
             {
-                "type": "session.rollover",
+                "type": ServerEvent.SESSION_ROLLOVER,
                 "session_id": self.session_id,
                 "kv_cache_length": ev.kv_cache_length,
                 "metrics": ev.metrics,
@@ -129,7 +137,7 @@ class DuplexMapper:
 
     def _created(self, ev: Created) -> Frame:
         self.kv_cache_length = ev.prompt_length
-        frame: Frame = {"type": "session.created", "session_id": self.session_id}
+        frame: Frame = {"type": ServerEvent.SESSION_CREATED, "session_id": self.session_id}
         if self.dialect is Dialect.CURRENT:
             frame["mode"] = "full_duplex"
             frame["metrics"] = ev.metrics
@@ -141,10 +149,10 @@ class DuplexMapper:
     def _listen(self, ev: Listen) -> Frame:
         self.kv_cache_length = ev.kv_cache_length or self.kv_cache_length
         if self.dialect is Dialect.OLDER:
-            return {"type": "response.listen", "kv_cache_length": self.kv_cache_length}
+            return {"type": _LISTEN, "kv_cache_length": self.kv_cache_length}
         return {
-            "type": "response.output.delta",
-            "kind": "listen",
+            "type": _OUTPUT_DELTA,
+            "kind": _KIND_LISTEN,
             "session_id": self.session_id,
             "input_id": ev.input_id,
             "text": "",
@@ -157,7 +165,7 @@ class DuplexMapper:
         if self.dialect is Dialect.OLDER:
             return [
                 {
-                    "type": "response.output_audio.delta",
+                    "type": _OUTPUT_AUDIO_DELTA,
                     "text": ev.text,
                     "audio": ev.audio,
                     "end_of_turn": ev.end_of_turn,
@@ -165,7 +173,7 @@ class DuplexMapper:
                 }
             ]
         base: Frame = {
-            "type": "response.output.delta",
+            "type": _OUTPUT_DELTA,
             "session_id": self.session_id,
             "response_id": ev.response_id,
             "input_id": ev.input_id,
@@ -175,9 +183,9 @@ class DuplexMapper:
             metrics["interrupted"] = True
         frames = []
         if ev.text:
-            frames.append({**base, "kind": "text", "text": ev.text, "metrics": metrics})
+            frames.append({**base, "kind": _KIND_TEXT, "text": ev.text, "metrics": metrics})
         if ev.audio:
-            frames.append({**base, "kind": "audio", "audio": ev.audio, "metrics": metrics})
+            frames.append({**base, "kind": _KIND_AUDIO, "audio": ev.audio, "metrics": metrics})
         return frames
 
 
@@ -193,7 +201,7 @@ class ChatMapper:
 
     def _delta(self, kind: str, key: str, value: str) -> Frame:
         return {
-            "type": "response.output.delta",
+            "type": _OUTPUT_DELTA,
             "kind": kind,
             **self.base,
             "input_id": self.input_id,
@@ -205,15 +213,15 @@ class ChatMapper:
         """Frames for one event of the turn."""
         match ev:
             case TextDelta():
-                return [self._delta("text", "text", ev.text)]
+                return [self._delta(_KIND_TEXT, "text", ev.text)]
             case AudioDelta():
-                return [self._delta("audio", "audio", ev.audio)]
+                return [self._delta(_KIND_AUDIO, "audio", ev.audio)]
             case Done():
                 frames = []
                 if ev.last_audio:  # the end of a streamed turn's speech
-                    frames.append(self._delta("audio", "audio", ev.last_audio))
+                    frames.append(self._delta(_KIND_AUDIO, "audio", ev.last_audio))
                 done: Frame = {
-                    "type": "response.done",
+                    "type": ServerEvent.RESPONSE_DONE,
                     **self.base,
                     "text": ev.text,
                     "reason": "turn_end",
@@ -233,13 +241,18 @@ class ChatMapper:
 
 def legacy_error(message: str) -> Frame:
     """The ``/ws/chat`` error frame (spec/05: a string; the connection closes after it)."""
-    return {"type": "error", "error": message}
+    return {"type": LegacyChatEvent.ERROR, "error": message}
+
+
+def legacy_chunk(text_delta: str, audio_data: str | None) -> Frame:
+    """A ``/ws/chat`` ``chunk``: a piece of the answer's text or of its speech."""
+    return {"type": _CHUNK, "text_delta": text_delta, "audio_data": audio_data}
 
 
 class LegacyChatMapper:
     """Maps the one turn of a ``/ws/chat`` connection; a ``done`` or ``error`` frame ends it."""
 
-    ENDING = frozenset({"done", "error"})
+    ENDING = frozenset({LegacyChatEvent.DONE, LegacyChatEvent.ERROR})
 
     def __init__(self, recording_id: str) -> None:
         self.recording_id = recording_id
@@ -249,12 +262,12 @@ class LegacyChatMapper:
         """Frames for one event of the turn."""
         match ev:
             case Prefill():
-                return [{"type": "prefill_done", "input_tokens": ev.input_tokens}]
+                return [{"type": LegacyChatEvent.PREFILL_DONE, "input_tokens": ev.input_tokens}]
             case TextDelta():
                 self.text += ev.text
-                return [{"type": "chunk", "text_delta": ev.text, "audio_data": None}]
+                return [legacy_chunk(ev.text, None)]
             case AudioDelta():
-                return [{"type": "chunk", "text_delta": "", "audio_data": ev.audio}]
+                return [legacy_chunk("", ev.audio)]
             case Done():
                 # non-streaming: the whole speech in done. Streaming: every piece of speech in
                 # chunks, the final segment too, and done's audio_data null (nothing left over):
@@ -262,9 +275,9 @@ class LegacyChatMapper:
                 # the chunks, and a spec/05 client that appends done's segment appends nothing.
                 frames: list[Frame] = []
                 if ev.last_audio:
-                    frames.append({"type": "chunk", "text_delta": "", "audio_data": ev.last_audio})
+                    frames.append(legacy_chunk("", ev.last_audio))
                 done: Frame = {
-                    "type": "done",
+                    "type": LegacyChatEvent.DONE,
                     "text": ev.text,
                     "generated_tokens": ev.generated_tokens,
                     "input_tokens": ev.input_tokens,

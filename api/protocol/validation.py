@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from api.protocol.errors import ProtocolError
+from api.protocol.events import ClientEvent, ServerEvent
 from omnicore.audio import AudioFormatError, b64_decode, is_wav, read_audio
 from streaming.controls import InitControl
 from streaming.events import ErrorCode
@@ -204,7 +205,7 @@ class LegacyAppend(LooseModel):
     max_slice_nums: StrictInt | None = Field(None, ge=1, le=MAX_SLICE_NUMS)
 
 
-EXPIRING_EXTENSION = "session.expiring"
+EXPIRING_EXTENSION = ServerEvent.SESSION_EXPIRING
 """The opt-in extension event a duplex init may name in ``extensions``."""
 
 
@@ -234,7 +235,7 @@ class DuplexInit:
 
 def duplex_init(event: dict[str, Any]) -> DuplexInit:
     """Validate ``session.init {payload}`` or ``session.update {session}``."""
-    if event["type"] == "session.update":
+    if event["type"] == ClientEvent.SESSION_UPDATE:
         if "session" not in event:
             raise ProtocolError(
                 ErrorCode.MISSING_FIELD, "missing required field session", "session"
@@ -279,7 +280,7 @@ def duplex_append(event: dict[str, Any], default_slices: int = 1) -> DuplexAppen
 
     Only the older event keeps spec/04's 4000-sample minimum; ``input.append`` takes any length.
     """
-    if event["type"] == "input_audio_buffer.append":
+    if event["type"] == ClientEvent.INPUT_AUDIO_BUFFER_APPEND:
         m = parse(LegacyAppend, event, "")
         where, hints, min_samples = "audio", None, OLDER_MIN_INPUT_SAMPLES
         frames_where = "video_frames"

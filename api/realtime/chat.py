@@ -31,11 +31,13 @@ from api.metrics import telemetry
 from api.protocol.chat_validation import REALTIME_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import ChatMapper, Dialect
 from api.protocol.errors import Frame, ProtocolError, error_frame
+from api.protocol.events import INIT_EVENTS, ClientEvent
+from api.protocol.frames import chat_created, queue_done, turn_queue_done, turn_queue_frame
 from api.realtime.chat_resume import ChatResume
 from api.realtime.chat_turn import ChatTurn
 from api.realtime.recovery import ResumeRequest, parse_resume
 from api.realtime.resume import SessionResume
-from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, RealtimeSession, SessionState
+from api.realtime.session import RealtimeSession, SessionState
 from api.realtime.slot_wait import Admitted
 from api.relay.task import TaskNotStarted, WorkerLost
 from streaming.controls import CloseControl
@@ -46,11 +48,6 @@ from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
 
-TURN_QUEUE_EVENTS = {
-    "session.queued": "response.queued",
-    "session.queue_update": "response.queue_update",
-}
-"""The queue's own events -> the names a waiting chat turn hears them by."""
 # a turn its worker stopped while this connection still waits for it: no client sees client_closed
 TURN_INTERRUPTED = {CloseReason.CLIENT_CLOSED.value: "its worker took this gateway for gone"}
 CHECK_S = 0.5  # how often an idle session checks its clock and (resumable) its record
@@ -78,9 +75,9 @@ class RealtimeChat(RealtimeSession):
         """Handle one client event according to the current state."""
         self.resume.first_event.set()  # (after this call: the held queue_done goes out, or not)
         kind = self.accept_event(event)
-        if kind is None or kind == CLOSE_EVENT:
+        if kind is None or kind == ClientEvent.SESSION_CLOSE:
             return
-        if kind == "session.resume":
+        if kind == ClientEvent.SESSION_RESUME:
             if self.resume.request or self.state is not SessionState.CONNECTED:
                 raise ProtocolError(
                     ErrorCode.INVALID_PAYLOAD, "session.resume must be the first event", "type"
@@ -93,7 +90,7 @@ class RealtimeChat(RealtimeSession):
                 raise ProtocolError(
                     ErrorCode.INVALID_PAYLOAD, "session already initialised", "type"
                 )
-            field = "payload" if kind == "session.init" else "session"
+            field = "payload" if kind == ClientEvent.SESSION_INIT else "session"
             if field not in event:
                 raise ProtocolError(
                     ErrorCode.MISSING_FIELD, f"missing required field {field}", field
@@ -101,20 +98,13 @@ class RealtimeChat(RealtimeSession):
             if not isinstance(event[field], dict):
                 raise ProtocolError(ErrorCode.INVALID_PAYLOAD, f"{field} must be an object", field)
             self.state = SessionState.ACTIVE
-            created = {
-                "type": "session.created",
-                "session_id": self.session_id,
-                "mode": "turn_based",
-                "metrics": {},
-            }
-            if self.recording.id:
-                created["recording_id"] = self.recording.id
+            created = chat_created(self.session_id, self.recording.id)
             await self.chat_resume.offer(created, orjson.dumps(event[field]))
             await self.send(created)
             return
         if self.state is not SessionState.ACTIVE:
             raise ProtocolError(ErrorCode.NOT_READY, "send input only after session.created")
-        if kind != "input.append":
+        if kind != ClientEvent.INPUT_APPEND:
             raise ProtocolError(ErrorCode.INVALID_PAYLOAD, "chat mode takes input.append", "type")
         if "input" not in event:
             raise ProtocolError(ErrorCode.MISSING_FIELD, "missing required field input", "input")
@@ -142,7 +132,7 @@ class RealtimeChat(RealtimeSession):
         """Turns one at a time until the session ends; a vanished client's session is kept
         for a resume (detached) when it has a token."""
         self.state = SessionState.CONNECTED
-        await self.resume.queue_frame({"type": "session.queue_done", "session_id": self.session_id})
+        await self.resume.queue_frame(queue_done(self.session_id))
         try:
             await self.run_turns()
         finally:
@@ -249,7 +239,7 @@ class RealtimeChat(RealtimeSession):
         }
 
         async def queue_event(frame: Frame) -> None:
-            await self.send({**frame, "type": TURN_QUEUE_EVENTS[frame["type"]], **names})
+            await self.send(turn_queue_frame(frame, names))
 
         self.turn_running = True
         try:
@@ -272,7 +262,7 @@ class RealtimeChat(RealtimeSession):
         """Relay one admitted turn; False when the session ended."""
         self.slot_id = admitted.slot_id
         if admitted.waited:
-            await self.send({"type": "response.queue_done", **names})
+            await self.send(turn_queue_done(names))
             telemetry.handed_off(self.gateway.metrics, admitted.assigned_at)
         turn_id = self.turn_id(int(input_id.removeprefix("input_")))
         self.current_turn = turn_id

@@ -27,7 +27,8 @@ from typing import Protocol
 from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect
 from api.protocol.errors import Frame
-from api.realtime.resume import SessionResume, resync_frame
+from api.protocol.frames import resync_frame
+from api.realtime.resume import SessionResume
 from api.realtime.slot_wait import Admitted
 from streaming.chat_log import ChatLog
 

@@ -41,10 +41,17 @@ from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.protocol.dialects import Dialect, DuplexMapper
 from api.protocol.errors import Frame, ProtocolError
+from api.protocol.events import INIT_EVENTS, ClientEvent
+from api.protocol.frames import (
+    queue_done,
+    resync_frame,
+    session_recovered,
+    session_recovering,
+)
 from api.protocol.validation import DuplexInit, duplex_append, duplex_init
 from api.realtime.recovery import Failover, ResumeRequest, parse_resume
-from api.realtime.resume import SessionResume, resync_frame
-from api.realtime.session import CLOSE_EVENT, INIT_EVENTS, RealtimeSession, SessionState
+from api.realtime.resume import SessionResume
+from api.realtime.session import RealtimeSession, SessionState
 from api.relay.retry import start_elsewhere
 from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
 from streaming.controls import InitControl, encode_control
@@ -101,11 +108,11 @@ class RealtimeDuplex(RealtimeSession):
         S = SessionState
         if kind is None:
             return
-        if kind == CLOSE_EVENT:
+        if kind == ClientEvent.SESSION_CLOSE:
             if self.state in (S.CONNECTED, S.INITIALIZING, S.ACTIVE):
                 await self._tell_worker(self.close_reason)
             return
-        if kind == "session.resume":
+        if kind == ClientEvent.SESSION_RESUME:
             started = self.init_since is not None or self.pending_init is not None
             if self.resume.request or self.state not in (S.QUEUED, S.CONNECTED) or started:
                 raise ProtocolError(
@@ -230,7 +237,7 @@ class RealtimeDuplex(RealtimeSession):
             pending, self.pending_init = self.pending_init, None
             if pending is not None:
                 self._begin_init()
-            await self.send({"type": "session.queue_done", "session_id": self.session_id})
+            await self.send(queue_done(self.session_id))
             telemetry.handed_off(self.gateway.metrics, admitted.assigned_at)
             if pending is not None:
                 await self._send_init(pending)
@@ -368,12 +375,7 @@ class RealtimeDuplex(RealtimeSession):
                 return True
             case Created(recovered=True):
                 self.state = SessionState.ACTIVE
-                frame: Frame = {
-                    "type": "session.recovered",
-                    "session_id": self.session_id,
-                    "prompt_length": ev.prompt_length,
-                    "metrics": ev.metrics,
-                }
+                frame = session_recovered(self.session_id, ev.prompt_length, ev.metrics)
                 await self.send(with_seq(frame, seq))
                 return False
             case Created():
@@ -382,8 +384,8 @@ class RealtimeDuplex(RealtimeSession):
                 return False
             case Recovering():
                 self.state = SessionState.RECOVERING
-                frame = {"type": "session.recovering", "session_id": self.session_id}
-                await self.send(with_seq({**frame, "reason": ev.reason}, seq))
+                frame = session_recovering(self.session_id, ev.reason)
+                await self.send(with_seq(frame, seq))
                 return False
             case Error(code=ErrorCode.INVALID_PAYLOAD) if self.state is SessionState.INITIALIZING:
                 self.state = SessionState.CONNECTED  # the init was refused; the client may retry

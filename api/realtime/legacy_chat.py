@@ -22,6 +22,7 @@ from api.metrics import telemetry
 from api.protocol.chat_validation import LEGACY_CHAT_DEFAULTS, chat_request
 from api.protocol.dialects import LegacyChatMapper, legacy_error
 from api.protocol.errors import ProtocolError
+from api.protocol.frames import queue_done
 from api.realtime.chat_turn import ChatTurn
 from api.realtime.connection import ClientSocket, parse_json
 from api.realtime.slot_wait import NoSlot, wait_for_slot
@@ -138,7 +139,7 @@ class LegacyChat(ClientSocket):
         self.admitted_at, self.worker_id = time.time(), slot_worker(got.slot_id)
         self.clock.input_sent(self.turn_id)
         if got.waited:
-            await self.send({"type": "session.queue_done"})
+            await self.send(queue_done())
             telemetry.handed_off(self.gateway.metrics, got.assigned_at)
         turn = ChatTurn(
             self.gateway,

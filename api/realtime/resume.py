@@ -22,6 +22,7 @@ from starlette import status
 from api.gateway.liveness import DETACHED, Answer
 from api.gateway.state import Gateway
 from api.protocol.errors import Frame
+from api.protocol.frames import session_closed, session_resumed
 from api.realtime.recovery import ResumeRequest
 from api.realtime.session import SessionState
 from streaming.events import ErrorCode
@@ -30,16 +31,6 @@ from streaming.resume import AttachResult, new_conn_id, new_token
 log = logging.getLogger("omniserve.gateway")
 
 QUEUE_HOLD_S = 0.25  # a resuming client's session.resume arrives within this of its connect
-
-
-def resync_frame(session_id: str, first: int, last: int) -> Frame:
-    """``session.resync_required``: the log no longer holds client seqs ``first``..``last``."""
-    return {
-        "type": "session.resync_required",
-        "session_id": session_id,
-        "first_missing_seq": first,
-        "last_missing_seq": last,
-    }
 
 
 class ResumeHost(Protocol):
@@ -182,12 +173,7 @@ class SessionResume:
 
     def resumed_frame(self, token: str, last_seq: int) -> Frame:
         """``session.resumed``, the first answer to an accepted ``session.resume``."""
-        return {
-            "type": "session.resumed",
-            "session_id": self.host.session_id,
-            "resume_token": token,
-            "last_seq": last_seq,
-        }
+        return session_resumed(self.host.session_id, token, last_seq)
 
     # ------------------------------------------------------------------ the client gone
     def goes_on(self) -> bool:
@@ -287,8 +273,6 @@ class SessionResume:
         self.replaced = True
         host.closed_sent = True
         host.state = SessionState.CLOSED
-        await host.send(
-            {"type": "session.closed", "session_id": host.session_id, "reason": "replaced"}
-        )
+        await host.send(session_closed(host.session_id, "replaced"))
         await host.close(status.WS_1000_NORMAL_CLOSURE)
         return True

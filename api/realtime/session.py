@@ -20,9 +20,11 @@ from api.gateway.queueing import Notify
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
-from api.protocol.diagnostics import DIAGNOSTIC_EVENT, ClientDiagnostics
+from api.protocol.diagnostics import ClientDiagnostics
 from api.protocol.dialects import Dialect, dialect_of, older_close_reason
 from api.protocol.errors import Frame, ProtocolError
+from api.protocol.events import ClientEvent
+from api.protocol.frames import session_closed
 from api.realtime.connection import ClientSocket, Flag, new_session_id, parse_json
 from api.realtime.slot_wait import Admitted, NoSlot, wait_for_slot
 from api.security.policy import presented_key
@@ -32,18 +34,8 @@ from streaming.keys import slot_worker
 
 log = logging.getLogger("omniserve.gateway")
 
-KNOWN_EVENTS = frozenset(
-    {
-        "session.init",
-        "session.update",
-        "input.append",
-        "input_audio_buffer.append",
-        "session.close",
-        "session.resume",
-    }
-)
-INIT_EVENTS = frozenset({"session.init", "session.update"})
-CLOSE_EVENT = "session.close"
+KNOWN_EVENTS = frozenset(ClientEvent) - {ClientEvent.CLIENT_DIAGNOSTIC}
+"""The events a mode handles (a ``client_diagnostic`` is noted before it)."""
 
 
 class SessionState(StrEnum):
@@ -180,14 +172,14 @@ class RealtimeSession(ClientSocket):
         worker), or None when nothing is left to do (a ``client_diagnostic``).
         """
         kind: str = event["type"]
-        if kind == DIAGNOSTIC_EVENT:  # any state; it does not choose the dialect
+        if kind == ClientEvent.CLIENT_DIAGNOSTIC:  # any state; it does not choose the dialect
             self.diagnostics.note(event)
             return None
         if self.dialect is None:
             self.dialect = dialect_of(kind)
         if kind not in KNOWN_EVENTS:
             raise ProtocolError(ErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}", "type")
-        if kind == CLOSE_EVENT:
+        if kind == ClientEvent.SESSION_CLOSE:
             reason = event.get("reason")
             self.close_reason = (
                 reason if isinstance(reason, str) and reason else CloseReason.USER_STOP
@@ -248,7 +240,7 @@ class RealtimeSession(ClientSocket):
 
     def closed_frame(self, reason: str) -> Frame:
         """The ``session.closed`` server event."""
-        return {"type": "session.closed", "session_id": self.session_id, "reason": str(reason)}
+        return session_closed(self.session_id, str(reason))
 
     async def on_evict(self, reason: CloseReason) -> None:
         """The client stopped keeping up: the session ends with ``reason``

@@ -27,6 +27,14 @@ import numpy as np
 import orjson
 import soundfile
 
+from api.protocol.events import (
+    ClientEvent,
+    ContentType,
+    DeltaKind,
+    LegacyChatEvent,
+    OfficialEvent,
+    ServerEvent,
+)
 from omnicore.audio import INPUT_RATE, OUTPUT_RATE, AudioFormatError, b64_decode, resample
 
 log = logging.getLogger("omniserve.recordings")
@@ -183,7 +191,7 @@ class Spool:
 
     def _client_media(self, t: float, event: dict[str, Any]) -> dict[str, Any]:
         kind = event.get("type")
-        body = event.get("input") if kind == "input.append" else event
+        body = event.get("input") if kind == ClientEvent.INPUT_APPEND else event
         if not isinstance(body, dict):
             return {}
         audio = body.get("audio", body.get("audio_base64"))  # (the official /ws/duplex's name)
@@ -206,19 +214,20 @@ class Spool:
         if not users:
             return {}
         content = users[-1].get("content")
-        items = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        text_only = [{"type": ContentType.TEXT, "text": content}]
+        items = text_only if isinstance(content, str) else content
         texts: list[str] = []
         media: list[dict[str, Any]] = []
         for item in items if isinstance(items, list) else []:
             if not isinstance(item, dict):
                 continue
-            if item.get("type") == "text" and isinstance(item.get("text"), str):
+            if item.get("type") == ContentType.TEXT and isinstance(item.get("text"), str):
                 texts.append(item["text"])
-            elif item.get("type") == "audio" and isinstance(item.get("data"), str):
+            elif item.get("type") == ContentType.AUDIO and isinstance(item.get("data"), str):
                 pcm = _pcm(item["data"])
                 rate = int(item.get("sample_rate") or INPUT_RATE)
                 media.append({"input_wav": self._input_audio(resample(pcm, rate, INPUT_RATE))})
-            elif item.get("type") == "image" and isinstance(item.get("data"), str):
+            elif item.get("type") == ContentType.IMAGE and isinstance(item.get("data"), str):
                 media.append({"frame": self._frame_file(item["data"], _image_suffix(item["data"]))})
         if texts:
             self.transcript.append((t, "user", " ".join(texts)))
@@ -244,33 +253,34 @@ class Spool:
             if isinstance(value, str) and value:
                 pcm = _pcm(value)
                 out["output_wav"] = {"at": self.output.append(pcm), "samples": int(pcm.size)}
-        if kind in ("response.output.delta", "response.done"):
+        if kind in (ServerEvent.RESPONSE_OUTPUT_DELTA, ServerEvent.RESPONSE_DONE):
             self._heard_words(t, frame)
-        if kind == "session.closed":
+        if kind == ServerEvent.SESSION_CLOSED:
             self.close_reason = str(frame.get("reason"))
-        elif kind == "error":
+        elif kind == ServerEvent.ERROR:  # (every dialect's error is "error")
             err = frame.get("error")
             if isinstance(err, dict):  # /v1/realtime: the session may go on
                 self.errors.append(str(err.get("code")))
             else:  # /ws/chat: a message string, and the connection ends
                 self.errors.append(str(err))
                 self.last_ending = f"error: {err}"
-        elif kind == "done":  # /ws/chat: the answer (its text is whole)
+        elif kind == LegacyChatEvent.DONE:  # /ws/chat: the answer (its text is whole)
             self.last_ending = "done"
             self._say(t, "legacy", str(frame.get("text") or ""), whole=True)
-        elif kind == "response.done":
+        elif kind == ServerEvent.RESPONSE_DONE:
             self._say(t, str(frame.get("response_id")), str(frame.get("text") or ""), whole=True)
-        elif kind == "chunk":
+        elif kind == LegacyChatEvent.CHUNK:
             self._say(t, "legacy", str(frame.get("text_delta") or ""))
-        elif kind == "response.output.delta" and frame.get("kind") == "text":
+        elif kind == ServerEvent.RESPONSE_OUTPUT_DELTA and frame.get("kind") == DeltaKind.TEXT:
             self._say(t, str(frame.get("response_id")), str(frame.get("text") or ""))
-        elif kind == "result" and not frame.get("is_listen"):  # the official /ws/duplex
+        elif kind == OfficialEvent.RESULT and not frame.get("is_listen"):  # the official /ws/duplex
             self._say(t, "official", str(frame.get("text") or ""))
             if frame.get("end_of_turn"):
                 self._end_reply("official")
-        elif kind == "result":  # listening: a reply cut short ends there
+        elif kind == OfficialEvent.RESULT:  # listening: a reply cut short ends there
             self._end_reply("official")
-        elif kind == "response.output_audio.delta":  # older dialect: a response ends at its turn
+        elif kind == ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA:  # older dialect: a response ends
+            # at its turn
             self._say(t, "older", str(frame.get("text") or ""))
             if frame.get("end_of_turn"):
                 self._end_reply("older")

@@ -5,6 +5,7 @@
 import { INPUT_RATE, Microphone, Player, mediaErrorText } from "./audio.js";
 import { errorText, isFatal } from "./messages.js";
 import { base64ToFloat32, bytesToBase64, float32ToBase64 } from "./pcm.js";
+import { CloseReason, DeltaKind, ServerEvent } from "./protocol.js";
 import { RealtimeClient } from "./realtime.js";
 
 const MIN_TALK_S = 0.3;
@@ -86,7 +87,7 @@ export class ChatView {
   }
 
   end() {
-    if (this.client && this.client.state !== "closed") this.client.close("user_stop");
+    if (this.client && this.client.state !== "closed") this.client.close(CloseReason.USER_STOP);
   }
 
   onClosed() {
@@ -146,21 +147,21 @@ export class ChatView {
   // ------------------------------------------------------------------ receiving
   onServer(ev) {
     const t = this.turn;
-    if (ev.type === "error") {
+    if (ev.type === ServerEvent.ERROR) {
       if (t && !isFatal(ev.error?.code)) this.failTurn(errorText(ev.error));
       return;
     }
     if (!t) return;
-    if (ev.type === "response.output.delta") {
+    if (ev.type === ServerEvent.RESPONSE_OUTPUT_DELTA) {
       t.answer.classList.remove("pending");
-      if (ev.kind === "text") {
+      if (ev.kind === DeltaKind.TEXT) {
         t.text += ev.text;
         t.answer.querySelector(".text").textContent = t.text;
-      } else if (ev.kind === "audio") {
+      } else if (ev.kind === DeltaKind.AUDIO) {
         this.player.push(base64ToFloat32(ev.audio));
       }
       this.scroll();
-    } else if (ev.type === "response.done") {
+    } else if (ev.type === ServerEvent.RESPONSE_DONE) {
       t.answer.classList.remove("pending");
       const text = ev.text || t.text;
       t.answer.querySelector(".text").textContent = text;

@@ -4,6 +4,7 @@
 import { Microphone, OUTPUT_RATE, Player, mediaErrorText } from "./audio.js";
 import { Camera } from "./camera.js";
 import { base64ToFloat32 } from "./pcm.js";
+import { CloseReason, DeltaKind, ServerEvent } from "./protocol.js";
 import { RealtimeClient } from "./realtime.js";
 
 const MAX_CAPTIONS = 60;
@@ -117,14 +118,14 @@ export class DuplexView {
   }
 
   onServer(ev) {
-    if (ev.type !== "response.output.delta") return;
+    if (ev.type !== ServerEvent.RESPONSE_OUTPUT_DELTA) return;
     // a transcribing backend names what it heard on the first step of its answer
     const heard = ev.metrics?.transcript;
-    if (heard && ev.kind !== "listen" && ev.response_id !== this.heardFor) {
+    if (heard && ev.kind !== DeltaKind.LISTEN && ev.response_id !== this.heardFor) {
       this.heardFor = ev.response_id;
       this.userLine(heard);
     }
-    if (ev.kind === "listen") {
+    if (ev.kind === DeltaKind.LISTEN) {
       // The spec: stop queued playback when the model listens again. The exception is audio of
       // a response the model finished itself (end_of_turn on a delta of its own step): the
       // listens after it are the announced switch back to listening, and a backend that speaks
@@ -134,9 +135,9 @@ export class DuplexView {
       this.endCaption();
       this.els.speaking.dataset.speaking = "false";
       this.els.speaking.textContent = "Listening";
-    } else if (ev.kind === "text") {
+    } else if (ev.kind === DeltaKind.TEXT) {
       this.caption(ev.response_id).textContent += ev.text;
-    } else if (ev.kind === "audio") {
+    } else if (ev.kind === DeltaKind.AUDIO) {
       const pcm = base64ToFloat32(ev.audio);
       this.player.push(pcm);
       this.receivedS += pcm.length / OUTPUT_RATE;
@@ -144,7 +145,7 @@ export class DuplexView {
       this.els.speaking.dataset.speaking = "true";
       this.els.speaking.textContent = "Speaking";
     }
-    if (ev.kind !== "listen") {
+    if (ev.kind !== DeltaKind.LISTEN) {
       // whether what is queued now belongs to a response its model finished
       this.finishedTurn = Boolean(ev.metrics?.end_of_turn) && !ev.metrics?.interrupted;
       this.lastDelta = `${ev.kind} ${ev.input_id} end=${ev.metrics?.end_of_turn}`;
@@ -213,7 +214,7 @@ export class DuplexView {
   }
 
   stop() {
-    if (this.client && this.client.state !== "closed") this.client.close("user_stop");
+    if (this.client && this.client.state !== "closed") this.client.close(CloseReason.USER_STOP);
     else this.teardown();
   }
 

@@ -1,29 +1,33 @@
 // What the user reads: server error codes, close reasons and close codes as sentences.
+// The codes and reasons are the server's own (protocol.js, made from api/protocol); the sentences
+// are this client's.
+
+import { CLOSING_ERRORS, CloseReason, ErrorCode, RESUME_ERRORS } from "./protocol.js";
 
 const ERRORS = {
-  unauthorized: "The API key was not accepted. Enter a valid key under Settings.",
-  origin_not_allowed: "This server does not accept connections from pages of this web site.",
-  too_many_connections: "Too many connections from your address are open. Close one and try again.",
-  queue_full: "The service is at capacity and its waiting line is full. Please try again in a few minutes.",
-  worker_busy: "Every model worker is busy and this server does not queue. Please try again shortly.",
-  service_unavailable: "The service is not ready: no model worker is running. Please try again later.",
-  worker_connect_failed: "A model worker was assigned but did not start. Please try again.",
-  inference_error: "The model could not process the last input. You can go on.",
-  backend_error: "The model stopped working for this session.",
-  output_gap: "Part of the answer was lost on the way and could not be recovered.",
-  not_ready: "That was sent before the session was ready.",
-  session_not_found: "The connection dropped and the session no longer exists on the server.",
-  resume_expired: "The connection dropped for too long; the session could not be resumed.",
+  [ErrorCode.UNAUTHORIZED]: "The API key was not accepted. Enter a valid key under Settings.",
+  [ErrorCode.ORIGIN_NOT_ALLOWED]: "This server does not accept connections from pages of this web site.",
+  [ErrorCode.TOO_MANY_CONNECTIONS]: "Too many connections from your address are open. Close one and try again.",
+  [ErrorCode.QUEUE_FULL]: "The service is at capacity and its waiting line is full. Please try again in a few minutes.",
+  [ErrorCode.WORKER_BUSY]: "Every model worker is busy and this server does not queue. Please try again shortly.",
+  [ErrorCode.SERVICE_UNAVAILABLE]: "The service is not ready: no model worker is running. Please try again later.",
+  [ErrorCode.WORKER_CONNECT_FAILED]: "A model worker was assigned but did not start. Please try again.",
+  [ErrorCode.INFERENCE_ERROR]: "The model could not process the last input. You can go on.",
+  [ErrorCode.BACKEND_ERROR]: "The model stopped working for this session.",
+  [ErrorCode.OUTPUT_GAP]: "Part of the answer was lost on the way and could not be recovered.",
+  [ErrorCode.NOT_READY]: "That was sent before the session was ready.",
+  [ErrorCode.SESSION_NOT_FOUND]: "The connection dropped and the session no longer exists on the server.",
+  [ErrorCode.RESUME_EXPIRED]: "The connection dropped for too long; the session could not be resumed.",
 };
 
 /** A sentence for an `error` server event. */
 export function errorText(err) {
   const code = err?.code || "error";
   const known = ERRORS[code];
-  if (code === "invalid_payload" || code === "missing_field") {
+  if (code === ErrorCode.INVALID_PAYLOAD || code === ErrorCode.MISSING_FIELD) {
     return `The server refused this request: ${err.message || code}.`;
   }
-  if (known && code === "inference_error" && err.message) {
+  if (known && code === ErrorCode.INFERENCE_ERROR && err.message) {
     return `${known} (${err.message})`;
   }
   return known || `The server reported a problem: ${err?.message || code}.`;
@@ -31,18 +35,7 @@ export function errorText(err) {
 
 /** Whether an error ends the session (the others are shown and the session goes on). */
 export function isFatal(code) {
-  return [
-    "unauthorized",
-    "origin_not_allowed",
-    "too_many_connections",
-    "queue_full",
-    "worker_busy",
-    "service_unavailable",
-    "worker_connect_failed",
-    "backend_error",
-    "session_not_found",
-    "resume_expired",
-  ].includes(code);
+  return CLOSING_ERRORS.includes(code) || RESUME_ERRORS.includes(code);
 }
 
 function minutes(seconds) {
@@ -53,40 +46,41 @@ function minutes(seconds) {
 /** A sentence for a session.closed reason. */
 export function closeReasonText(reason, limitS) {
   switch (reason) {
-    case "user_stop":
-    case "stopped":
+    case CloseReason.USER_STOP:
+    case CloseReason.STOPPED:
     case "turn_done":
       return "You ended the session.";
-    case "timeout":
+    case CloseReason.TIMEOUT:
       return `The session reached its time limit${limitS ? ` (${minutes(limitS)})` : ""}.`;
-    case "context_full":
+    case CloseReason.CONTEXT_FULL:
       return "The conversation filled the model's memory (8192 tokens). Start a new session to go on.";
-    case "server_shutdown":
+    case CloseReason.SERVER_SHUTDOWN:
       return "The server is restarting. Start a new session in a moment.";
-    case "backend_error":
+    case CloseReason.BACKEND_ERROR:
       return "The model failed and the session ended.";
-    case "error":
+    case CloseReason.ERROR:
       return "An internal server error ended the session.";
-    case "replaced":
+    case CloseReason.REPLACED:
       return "This session was continued from another window.";
+    // this client's own reasons (realtime.js): no session.closed came
     case "resume_failed":
       return "The connection dropped and the session could not be resumed.";
     case "connection_lost":
       return "The connection to the server was lost.";
     case "server_closed":
       return "The server closed the connection.";
-    case "unauthorized":
+    case ErrorCode.UNAUTHORIZED:
       return "The server refused the API key.";
-    case "origin_not_allowed":
+    case ErrorCode.ORIGIN_NOT_ALLOWED:
       return "The server does not accept connections from this web site.";
-    case "too_many_connections":
+    case ErrorCode.TOO_MANY_CONNECTIONS:
       return "Too many connections from your address were open.";
-    case "queue_full":
-    case "worker_busy":
+    case ErrorCode.QUEUE_FULL:
+    case ErrorCode.WORKER_BUSY:
       return "The server was too busy to take the session.";
-    case "service_unavailable":
+    case ErrorCode.SERVICE_UNAVAILABLE:
       return "The service was not ready.";
-    case "worker_connect_failed":
+    case ErrorCode.WORKER_CONNECT_FAILED:
       return "No worker started the session.";
     default:
       return reason ? `The session ended (${reason}).` : "The session ended.";

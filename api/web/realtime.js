@@ -19,6 +19,8 @@
 // server does not offer resume) a dropped connection simply ends the session.
 
 import { float32ToBase64 } from "./pcm.js";
+// protocol.js is the server's own list of the protocol's names (api/protocol/catalog.py)
+import { CLOSING_ERRORS, ClientEvent, CloseReason, RESUME_ERRORS, ServerEvent } from "./protocol.js";
 
 /** States, in the order a session normally goes through them. */
 export const STATES = [
@@ -32,18 +34,6 @@ export const STATES = [
   "closed", // over (see closeReason / closeCode)
 ];
 
-const RESUME_ERRORS = new Set(["session_not_found", "resume_expired"]);
-// Errors the server sends just before it closes the socket (docs/PROTOCOL.md, close codes).
-const CLOSING_ERRORS = new Set([
-  "unauthorized",
-  "origin_not_allowed",
-  "too_many_connections",
-  "queue_full",
-  "worker_busy",
-  "service_unavailable",
-  "worker_connect_failed",
-  "backend_error",
-]);
 const RESUME_DELAYS_MS = [250, 500, 1000, 2000, 4000, 8000, 8000, 8000];
 
 export class RealtimeClient extends EventTarget {
@@ -94,7 +84,7 @@ export class RealtimeClient extends EventTarget {
     ws.onopen = () => {
       if (resuming) {
         this._sendNow({
-          type: "session.resume",
+          type: ClientEvent.SESSION_RESUME,
           session_id: this.sessionId,
           resume_token: this.resumeToken,
           last_seq: this.lastSeq,
@@ -119,41 +109,42 @@ export class RealtimeClient extends EventTarget {
       this.lastSeq = ev.seq;
     }
     switch (ev.type) {
-      case "session.queued":
-      case "session.queue_update":
+      case ServerEvent.SESSION_QUEUED:
+      case ServerEvent.SESSION_QUEUE_UPDATE:
         if (!this.initSent) this._setState("queued");
         break;
-      case "session.queue_done":
+      case ServerEvent.SESSION_QUEUE_DONE:
         // Chat mode may also send queue events before a later turn: init only once.
         if (!this.initSent) {
           this.initSent = true;
-          this._sendNow({ type: "session.init", payload: this.initPayload });
+          this._sendNow({ type: ClientEvent.SESSION_INIT, payload: this.initPayload });
           this._setState("initializing");
         }
         break;
-      case "session.created":
+      case ServerEvent.SESSION_CREATED:
         this.sessionId = ev.session_id;
         this.resumeToken = ev.resume_token || null;
         this._setState("active");
         break;
-      case "session.resumed":
+      case ServerEvent.SESSION_RESUMED:
         this.resumeToken = ev.resume_token || this.resumeToken;
         this.resumeAttempt = 0;
         this._setState("active");
         break;
-      case "session.recovering":
+      case ServerEvent.SESSION_RECOVERING:
         this._setState("recovering");
         break;
-      case "session.recovered":
+      case ServerEvent.SESSION_RECOVERED:
         this._setState("active");
         break;
-      case "session.closed":
+      case ServerEvent.SESSION_CLOSED:
         this.closeReason = ev.reason || "closed";
         this._setState("closed");
         break;
-      case "error":
-        if (CLOSING_ERRORS.has(ev.error?.code)) this.closingError = ev.error.code;
-        if (this.state === "reconnecting" && RESUME_ERRORS.has(ev.error?.code)) {
+      case ServerEvent.ERROR:
+        // the errors after which the server closes the socket (docs/PROTOCOL.md, "Error codes")
+        if (CLOSING_ERRORS.includes(ev.error?.code)) this.closingError = ev.error.code;
+        if (this.state === "reconnecting" && RESUME_ERRORS.includes(ev.error?.code)) {
           this.resumeToken = null; // the session is gone: stop trying
           this.closeReason = "resume_failed";
         }
@@ -185,7 +176,7 @@ export class RealtimeClient extends EventTarget {
     }
     this.closeCode = ev.code;
     this.closeReason ??= this.userClosing
-      ? "user_stop"
+      ? CloseReason.USER_STOP
       : this.closingError || (ev.code === 1006 ? "connection_lost" : "server_closed");
     this._setState("closed");
     this.dispatchEvent(new CustomEvent("socketclosed", { detail: { code: ev.code } }));
@@ -220,19 +211,19 @@ export class RealtimeClient extends EventTarget {
     const input = { audio: float32ToBase64(pcm16k) };
     if (frames.length) input.video_frames = frames;
     if (forceListen) input.force_listen = true;
-    return this._sendNow({ type: "input.append", input });
+    return this._sendNow({ type: ClientEvent.INPUT_APPEND, input });
   }
 
   /** Chat mode: one turn (messages plus streaming, generation, tts options). */
   sendTurn(input) {
     if (!this.ready) return false;
-    return this._sendNow({ type: "input.append", input });
+    return this._sendNow({ type: ClientEvent.INPUT_APPEND, input });
   }
 
   /** End the session; the server answers session.closed. */
-  close(reason = "user_stop") {
+  close(reason = CloseReason.USER_STOP) {
     this.userClosing = true;
-    if (!this._sendNow({ type: "session.close", reason })) {
+    if (!this._sendNow({ type: ClientEvent.SESSION_CLOSE, reason })) {
       this.ws?.close();
       if (this.state !== "closed") {
         this.closeReason ??= reason;

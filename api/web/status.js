@@ -2,6 +2,7 @@
 // backend, close reason, and errors as sentences.
 
 import { clock, closeCodeText, closeReasonText, errorText } from "./messages.js";
+import { ServerEvent } from "./protocol.js";
 
 const STATE_LABELS = {
   idle: "Not connected",
@@ -74,34 +75,34 @@ export class StatusPanel {
 
   onServer(ev) {
     switch (ev.type) {
-      case "session.queued":
-      case "session.queue_update":
+      case ServerEvent.SESSION_QUEUED:
+      case ServerEvent.SESSION_QUEUE_UPDATE:
         this.showQueue(ev.position, ev.estimated_wait_s, ev.queue_length);
         break;
-      case "session.queue_done":
+      case ServerEvent.SESSION_QUEUE_DONE:
         this.hideQueue();
         break;
-      case "session.created":
+      case ServerEvent.SESSION_CREATED:
         if (ev.metrics?.backend) this.setBackend(ev.metrics.backend);
         if (typeof ev.prompt_length === "number" && ev.mode === "full_duplex") {
           this.setKv(ev.prompt_length);
         }
         break;
-      case "session.resync_required":
+      case ServerEvent.SESSION_RESYNC_REQUIRED:
         this.notice("The connection dropped; some output was lost while it was down.", "warn");
         break;
-      case "response.output.delta":
+      case ServerEvent.RESPONSE_OUTPUT_DELTA:
         if (typeof ev.metrics?.kv_cache_length === "number") this.setKv(ev.metrics.kv_cache_length);
         if (ev.metrics?.backend) this.setBackend(ev.metrics.backend);
         break;
-      case "response.done":
+      case ServerEvent.RESPONSE_DONE:
         if (ev.metrics?.backend) this.setBackend(ev.metrics.backend);
         break;
-      case "session.closed":
+      case ServerEvent.SESSION_CLOSED:
         this.els.closeReason.textContent = closeReasonText(ev.reason, this.limitS);
         this.els.closeReason.dataset.reason = ev.reason || "";
         break;
-      case "error":
+      case ServerEvent.ERROR:
         this.notice(errorText(ev.error), "error", ev.error?.code);
         break;
       default:

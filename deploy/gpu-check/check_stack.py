@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
+from api.protocol.events import ClientEvent, DeltaKind, ServerEvent  # noqa: E402
 from omniserve.redis_server import free_port, start_embedded  # noqa: E402
 from tests.support.client import Client, pcm_b64, silence, speech  # noqa: E402
 from tests.support.stack import ROOT, Stack  # noqa: E402
@@ -169,14 +170,19 @@ async def duplex_session(
             [
                 {k: f.get(k) for k in ("type", "kind", "text")}
                 for f in frames
-                if f["type"] in ("response.output.delta", "error", "session.closed")
+                if f["type"]
+                in (
+                    ServerEvent.RESPONSE_OUTPUT_DELTA,
+                    ServerEvent.ERROR,
+                    ServerEvent.SESSION_CLOSED,
+                )
             ]
         )
     gpu_mid = scrape(port, f"{label}: mid-session")
     emit("duplex", label=label, session_id=created.get("session_id"), steps=out)
     if close:
-        await c.send({"type": "session.close", "reason": "user_stop"})
-        closed = await c.until("session.closed", timeout=30)
+        await c.send({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"})
+        closed = await c.until(ServerEvent.SESSION_CLOSED, timeout=30)
         emit("duplex_closed", label=label, reason=closed.get("reason"))
         await c.close()
     return c, out, gpu_mid
@@ -187,17 +193,17 @@ async def chat_turn(url: str) -> dict[str, Any]:
     await c.init()
     await c.send(
         {
-            "type": "input.append",
+            "type": ClientEvent.INPUT_APPEND,
             "input": {
                 "messages": [{"role": "user", "content": "the quick brown fox"}],
                 "streaming": True,
             },
         }
     )
-    frames = await c.collect_until("response.done", "error", timeout=30)
+    frames = await c.collect_until(ServerEvent.RESPONSE_DONE, ServerEvent.ERROR, timeout=30)
     done = frames[-1]
-    await c.send({"type": "session.close", "reason": "turn_done"})
-    await c.until("session.closed", timeout=30)
+    await c.send({"type": ClientEvent.SESSION_CLOSE, "reason": "turn_done"})
+    await c.until(ServerEvent.SESSION_CLOSED, timeout=30)
     await c.close()
     emit("chat", last=done)
     return done
@@ -265,13 +271,16 @@ async def main() -> None:
         s.wait_free(1, timeout=20)
         gpu_chat = scrape(port, "after chat turn")
 
-        spoken = "".join(f.get("text") or "" for fr in out for f in fr if f.get("kind") == "text")
+        spoken = "".join(
+            f.get("text") or "" for fr in out for f in fr if f.get("kind") == DeltaKind.TEXT
+        )
         check(
             "duplex session over WebSocket", spoken == "Hello there, how can I help?", text=spoken
         )
         check(
             "chat turn over WebSocket",
-            done.get("type") == "response.done" and done.get("text") == "echo: the quick brown fox",
+            done.get("type") == ServerEvent.RESPONSE_DONE
+            and done.get("text") == "echo: the quick brown fox",
             text=done.get("text"),
         )
         if DEVICE.startswith("cuda"):
@@ -339,9 +348,9 @@ async def main() -> None:
                         **{k: ev.get(k) for k in ("type", "reason", "code", "message") if k in ev},
                     }
                 )
-                if ev["type"] == "session.recovered":  # failed over: end it ourselves
-                    await c.send({"type": "session.close", "reason": "user_stop"})
-                if ev["type"] in ("session.closed",):
+                if ev["type"] == ServerEvent.SESSION_RECOVERED:  # failed over: end it ourselves
+                    await c.send({"type": ClientEvent.SESSION_CLOSE, "reason": "user_stop"})
+                if ev["type"] in (ServerEvent.SESSION_CLOSED,):
                     break
         except Exception as exc:  # noqa: BLE001
             seen.append({"exception": type(exc).__name__, "detail": str(exc)[:200]})
@@ -362,9 +371,11 @@ async def main() -> None:
         gpu_new = scrape(port, "new child idle")
         _c2, out2, gpu_mid2 = await duplex_session(url, port, steps, "session after restart")
         s.wait_free(1, timeout=20)
-        spoken2 = "".join(f.get("text") or "" for fr in out2 for f in fr if f.get("kind") == "text")
+        spoken2 = "".join(
+            f.get("text") or "" for fr in out2 for f in fr if f.get("kind") == DeltaKind.TEXT
+        )
         closed_reason = next(
-            (f.get("reason") for f in seen if f.get("type") == "session.closed"), None
+            (f.get("reason") for f in seen if f.get("type") == ServerEvent.SESSION_CLOSED), None
         )
         check("client told when the child was killed", closed_reason is not None, frames=seen)
         check(

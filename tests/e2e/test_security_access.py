@@ -198,7 +198,7 @@ async def test_admin_token_guards_metrics_workers_and_admin(stack: Stack) -> Non
             f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
         )
         assert "omniserve_queue_waiting" in ok.text
-        for public in ("/health", "/", "/ops", "/web/config"):
+        for public in ("/health", "/", "/ops", "/web/config", "/web/protocol.js", "/v1/protocol"):
             assert (await http.get(f"http://127.0.0.1:{port}{public}")).status_code == 200
 
 

@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 import pytest
 
+from api.protocol.catalog import catalog, javascript_module
 from inference.registry import preflight
 from omnicore.audio import read_audio, resample, write_wav
 from tests.support.apt import apt_lock
@@ -812,6 +813,10 @@ def test_pages_assets_and_json_endpoints(web_stack: Stack) -> None:
     js = httpx.get(f"{base}/web/worklets/player.js")
     assert js.status_code == 200 and "javascript" in js.headers["content-type"]
     assert httpx.get(f"{base}/web/%2e%2e/pages.py").status_code == 404
+    protocol = httpx.get(f"{base}/web/protocol.js")  # the names the client imports
+    assert protocol.status_code == 200 and "javascript" in protocol.headers["content-type"]
+    assert protocol.text == javascript_module()
+    assert httpx.get(f"{base}/v1/protocol").json() == catalog()
     config = httpx.get(f"{base}/web/config").json()
     assert config["duration_limits_s"] == {"chat": 600.0, "video": 300.0, "audio": 600.0}
     assert config["context_tokens"] == 8192 and config["api_key_required"] is False

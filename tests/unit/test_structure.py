@@ -29,13 +29,13 @@ ALLOWED = {
 # ``app`` (``api/app.py``) builds the app from the features; ``server`` runs it under uvicorn.
 API_ALLOWED = {
     "protocol": set(),
-    "metrics": set(),
+    "metrics": {"protocol"},
     "security": set(),
-    "recordings": {"security"},
-    "gateway": {"metrics", "recordings"},
+    "recordings": {"protocol", "security"},
+    "gateway": {"protocol", "metrics", "recordings"},
     "relay": {"gateway"},
     "realtime": {"protocol", "metrics", "security", "recordings", "gateway", "relay"},
-    "ops": {"gateway", "metrics", "security"},
+    "ops": {"protocol", "gateway", "metrics", "security"},
     "official": {
         "protocol",
         "metrics",
