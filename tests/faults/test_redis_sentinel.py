@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from tests.faults.sentinel import SentinelSet
+from tests.support.redis_sentinel import SentinelSet
 from tests.support.client import Client
 from tests.support.fault_harness import DuplexProbe, all_slots_back, await_for, served_end_to_end
 from tests.support.stack import Stack
