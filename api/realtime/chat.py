@@ -62,7 +62,7 @@ class RealtimeChat(ResumableChat):
         self.current_turn: str | None = None  # the id of the turn running or last run
         self.turn_running = False  # from taking the turn lease to the turn's end
         # the next turn's output channel, subscribed while the session waits for its input,
-        # so a turn's start does not wait for the SUBSCRIBE (issue #16)
+        # so a turn's start does not wait for the SUBSCRIBE
         self.next_out: tuple[str, SessionOutput] | None = None
 
     async def on_event(self, event: dict[str, Any]) -> None:

@@ -76,7 +76,7 @@ class ResumableChat(Resumable):
 
         The log write goes out alongside the send, and nothing waits for it until the next
         frame is numbered (``logged``), so the log stays in order while neither the client nor
-        the end of a turn waits for a Redis round trip per frame (issue #16). A gateway that
+        the end of a turn waits for a Redis round trip per frame. A gateway that
         dies between the two leaves the log a frame short of what the client saw, which a
         resume handles already (it numbers on from the larger of the client's ``last_seq``
         and the log's).
@@ -193,7 +193,7 @@ class ResumableChat(Resumable):
         detach when the client vanishes and notice being replaced.
 
         The lease and the slot are asked for at once, so starting a turn waits for one Redis
-        round trip, not two (issue #16). Another connection holds the lease only when this
+        round trip, not two. Another connection holds the lease only when this
         session was just resumed elsewhere; then the slot goes back before following it. The
         lease goes back after the turn without holding up the session (``_end_turn``); a next
         turn does not wait for that, it takes the lease over.
@@ -227,7 +227,7 @@ class ResumableChat(Resumable):
         finally:
             keeper.cancel()
             # given back behind the session's back: a next turn sent at once does not wait
-            # for it (issue #16)
+            # for it
             ending = asyncio.create_task(self._end_turn(frames, keeper, turn))
             self._turn_ends.add(ending)
             ending.add_done_callback(self._turn_ends.discard)

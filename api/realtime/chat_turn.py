@@ -73,7 +73,7 @@ class ChatTurn:
 
         The turn ends for the client at ``Done``: all the task sends after it is ``TurnEnd``,
         which the worker writes in a round trip of its own, and a next turn sent at once
-        waited for it (issue #16).
+        need not wait for it.
 
         When ``stopping()`` becomes true the worker is told to stop (a turn that has not started
         is abandoned, so it never will) and the iteration ends. A turn whose worker died before

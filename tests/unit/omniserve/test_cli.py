@@ -11,7 +11,8 @@ from tests.support.stack import ROOT
 
 
 def test_omniserve_test_accepts_pytest_options() -> None:
-    # -q and --collect-only start with a dash: argparse used to reject them (omniserve adds -q)
+    # -q and --collect-only start with a dash: argparse must pass them on, not take them for
+    # options of its own (omniserve adds -q)
     done = subprocess.run(
         [
             sys.executable,

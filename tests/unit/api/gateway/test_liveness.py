@@ -258,8 +258,9 @@ async def test_a_read_that_times_out_reads_as_held_and_the_resume_watch_is_told(
     keys: Keys,
 ) -> None:
     """Redis frozen longer than the client's socket timeout: the read fails with a timeout.
-    A lease or a worker's presence then reads as held (a stall says nothing of its worker; a
-    30 s stall used to fail every session here), while a resume-owner watch gets the error."""
+    A lease or a worker's presence then reads as held (a stall says nothing of its worker, and
+    failing on it would fail every session at once), while a resume-owner watch gets the
+    error."""
     server = start_embedded()
     client = aioredis.Redis.from_url(server.url, socket_timeout=0.2)
     live = Liveness(client, keys, tick_s=0.05, settle_s=1.0)
