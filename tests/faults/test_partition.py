@@ -21,7 +21,6 @@ import time
 import pytest
 
 from omniserve.redis_server import free_port
-from tests.support.tcp_proxy import Link
 from tests.support.fault_harness import (
     RestartableRedis,
     all_slots_back,
@@ -31,6 +30,7 @@ from tests.support.fault_harness import (
     served_end_to_end,
 )
 from tests.support.stack import Stack
+from tests.support.tcp_proxy import Link
 
 CUT_S = 8.0
 

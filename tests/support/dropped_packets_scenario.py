@@ -28,7 +28,6 @@ import orjson
 import redis
 
 from omniserve.redis_server import free_port
-from tests.support.tcp_proxy import Link
 from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
@@ -39,6 +38,7 @@ from tests.support.fault_harness import (
     served_end_to_end,
 )
 from tests.support.stack import Stack
+from tests.support.tcp_proxy import Link
 
 ADDR = "192.0.2.7"
 AFTER_S = 10.0  # watched after the heal
