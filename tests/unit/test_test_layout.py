@@ -6,6 +6,7 @@ another would run the other's module-level code and tie the two files' fixtures 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tests.support.module_imports import ROOT, imports, module_name
@@ -17,7 +18,12 @@ WHOLE_TREE = {"test_structure.py", "test_test_layout.py"}
 
 
 def _test_tree() -> list[Path]:
-    return sorted(p for p in TESTS.rglob("*.py") if "node_modules" not in p.parts)
+    """Every Python file under tests/ (the web client's node_modules is not walked)."""
+    found = []
+    for folder, subfolders, files in os.walk(TESTS):
+        subfolders[:] = [d for d in subfolders if d not in ("node_modules", "__pycache__")]
+        found += [Path(folder) / name for name in files if name.endswith(".py")]
+    return sorted(found)
 
 
 def test_no_test_file_imports_another() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from api.gateway import liveness
 from api.gateway.liveness import Answer, Liveness
@@ -113,7 +115,11 @@ async def test_a_watch_is_read_every_tick_until_it_stops(redis_server: str, keys
 
 
 async def test_a_failed_read_is_told_to_its_watches_and_they_go_on(keys: Keys) -> None:
-    client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    # nothing listens on port 1; no retries (redis-py's default backs off between them), so
+    # each tick's read fails at once
+    client = aioredis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
     live = Liveness(client, keys, tick_s=0.01)
     lease, owner = Seen(2), Seen(2)
     try:
