@@ -43,9 +43,7 @@ def environment(env: dict[str, str]) -> Iterator[None]:
         get_settings.cache_clear()
 
 
-def run_main(
-    main: Callable[[Sequence[str] | None], int], argv: Sequence[str], **env: str
-) -> Ran:
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str], **env: str) -> Ran:
     """``main(argv)`` under ``environment(env)``; a ``SystemExit`` (argparse's) is its status."""
     out, err = io.StringIO(), io.StringIO()
     with environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -23,7 +23,6 @@ from tests.support.client import decode_audio, jpeg_b64, pcm_b64, speech
 from tests.support.in_process_cli import Ran, run_main
 
 
-
 def recorder(url: str, spool: Path, **overrides: object) -> Recorder:
     settings = Settings(
         recordings=True, recordings_url=url, recordings_spool_dir=str(spool), **overrides
