@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from omniserve.redis_server import free_port
 from tasks.metrics import NODE_COUNTERS_TTL_S, WorkerMetrics, killed_field
@@ -105,6 +107,8 @@ def test_worker_counters_continue_from_redis(sync_redis: Any, keys: Any) -> None
     assert value == 3
     assert 0 < sync_redis.ttl(key) <= NODE_COUNTERS_TTL_S  # a node's hash does not live forever
     # Redis away: the last values known are served, never less
-    again.persisted.client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    again.persisted.client = redis.Redis(
+        port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )  # (no retries: redis-py's default backs off between them)
     labels = {"kind": "duplex", "outcome": "killed"}
     assert again.registry.get_sample_value("omniserve_worker_sessions_total", labels) == 3
