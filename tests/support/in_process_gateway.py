@@ -4,7 +4,11 @@ manager, liveness ticks, client connection counts), against the run's private Re
 prefix of its own. Clients are ``TestClient`` WebSockets and HTTP requests.
 
 No uvicorn and no worker process: for the protocol paths a client takes before a worker is
-needed (refusals, validation, the queue), without starting a process. A worker that has
+needed (refusals, validation, the queue), without starting a process. One difference from
+uvicorn: when a test leaves ``websocket_connect``'s block, TestClient cancels the handler right
+after the client's close, so what a handler does after its client has gone (a connection count
+given back, a session's end) is left to the paths a cancellation takes; the e2e tests see those
+as a client sees them. A worker that has
 registered but is still loading its model is written to the registry as a real worker writes
 it (``loading_worker``), so that clients queue for it.
 """

@@ -121,6 +121,22 @@ def test_the_sdks_subprotocol_marker_is_selected(gateway: InProcessGateway) -> N
         assert ws.receive_json()["type"] == "session.queue_done"
 
 
+def test_a_client_past_its_connection_limit_is_refused_1013(redis_server: str) -> None:
+    with (
+        in_process_gateway(redis_server, max_connections_per_client=1) as gw,
+        gw.client.websocket_connect("/v1/realtime?mode=chat") as first,
+    ):
+        assert first.receive_json()["type"] == "session.queue_done"
+        for path in ("/v1/realtime?mode=chat", "/ws/chat"):
+            with gw.client.websocket_connect(path) as second:
+                frame = second.receive_json()
+                if path == "/ws/chat":
+                    assert "too many connections" in frame["error"]
+                else:
+                    assert frame["error"]["code"] == "too_many_connections"
+                assert close_code(second) == 1013
+
+
 # --------------------------------------------------------------------------- the queue
 
 
