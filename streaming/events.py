@@ -5,10 +5,10 @@ gateway decodes them back into the same classes and maps them to the client's di
 (``api/protocol/dialects.py``). Both sides import this module, so an event, a field, an error code
 or a close reason is spelled in exactly one place and the type checker follows it everywhere.
 
-The events are plain slotted dataclasses: ``orjson`` encodes them natively (about as fast as the
-dicts they replaced), and one pydantic ``TypeAdapter`` over the tagged union decodes and checks
-them; for an audio delta that is ~3x faster than ``orjson.loads`` into a dict (docs/BENCHMARKS.md,
-"Typed events on the relay"). Every event carries its per-session ``seq`` (set by the publisher)
+The events are plain slotted dataclasses: ``orjson`` encodes them natively (about as fast as
+plain dicts), and one pydantic ``TypeAdapter`` over the tagged union decodes and checks them; for
+an audio delta that is faster than ``orjson.loads`` into a dict (docs/BENCHMARKS.md, "Typed
+events on the relay"). Every event carries its per-session ``seq`` (set by the publisher)
 and ``emitted_at``, the worker's wall-clock time of ``emit``, so relay latency can be measured
 from the events themselves.
 """

@@ -3,8 +3,8 @@
 Every client audio chunk is an ``XADD`` of ~64 KB. Sent as a command of the shared client, each
 paid redis-py's per-command machinery (a connection taken from the pool under a lock and a
 timer, the retry wrapper, observability, the pool's release) and a wake-up of the session's task
-for the reply: ~80 µs of the gateway's CPU per chunk, about twice what the same chunk costs
-queued to a connection of its own (``python -m bench.input_path``; docs/BENCHMARKS.md).
+for the reply: about twice the gateway CPU per chunk that the same chunk costs queued to a
+connection of its own (``python -m bench.input_path``; docs/BENCHMARKS.md).
 ``InputLink`` is that connection (``omniserve-input-<gateway>`` in ``CLIENT LIST``): a caller
 queues its commands and gets a future; the link's reader resolves the futures in the order the
 commands went out (Redis answers a connection in order).
@@ -13,8 +13,8 @@ The link's own writer task sends what callers queue (all that is queued, in one 
 caller never waits: not on the socket (a session cancelled at any point cannot cut a write in
 half or make redis-py drop the connection under the other sessions' writes), not on a
 connection being opened (commands queued meanwhile go out once it is), and not on Redis.
-``send`` is synchronous: a receive loop that waited here while Redis stalled stopped reading its
-client's frames, pongs included, and every client was dropped some 12 s into a 15 s stall.
+``send`` is synchronous: a receive loop that waited here while Redis stalled would stop reading
+its client's frames, pongs included, and a long stall would drop every client.
 Beyond ``max_outbox_bytes`` queued unwritten (Redis not reading), a write fails at once
 (``InputBacklogFull``): the caller tells its client, and the next write may go through.
 

@@ -43,8 +43,8 @@ from streaming.stalls import StallWatch
 
 log = logging.getLogger("omniserve.gateway")
 
-TICK_S = 0.5  # one round trip per this for all sessions; with lease_ttl_s (1.5 s) a dead
-# worker's clients are told within ~2 s (a lapsed lease wakes its relay at once)
+TICK_S = 0.5  # one round trip per this for all sessions; a dead worker's clients are told
+# within lease_ttl_s + TICK_S (a lapsed lease wakes its relay at once)
 KEYS_PER_CALL = 500  # a script call reads at most this many keys: Redis serves other clients
 # between the calls of a very large gateway's tick
 

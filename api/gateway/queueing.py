@@ -335,7 +335,7 @@ class QueueManager:
             except Exception:
                 log.warning("queue refresh failed", exc_info=True)
             # coalesce bursts of events, but a slot freed since this refresh began goes to the
-            # next client at once (it used to wait for the rest of a fixed 20 ms pause)
+            # next client at once, not after the rest of the pause
             try:
                 await asyncio.wait_for(self._slot_freed.wait(), COALESCE_S)
             except TimeoutError:

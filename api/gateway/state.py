@@ -338,7 +338,7 @@ class Gateway:
 
         A worker still loading its model is coming capacity: clients queue for it. The lease
         loop recounts every ``heartbeat_interval_s``, so a new session or chat turn normally
-        waits for no Redis read here (two round trips before its enqueue, issue #16). "None"
+        waits for no Redis read here: its path to the enqueue stays at two round trips. "None"
         is always read afresh: a worker that just came up serves the next client at once.
         """
         if self._live_slots == 0 or time.monotonic() - self._slots_checked_at > 1.0:

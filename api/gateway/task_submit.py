@@ -1,9 +1,9 @@
 """Sending a Celery task from the event loop: Celery builds the message, asyncio pushes it.
 
 Why: Celery's ``send_task`` is synchronous. Run in ``asyncio.to_thread``, each of its socket calls
-has to win the GIL back from a busy event loop (up to ``sys.getswitchinterval()``, 5 ms, every
-time), so one submission took 2-60 ms on a loaded gateway: most of the admission handoff
-(slot free -> ``session.queue_done``) and of a chat turn's extra first-delta latency.
+has to win the GIL back from a busy event loop (up to ``sys.getswitchinterval()`` every time),
+so on a loaded gateway one submission would be most of the admission handoff (slot free ->
+``session.queue_done``) and of a chat turn's extra first-delta latency.
 
 What stays Celery's: the task message itself (protocol 2: headers, properties and body built by
 ``app.amqp.as_task_v2`` and serialised by kombu with the app's serializer), so workers, Flower
@@ -13,8 +13,8 @@ envelope (base64 body, ``delivery_info``, ``delivery_tag``) pushed with one ``LP
 queue's list. ``tests/unit/api/gateway/test_task_submit.py`` checks it against what
 ``send_task`` pushes.
 
-Two shortcuts keep the message the same but build it in ~40 us instead of ~160 us (it is on the
-path of every session's start, issue #16): the ``argsrepr``/``kwargsrepr`` headers are given as
+Two shortcuts keep the message the same but build it with a fraction of the CPU, since it is on
+the path of every session's start: the ``argsrepr``/``kwargsrepr`` headers are given as
 ``repr`` of the job's few short fields, which is what Celery's ``saferepr`` makes of them, and
 the envelope is written by orjson.
 """

@@ -232,7 +232,7 @@ export class RealtimeClient extends EventTarget {
     }
   }
 
-  /** Drop the socket without a session.close (used to test resume). */
+  /** Drop the socket without a session.close (for testing resume). */
   dropConnection() {
     this.ws?.close(4000, "dropped by the client");
   }

@@ -6,9 +6,10 @@ of a second. CTranslate2 (already installed: faster-whisper runs on it) decodes 
 in C++, several times faster.
 
 How: transformers reads the GGUF file and de-quantizes it, CTranslate2's own Llama
-loader turns that model into its format, quantized to int8. That takes ~10-30 s, so the result
-is kept under ``cache_dir`` keyed by the GGUF file (path, size, mtime), the CTranslate2 version
-and the quantization; a later load reads it in ~1 s and never imports torch. Writes go to a
+loader turns that model into its format, quantized to int8. That is slow (the whole model
+de-quantized in Python), so the result is kept under ``cache_dir`` keyed by the GGUF file (path,
+size, mtime), the CTranslate2 version and the quantization; a later load only reads it and never
+imports torch. Writes go to a
 temporary directory renamed into place, so concurrent workers never see a half-written model,
 under a file lock, so workers that start together on one machine convert it once.
 """
@@ -71,7 +72,7 @@ def converted(
         else:
             with lock:
                 # one conversion per machine: workers starting together wait for the first one
-                # (~10-30 s of two cores each) instead of converting the same file side by side
+                # instead of each spending the same CPU converting the same file side by side
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not (target / META).exists():
                     _convert_into(gguf_path, quantization, cache_dir, target)

@@ -422,7 +422,7 @@ async def send_unit(d: Duplex, audio: np.ndarray, pieces: int, barge_in: bool = 
 async def test_minicpmo_quarter_second_chunks_are_buffered_into_units(
     minicpmo_stack: Stack, pieces: int
 ) -> None:
-    """Issue #10.2/3: the model consumes exactly one second per step; 250 ms (and uneven) chunks
+    """The model consumes exactly one second per step; 250 ms (and uneven) chunks
     are buffered by the worker, and a barge-in in a unit's first chunk closes the speaking turn.
     A short prefill, or a turn left open, would show in the strict stand-in's replies."""
     minicpmo_stack.wait_free(1, timeout=20)
@@ -457,7 +457,7 @@ async def test_minicpmo_quarter_second_chunks_are_buffered_into_units(
 
 
 async def test_minicpmo_long_chunks_do_not_lag(minicpmo_stack: Stack) -> None:
-    """Issue #10.2: a 1.5 s chunk is one unit and half of the next, never a backlog in the
+    """A 1.5 s chunk is one unit and half of the next, never a backlog in the
     model (the strict stand-in faults when its audio buffer lags the input)."""
     minicpmo_stack.wait_free(1, timeout=20)
     c, d, _ = await open_duplex(

@@ -1,4 +1,4 @@
-"""Failover (issue #12): a duplex session whose worker dies goes on on another worker.
+"""Failover: a duplex session whose worker dies goes on on another worker.
 
 Real processes; the worker running the session is killed with SIGKILL.
 """

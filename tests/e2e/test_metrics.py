@@ -1,6 +1,7 @@
-"""The metrics of gateways and workers against the contract (deploy/dashboards/metric_names.txt):
-every contract name exists with its type and labels, and nothing outside the contract is served.
-"""
+"""The metrics of running gateways and workers: histograms and counters move as real sessions run,
+and a worker serves the contract's names (deploy/dashboards/metric_names.txt). The registries
+against the contract, without processes: tests/unit/api/metrics/test_registry.py and
+tests/unit/tasks/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -9,79 +10,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-import types
-from typing import Any
 
 import httpx
-import pytest
-import redis
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.metrics.registry import GatewayMetrics
 from omniserve.redis_server import free_port
-from tasks.metrics import NODE_COUNTERS_TTL_S, WorkerMetrics, killed_field
 from tests.support.client import Client, silence, speech
-from tests.support.metric_contract import Metric, contract
+from tests.support.metric_contract import of_process
 from tests.support.metrics_scrape import scrape, total, wait_for, worker_metrics_url
 from tests.support.stack import ROOT, Stack
-
-
-def exposed(registry: CollectorRegistry) -> dict[str, tuple[str, frozenset[str]]]:
-    """Name (counters with _total) -> (type, label names of its samples) of each family that a
-    registry serves, read back through the text format and prometheus_client's parser."""
-    out = {}
-    text = generate_latest(registry).decode()
-    for family in text_string_to_metric_families(text):
-        name = family.name + ("_total" if family.type == "counter" else "")
-        labels = frozenset(k for smp in family.samples for k in smp.labels if k != "le")
-        out[name] = (family.type, labels)
-    return out
-
-
-def of_process(process: str) -> dict[str, Metric]:
-    return {n: m for n, m in contract().items() if process in m.process.split(",")}
-
-
-def test_gateway_registry_is_the_gateway_contract() -> None:
-    m = GatewayMetrics()
-    m.refresh([("audio", "ACTIVE")], 0)
-    for hist in (m.queue_wait, m.first_text, m.first_audio, m.input_dropped):
-        hist.labels("audio")
-    for plain in (m.admission_handoff, m.relay_latency, m.output_gaps, m.client_playback_gaps):
-        assert plain is not None
-    m.errors.labels("queue_full")
-    m.closes.labels("audio", "user_stop")
-    m.rejected.labels("unauthorized")
-    m.clients_dropped.labels("client_idle")
-    want = of_process("gateway")
-    assert exposed(m.registry) == {n: (w.type, w.labels) for n, w in want.items()}
-
-
-def test_gateway_exposition_parses_and_refresh_sets_the_state_gauges() -> None:
-    m = GatewayMetrics()
-    m.refresh([("audio", "ACTIVE"), ("audio", "ACTIVE"), ("chat", "QUEUED")], 7)
-    m.queue_wait.labels("audio").observe(0.3)
-    m.errors.labels("queue_full").inc()
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(m.exposition().decode())
-        for s in f.samples
-    }
-    assert samples[("omniserve_sessions", (("mode", "audio"), ("state", "active")))] == 2
-    assert samples[("omniserve_sessions", (("mode", "chat"), ("state", "queued")))] == 1
-    assert samples[("omniserve_queue_waiting", ())] == 7
-    assert samples[("omniserve_queue_wait_seconds_count", (("mode", "audio"),))] == 1
-    assert samples[("omniserve_errors_total", (("code", "queue_full"),))] == 1
-    m.refresh([("chat", "QUEUED")], None)  # a session left; Redis did not answer
-    after = {s.name: s for f in m.registry.collect() for s in f.samples}
-    assert after["omniserve_queue_waiting"].value == 7
-    assert m.totals()["omniserve_errors_total"] == 1
-
-
-# --------------------------------------------------------------------------- real processes
 
 
 async def test_gateway_histograms_move_during_a_real_duplex_session(service: Stack) -> None:
@@ -129,99 +67,6 @@ async def test_gateway_counts_errors_by_code_and_rejections(service: Stack) -> N
     )
     assert total(samples, "omniserve_errors_total", code="unknown_event") == 1
     assert total(samples, "omniserve_connections_rejected_total", reason="invalid_mode") == 1
-
-
-class FakeCuda:
-    """torch.cuda's memory queries for one 80 GB device (no GPU here; the real API's shape)."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def memory_allocated(i: int) -> int:
-        return 3 * 2**30
-
-    @staticmethod
-    def memory_reserved(i: int) -> int:
-        return 4 * 2**30
-
-    @staticmethod
-    def get_device_properties(i: int) -> Any:
-        return types.SimpleNamespace(total_memory=80 * 2**30)
-
-
-class Runtime:
-    """The slot state a worker runtime holds (tasks.metrics.SlotView)."""
-
-    def __init__(self) -> None:
-        self.worker_id = "node#1"
-        self.slot_ids = ["node#1|0", "node#1|1"]
-        self.active = {"node#1|1": "rt_1"}
-        self.quarantined: set[str] = set()
-        self.lock = threading.Lock()
-        self.ready = threading.Event()
-        self.shutting_down = threading.Event()
-
-
-def slot_gauge(m: WorkerMetrics) -> dict[str, float]:
-    return {
-        s.labels["state"]: s.value
-        for f in m.registry.collect()
-        if f.name == "omniserve_worker_slots"
-        for s in f.samples
-    }
-
-
-def test_worker_registry_is_the_worker_contract(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=FakeCuda))
-    rt = Runtime()
-    m = WorkerMetrics(rt, "scripted")
-    m.step(0.5, 1.0)
-    m.loaded(2.0)
-    m.count("omniserve_backend_step_timeouts_total", "scripted")
-    m.count("omniserve_worker_sessions_total", "duplex", "completed")
-    want = of_process("worker")
-    assert exposed(m.registry) == {n: (w.type, w.labels) for n, w in want.items()}
-    gpu = {
-        s.labels["kind"]: s.value
-        for f in m.registry.collect()
-        if f.name == "omniserve_gpu_memory_bytes"
-        for s in f.samples
-    }
-    assert gpu == {"allocated": 3 * 2**30, "reserved": 4 * 2**30, "total": 80 * 2**30}
-    assert slot_gauge(m)["loading"] == 1 and slot_gauge(m)["busy"] == 1
-    rt.ready.set()
-    assert slot_gauge(m)["idle"] == 1
-    rt.shutting_down.set()
-    assert slot_gauge(m) == {"loading": 0, "idle": 0, "busy": 1, "quarantined": 0, "draining": 1}
-
-
-def test_worker_counters_continue_from_redis(sync_redis: Any, keys: Any) -> None:
-    key = keys.node_counters("node")
-    sync_redis.hset(key, killed_field("duplex"), 2)
-    m = WorkerMetrics(Runtime(), "scripted")
-    m.keep_in_redis(sync_redis, key)
-    m.count("omniserve_worker_sessions_total", "duplex", "killed")
-    again = WorkerMetrics(Runtime(), "scripted")  # the next pool process of the node
-    again.keep_in_redis(sync_redis, key)
-    value = again.registry.get_sample_value(
-        "omniserve_worker_sessions_total", {"kind": "duplex", "outcome": "killed"}
-    )
-    assert value == 3
-    assert 0 < sync_redis.ttl(key) <= NODE_COUNTERS_TTL_S  # a node's hash does not live forever
-    # Redis away: the last values known are served, never less
-    again.persisted.client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
-    labels = {"kind": "duplex", "outcome": "killed"}
-    assert again.registry.get_sample_value("omniserve_worker_sessions_total", labels) == 3
 
 
 async def test_worker_histograms_move_during_a_real_session(stack: Stack) -> None:

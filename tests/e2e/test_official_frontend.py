@@ -1,4 +1,4 @@
-"""The official demo's own pages, unchanged, in headless Chromium against omniserve (issue #18).
+"""The official demo's own pages, unchanged, in headless Chromium against omniserve.
 
 The demo's frontend is not part of this repository: point ``OMNISERVE_TEST_OFFICIAL_DEMO`` at a
 checkout of ``OpenBMB/MiniCPM-o-Demo`` (branch ``realtime-protocol``; its ``static/``,

@@ -1,4 +1,4 @@
-"""The official demo's HTTP API and page routes on a real gateway (issue #18).
+"""The official demo's HTTP API and page routes on a real gateway.
 
 A real gateway and scripted worker, a voices directory with a real WAV file, a presets
 directory in the demo's YAML format and a static directory laid out like the demo's

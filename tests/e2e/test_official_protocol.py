@@ -1,4 +1,4 @@
-"""The official demo's pages on ``/v1/realtime``, with real processes (issue #18).
+"""The official demo's pages on ``/v1/realtime``, with real processes.
 
 The pages send ``session.update`` ~100 ms after connecting whether or not they had to wait, send
 ``client_diagnostic`` events about their playback, and name settings the way the official

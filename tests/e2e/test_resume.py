@@ -1,4 +1,4 @@
-"""Resume (issue #12): a session outlives its connection, on any gateway.
+"""Resume: a session outlives its connection, on any gateway.
 
 Real processes: a private Redis, two uvicorn gateways, Celery workers with the scripted backend.
 """

@@ -1,4 +1,4 @@
-"""Resume of a chat-mode session (issue #12): the turn in flight is replayed, on any gateway.
+"""Resume of a chat-mode session: the turn in flight is replayed, on any gateway.
 
 Real processes: a private Redis, two uvicorn gateways, a Celery worker with the scripted backend
 (which streams ``Reply with exactly: ...`` word by word, ``token_delay_s`` apart).

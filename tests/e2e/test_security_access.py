@@ -1,4 +1,5 @@
-"""Issue #13 against real gateway processes: keys, logs, admin token, origins, per-client limits.
+"""What a client's keys, logs, the admin token, origins and per-client limits do against real
+gateway processes.
 
 Each rule is tried with a good and a bad request on loopback. A ``mode=chat`` connection that is
 let in gets ``session.queue_done`` at once (it holds no worker slot until a turn), so most of

@@ -1,4 +1,4 @@
-"""Issue #13, what a client's data may reach: server files (voices) and Celery task arguments.
+"""What a client's data may reach: server files (voices) and Celery task arguments.
 
 Real gateway and worker processes on loopback. The voices directory is checked at the gateway
 and resolved again on the worker, where the file is read; the Celery capture is a real event

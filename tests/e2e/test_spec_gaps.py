@@ -1,5 +1,5 @@
-"""Issue #12, "remaining spec gaps": where a field-by-field reading of spec/ found the gateway
-stricter or looser than the spec, over real WebSockets against real gateways and workers.
+"""Where a field-by-field reading of spec/ finds a gateway could be stricter or looser than the
+spec, over real WebSockets against real gateways and workers.
 
 - ``input.append`` takes audio chunks of any length (spec/04's 4000-sample minimum belongs to the
   older ``input_audio_buffer.append`` only); the worker builds the model's units from them;

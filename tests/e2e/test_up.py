@@ -236,8 +236,8 @@ def test_up_killed_takes_everything_it_started_with_it(tmp_path) -> None:
 
 def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path) -> None:
     """The gateway's port is held by another server: a plain message and exit 1 before Redis or
-    a worker starts (the gateway used to log the bind error amid the workers' start and exit,
-    and ``up`` then said no worker became ready)."""
+    a worker starts (not the bind error lost amid the workers' start and exit, followed by "no
+    worker became ready")."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -280,8 +280,8 @@ def _serves(port: int, env: dict[str, str], log: Path, within_s: float) -> None:
 def test_parts_killed_under_up_are_started_again(tmp_path) -> None:
     """kill -9 of the gateway, of the worker and of the embedded Redis that ``up`` started, one
     after the other: each time ``up`` names what exited, starts it again (the Redis on its
-    port), and the service answers again without anyone stepping in (``up`` used to stop
-    everything at the first exit). Ctrl-C then still stops all of it."""
+    port), and the service answers again without anyone stepping in (the first exit does not
+    stop everything). Ctrl-C then still stops all of it."""
     log = tmp_path / "up.log"
     with up_and_what_it_started(log) as (up, port, _started):
         env = clean_env()

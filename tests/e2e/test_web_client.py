@@ -574,7 +574,7 @@ def test_dropped_connection_without_resume_ends_clearly(web_stack: Stack, open_p
 
 
 class ResumingServer:
-    """The server side of session resume exactly as issue #12 specifies it, played through
+    """The server side of session resume exactly as docs/PROTOCOL.md specifies it, played through
     Playwright's WebSocket routing, so the page's half is checked against the specified exchange
     with every answer on cue (the gateway's half: tests/e2e/test_resume.py). ``answer`` is what the
     second connection gets for ``session.resume``: ``resumed`` or an error code."""

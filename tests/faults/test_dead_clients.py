@@ -2,8 +2,7 @@
 silent, a client that never reads its output among clients that do.
 
 Each asserts what the clients saw, that the slot came back (within 10 s of the freeze for the
-frozen one, issue #9), the reason in the gateway's log and metrics, and that the next client is
-served.
+frozen one), the reason in the gateway's log and metrics, and that the next client is served.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from tests.support.fault_harness import (
 )
 from tests.support.stack import ROOT, Stack
 
-SLOT_BACK_S = 10.0  # issue #9: a frozen client's slot is free within 10 s
+SLOT_BACK_S = 10.0  # the promise: a frozen client's slot is free within 10 s
 
 
 class ClientProcess:
@@ -96,7 +95,7 @@ async def test_frozen_client_process_slot_back_within_10s(stack: Stack, resume: 
     metric say why, and the next client is served on that slot. With the default settings the
     client's silence ends it first (client_idle, 6 s); with resume off as well, so that a client
     found by the pings instead would not be detached for a resume and keep its slot
-    OMNISERVE_RESUME_SLOT_HOLD_S longer (issue #12)."""
+    OMNISERVE_RESUME_SLOT_HOLD_S longer."""
     stack.start_worker(slots=1)
     stack.start_gateway(**({"OMNISERVE_RESUME_GRACE_S": "0"} if resume == "off" else {}))
     with client_process(stack.url()) as proc:

@@ -1,6 +1,6 @@
 """A partition that drops packets between the gateway, or a worker, and Redis (Redis's host gone
 dark, a switch failing), then healed: run in a network namespace by
-``tests/faults/dropped_packets.py``.
+``tests/support/dropped_packets_scenario.py``.
 
 Nothing answers a dropped packet, so no connection learns that it is dead: a command times out,
 but the gateway's pub/sub connection waited on in silence, and after the heal TCP's
@@ -55,7 +55,7 @@ def _run(case: str, cut_s: float) -> dict[str, Any]:
     why = _namespace_with_tun()
     if why:
         pytest.skip(why)
-    scenario = [sys.executable, "-m", "tests.faults.dropped_packets", case, str(cut_s)]
+    scenario = [sys.executable, "-m", "tests.support.dropped_packets_scenario", case, str(cut_s)]
     run = subprocess.run(["unshare", "-rn", *scenario], capture_output=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-6000:]
     out: dict[str, Any] = orjson.loads(run.stdout.splitlines()[-1])

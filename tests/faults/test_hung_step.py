@@ -96,9 +96,9 @@ async def test_hung_chat_turn_in_threads_pool_withholds_its_slot(stack: Stack) -
 
 async def test_a_stopping_worker_does_not_wait_for_a_hung_turn(stack: Stack) -> None:
     """SIGTERM to a threads-pool worker whose chat turn is stuck in the backend for an hour
-    (the step limit is 10 minutes): its warm shutdown used to wait for that thread for ever.
-    Now the turn is ended a few seconds after the drain (the client is told), and the worker
-    leaves the pool and exits on its own."""
+    (the step limit is 10 minutes): its warm shutdown must not wait for that thread. The turn
+    is ended a few seconds after the drain (the client is told), and the worker leaves the pool
+    and exits on its own."""
     worker = stack.start_worker(
         slots=2,
         OMNISERVE_BACKEND_OPTIONS='{"hang_on_text": "[hang]", "hang_s": 3600}',

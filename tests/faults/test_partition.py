@@ -2,7 +2,7 @@
 it: the gateway's link cut for 8 s (past its lease, 6 s), or a worker's (past its sessions'
 leases, 1.5 s). Each runs on meanwhile, unlike a frozen process.
 
-The link is a proxy process (``tests/faults/tcp_proxy.py``) frozen with SIGSTOP: connections
+The link is a proxy process (``tests/support/tcp_proxy.py``) frozen with SIGSTOP: connections
 stay open and nothing passes either way, then everything waiting passes. (Packets are not
 dropped: the kernel cannot be made to here, so no TCP retransmission backoff is added after the
 cut heals; a worker drops a connection silent past its socket timeout and opens another.)
@@ -21,7 +21,6 @@ import time
 import pytest
 
 from omniserve.redis_server import free_port
-from tests.faults.tcp_proxy import Link
 from tests.support.fault_harness import (
     RestartableRedis,
     all_slots_back,
@@ -31,6 +30,7 @@ from tests.support.fault_harness import (
     served_end_to_end,
 )
 from tests.support.stack import Stack
+from tests.support.tcp_proxy import Link
 
 CUT_S = 8.0
 

@@ -24,7 +24,7 @@ from tests.support.fault_harness import (
 )
 from tests.support.stack import Stack
 
-RESTORED_S = 10.0  # issue #9: service restored within 10 s of Redis answering again
+RESTORED_S = 10.0  # the promise: service restored within 10 s of Redis answering again
 
 
 def health(stack: Stack) -> httpx.Response:

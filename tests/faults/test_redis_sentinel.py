@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
-from tests.faults.sentinel import SentinelSet
 from tests.support.client import Client
 from tests.support.fault_harness import DuplexProbe, all_slots_back, await_for, served_end_to_end
+from tests.support.redis_sentinel import SentinelSet
 from tests.support.stack import Stack
 
 RESTORED_S = 15.0  # a new session served within this long of the promotion

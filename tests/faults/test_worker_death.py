@@ -29,7 +29,7 @@ from tests.support.fault_harness import (
 )
 from tests.support.stack import Stack
 
-NOTICE_S = 3.0  # issue #9: a dead worker's clients are told within 3 s
+NOTICE_S = 3.0  # the promise: a dead worker's clients are told within 3 s
 # tasks/prefork.py looks for a dead pool process every 0.25 s; Celery's own pool, every 5 s
 # (and, through the dying process's sentinel, often too early to reap it)
 REPLACED_S = 2.0
@@ -173,7 +173,7 @@ async def test_kill9_pool_process_while_its_worker_starts(stack: Stack) -> None:
 
 
 async def test_client_during_model_load_is_queued_then_served(stack: Stack) -> None:
-    """Issue #17: a worker registered but still loading is coming capacity, not "no worker"."""
+    """A worker registered but still loading is coming capacity, not "no worker"."""
     stack.start_gateway()
     worker = stack.start_worker(OMNISERVE_BACKEND_OPTIONS='{"load_delay_s": 5}', wait=False)
     wait_for(lambda: stack.live_slots("loading") == 1, 30, "the loading registration")

@@ -2,10 +2,10 @@
 another worker meanwhile, and the thawed attempt gives way.
 
 Its gateway took the frozen worker for lost and restarted the session elsewhere (a failover,
-``session.recovering``); the thawed attempt used to run on beside the new one, holding its slot
-and a backend for as long as the client stayed, renewing the lease as its own, and when it ended
-it deleted the lease, the input and the resume record of the new attempt (whose gateway then took
-that worker for lost too: a failover loop). A lease now names the slot holding it; the thawed
+``session.recovering``). Were the thawed attempt to run on beside the new one, it would hold its
+slot and a backend for as long as the client stayed, renew the lease as its own, and at its end
+delete the lease, the input and the resume record of the new attempt (whose gateway would then
+take that worker for lost too: a failover loop). A lease names the slot holding it; the thawed
 worker's heartbeat finds another slot's name there, and that attempt ends without a word,
 leaving the session's keys alone.
 """

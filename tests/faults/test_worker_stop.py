@@ -1,4 +1,4 @@
-"""A worker told to stop while its backend loads stops at once (it used to load first).
+"""A worker told to stop while its backend loads stops at once, without finishing the load.
 
 Prefork: the loading pool process dies of a SIGTERM sent to the whole process group, or is
 ended by its stopping parent when only the parent got it (a container's PID 1); Celery starts a

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.support.deploy_tools import DEPLOY
 
 METRIC_NAMES = DEPLOY / "dashboards" / "metric_names.txt"
@@ -34,3 +37,20 @@ def contract() -> dict[str, Metric]:
             name, kind, frozenset() if labels == "-" else frozenset(labels.split(",")), process
         )
     return metrics
+
+
+def of_process(process: str) -> dict[str, Metric]:
+    """The contract's metrics that ``process`` ("gateway" or "worker") serves."""
+    return {n: m for n, m in contract().items() if process in m.process.split(",")}
+
+
+def exposed(registry: CollectorRegistry) -> dict[str, tuple[str, frozenset[str]]]:
+    """Name (counters with _total) -> (type, label names of its samples) of each family that a
+    registry serves, read back through the text format and prometheus_client's parser."""
+    out = {}
+    text = generate_latest(registry).decode()
+    for family in text_string_to_metric_families(text):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = frozenset(k for smp in family.samples for k in smp.labels if k != "le")
+        out[name] = (family.type, labels)
+    return out

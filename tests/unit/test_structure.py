@@ -1,18 +1,18 @@
 """The import structure: packages depend only downwards, and no module imports itself back.
 
-Reads every module's imports (module level and inside functions) with ``ast``; nothing is
-imported, so the check needs no ML stack.
+Reads every module's imports (module level and inside functions) with ``ast``
+(``tests/support/module_imports.py``); nothing is imported, so the check needs no ML stack.
 """
 
 from __future__ import annotations
 
-import ast
 import graphlib
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.module_imports import ROOT, imports, module_name
+
 PACKAGES = ("omnicore", "inference", "streaming", "api", "tasks", "omniserve", "bench")
 
 # docs/ARCHITECTURE.md, "Dependency directions": what each package may import of ours.
@@ -53,37 +53,11 @@ API_ALLOWED = {
 GATEWAY_FORBIDDEN = {"torch", "transformers", "inference", "tasks", "celery.signals"}
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _imports(path: Path) -> set[str]:
-    """Absolute names of every module ``path`` imports (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else None
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = (package or _module_name(path)).split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
-
-
 def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
         for path in (ROOT / pkg).rglob("*.py"):
-            out[_module_name(path)] = path
+            out[module_name(path)] = path
     return out
 
 
@@ -96,7 +70,7 @@ def test_packages_import_only_downwards(package: str) -> None:
     for name, path in MODULES.items():
         if name.split(".")[0] != package:
             continue
-        for imported in _imports(path):
+        for imported in imports(path):
             top = imported.split(".")[0]
             if top in ALLOWED and top != package and top not in ALLOWED[package]:
                 wrong.append(f"{name} imports {imported}")
@@ -128,7 +102,7 @@ def test_api_parts_import_only_what_they_may(part: str) -> None:
     for name, path in MODULES.items():
         if _api_part(name) != part:
             continue
-        for imported in _imports(path):
+        for imported in imports(path):
             other = _api_part(imported)
             if other is not None and other != part and other not in API_ALLOWED[part]:
                 wrong.append(f"{name} imports {imported}")
@@ -140,7 +114,7 @@ def test_the_gateway_imports_no_ml_stack_and_no_worker_code() -> None:
         f"{name} imports {imported}"
         for name, path in MODULES.items()
         if name.split(".")[0] in ("api", "streaming", "omnicore")
-        for imported in _imports(path)
+        for imported in imports(path)
         if imported.split(".")[0] in GATEWAY_FORBIDDEN or imported in GATEWAY_FORBIDDEN
     ]
     assert not wrong, "\n".join(sorted(wrong))
@@ -148,7 +122,7 @@ def test_the_gateway_imports_no_ml_stack_and_no_worker_code() -> None:
 
 def test_no_import_cycles() -> None:
     graph = {
-        name: {m for m in _imports(path) if m in MODULES and m != name}
+        name: {m for m in imports(path) if m in MODULES and m != name}
         for name, path in MODULES.items()
     }
     # a package's __init__ importing its own submodules is how packages re-export; not a cycle

@@ -5,14 +5,12 @@ description to render."""
 from __future__ import annotations
 
 import difflib
-import subprocess
-import sys
 from pathlib import Path
 
 from omnicore.settings import Settings
-from omnicore.settings_doc import COMMAND, DOC, MARKER, document, undocumented
+from omnicore.settings_doc import COMMAND, DOC, MARKER, document, main, undocumented
+from tests.support.in_process_cli import run_main
 
-ROOT = Path(__file__).resolve().parents[3]
 FIX = f"run `{COMMAND}` (from the repository root, in the project's virtualenv)"
 
 
@@ -50,18 +48,16 @@ def test_the_command_keeps_the_introduction_and_rewrites_the_tables(tmp_path: Pa
     intro = "# Configuration\n\nA hand-written introduction.\n\n"
     stale = tmp_path / "CONFIGURATION.md"
     stale.write_text(intro + MARKER + "\n\n| `gone_field` | ... |\n", encoding="utf-8")
-    run = [sys.executable, "-m", "omnicore.settings_doc"]
-
-    check = subprocess.run([*run, "--check", str(stale)], cwd=ROOT, capture_output=True, text=True)
+    check = run_main(main, ["--check", str(stale)])
     assert check.returncode == 1, check
     assert COMMAND in check.stdout
     assert "gone_field" in stale.read_text(encoding="utf-8"), "--check changed the file"
 
-    write = subprocess.run([*run, str(stale)], cwd=ROOT, capture_output=True, text=True)
+    write = run_main(main, [str(stale)])
     assert write.returncode == 0, write
     text = stale.read_text(encoding="utf-8")
     assert text.startswith(intro + MARKER)
     assert "gone_field" not in text
     assert "| `gateway_port` | `OMNISERVE_GATEWAY_PORT` | integer | `8006` |" in text
-    again = subprocess.run([*run, "--check", str(stale)], cwd=ROOT, capture_output=True, text=True)
+    again = run_main(main, ["--check", str(stale)])
     assert again.returncode == 0, again

@@ -7,11 +7,14 @@ import re
 import subprocess
 import sys
 
+from omniserve.cli import main
+from tests.support.in_process_cli import run_main
 from tests.support.stack import ROOT
 
 
 def test_omniserve_test_accepts_pytest_options() -> None:
-    # -q and --collect-only start with a dash: argparse used to reject them (omniserve adds -q)
+    # -q and --collect-only start with a dash: argparse must pass them on, not take them for
+    # options of its own (omniserve adds -q)
     done = subprocess.run(
         [
             sys.executable,
@@ -20,6 +23,8 @@ def test_omniserve_test_accepts_pytest_options() -> None:
             "test",
             "-q",
             "--collect-only",
+            "-n",
+            "0",  # one pytest process: a -n of the caller's replaces the default workers
             "tests/unit/test_structure.py",
         ],
         cwd=ROOT,
@@ -72,8 +77,8 @@ def test_the_longest_test_files_go_first_and_each_exists() -> None:
 
 
 def test_an_invalid_setting_is_named_by_its_variable() -> None:
-    """A setting that cannot be read: the variable and what is wrong, exit 2, no traceback."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    """A setting that cannot be read: the variable and what is wrong, exit 2, no traceback
+    (each command's ``main`` in process: the settings are read before anything starts)."""
     cases = [
         (
             ["up", "--backend", "scripted"],
@@ -108,14 +113,7 @@ def test_an_invalid_setting_is_named_by_its_variable() -> None:
         ),
     ]
     for argv, bad, said in cases:
-        done = subprocess.run(
-            [sys.executable, "-m", "omniserve", *argv],
-            cwd=ROOT,
-            env={**env, **bad},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = run_main(main, argv, **bad)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "Traceback" not in done.stderr, done.stderr
         assert done.stderr.startswith("omniserve: invalid settings\n"), done.stderr

@@ -1,5 +1,6 @@
-"""``omniserve doctor`` end to end: the real command, in its own process, on the strict stand-in
-(through the minicpmo backend's ``model_loader`` hook), as an operator would run it."""
+"""``omniserve doctor`` end to end on the strict stand-in (through the minicpmo backend's
+``model_loader`` hook): once in its own process, as an operator runs it, and its failures through
+the command's ``main`` in process (the same report and exit status, without a process start)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from omniserve.cli import main
 from omniserve.doctor import bundled_sample
+from tests.support.in_process_cli import run_main
 
 ROOT = Path(__file__).resolve().parents[3]
 LOADER = "tests.support.standins.fake_minicpmo:load"
@@ -54,13 +57,20 @@ def test_doctor_passes_on_the_stand_in_and_reports_every_unit():
     assert first["output"] == "speak" and first["audio_s"] > 0 and first["unit"] > 3
 
 
+def doctor_in_process(*args: str) -> tuple[int, str]:
+    ran = run_main(main, ["doctor", "--backend", "minicpmo", *args])
+    return ran.returncode, ran.stdout
+
+
 def test_doctor_text_report_and_exit_status_on_failure():
-    out = doctor("--model", "/tmp/none", "--backend-options", STAND_IN, "--units", "3")
-    assert out.returncode == 1, out.stdout + out.stderr  # three units: still in the start-up guard
-    lines = out.stdout.splitlines()
+    code, stdout = doctor_in_process(
+        "--model", "/tmp/none", "--backend-options", STAND_IN, "--units", "3"
+    )
+    assert code == 1, stdout  # three units: still in the start-up guard
+    lines = stdout.splitlines()
     assert lines[-1] == "result: FAIL (answered)"
     assert any(line.startswith("PASS  duplex") for line in lines)
     assert any(line.startswith("FAIL  answered") for line in lines)
-    missing = doctor("--model", "/nonexistent/model", "--device", "cpu")
-    assert missing.returncode == 1
-    assert missing.stdout.startswith("FAIL  load") and "config.json" in missing.stdout
+    code, stdout = doctor_in_process("--model", "/nonexistent/model", "--device", "cpu")
+    assert code == 1
+    assert stdout.startswith("FAIL  load") and "config.json" in stdout

@@ -1,33 +1,25 @@
 """``omniserve probe`` tells what went wrong in one line, never as a traceback (a newcomer's first
-command after ``up``; the gateway's own refusals are in tests/e2e/test_security_access.py)."""
+command after ``up``; the gateway's own refusals are in tests/e2e/test_security_access.py). The
+command's ``main`` runs in process: an exception it let out would fail the test as it is."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from omniserve.cli import main
 from omniserve.redis_server import free_port
-from tests.support.stack import ROOT
+from tests.support.in_process_cli import Ran, run_main
 
 
-def probe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "omniserve", "probe", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def probe(*args: str, **env: str) -> Ran:
+    return run_main(main, ["probe", *args], **env)
 
 
-def one_line_failure(done: subprocess.CompletedProcess[str]) -> str:
+def one_line_failure(done: Ran) -> str:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()

@@ -43,6 +43,24 @@ async def emit(pub: OutputPublisher, *events: Event) -> None:
     assert await asyncio.to_thread(pub.flush)
 
 
+async def opened(
+    bus: OutputBus,
+    session_id: str,
+    after: int = 0,
+    on_overflow: Callable[[], None] | None = None,
+) -> SessionOutput:
+    """``bus.open``, then wait until Redis has taken its SUBSCRIBE (``PUBSUB NUMSUB``): redis-py
+    sends it without waiting, and an event the worker publishes before Redis has taken it
+    reaches no reader (a gateway opens the channel before the session's task is submitted)."""
+    out = await bus.open(session_id, after, on_overflow)
+    channel = bus.keys.output_channel(session_id)
+    deadline = time.monotonic() + LONG_S
+    while (await bus.redis.pubsub_numsub(channel))[0][1] < 1:
+        assert time.monotonic() < deadline, f"{channel} never subscribed"
+        await asyncio.sleep(0.01)
+    return out
+
+
 async def collect(out: SessionOutput, until_seq: int) -> list[Event]:
     got: list[Event] = []
     while not got or got[-1].seq < until_seq:
@@ -53,7 +71,7 @@ async def collect(out: SessionOutput, until_seq: int) -> list[Event]:
 async def test_live_events_arrive_in_order_numbered_and_stamped(
     bus: OutputBus, publisher: OutputPublisher
 ) -> None:
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     before = time.time()
     await emit(publisher, text(1), text(2), Listen(input_id="input_1", kv_cache_length=5))
     got = await collect(out, 3)
@@ -67,7 +85,7 @@ async def test_a_late_reader_gets_the_earlier_events_from_the_log(
     bus: OutputBus, publisher: OutputPublisher
 ) -> None:
     await emit(publisher, text(1), text(2), text(3))  # nobody is listening yet
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     await emit(publisher, text(4))
     got = await collect(out, 4)
     assert [e.seq for e in got] == [1, 2, 3, 4]  # 1..3 from the log, 4 live
@@ -77,12 +95,12 @@ async def test_a_late_reader_gets_the_earlier_events_from_the_log(
 async def test_a_resumed_reader_starts_after_what_it_had(
     bus: OutputBus, publisher: OutputPublisher
 ) -> None:
-    first = await bus.open(SID)
+    first = await opened(bus, SID)
     await emit(publisher, text(1))
     assert [e.seq for e in await collect(first, 1)] == [1]
     await bus.close(SID)  # the reader goes away (its gateway, its client)
     await emit(publisher, text(2), text(3))  # published to nobody
-    resumed = await bus.open(SID, after=1)
+    resumed = await opened(bus, SID, after=1)
     await emit(publisher, text(4))
     assert [e.seq for e in await collect(resumed, 4)] == [2, 3, 4]
 
@@ -90,7 +108,7 @@ async def test_a_resumed_reader_starts_after_what_it_had(
 async def test_replay_overlapping_the_live_channel_delivers_each_event_once(
     bus: OutputBus, publisher: OutputPublisher
 ) -> None:
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     await emit(publisher, text(1), text(2))
     assert [e.seq for e in await out.catch_up()] == [1, 2]  # e.g. a lease check read the log
     assert await out.get(timeout=10) == []  # the live copies of 1 and 2 are dropped
@@ -108,7 +126,7 @@ async def test_events_the_log_no_longer_holds_become_a_gap(
     n = 300
     try:
         await emit(pub, *(text(i) for i in range(1, n + 1)))
-        out = await bus.open(SID)
+        out = await opened(bus, SID)
         await emit(pub, text(n + 1))
         got = await collect(out, n + 1)
     finally:
@@ -123,7 +141,7 @@ async def test_events_the_log_no_longer_holds_become_a_gap(
 async def test_a_message_that_is_not_an_event_is_reported_as_a_gap(
     bus: OutputBus, publisher: OutputPublisher, sync_redis: redis.Redis, keys: Keys
 ) -> None:
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     await emit(publisher, text(1))
     assert [e.seq for e in await collect(out, 1)] == [1]
     # event 2 arrives corrupted, on the channel and in the log
@@ -155,8 +173,8 @@ async def test_undelivered_output_is_bounded(
     await bus.start()
     told: list[str] = []
     try:
-        slow = await bus.open("rt_slow", on_overflow=lambda: told.append("slow"))
-        fast = await bus.open("rt_fast", on_overflow=lambda: told.append("fast"))
+        slow = await opened(bus, "rt_slow", on_overflow=lambda: told.append("slow"))
+        fast = await opened(bus, "rt_fast", on_overflow=lambda: told.append("fast"))
         pubs = [OutputPublisher(sync_redis, keys, s, 64, 60) for s in ("rt_slow", "rt_fast")]
         for n in range(1, 21):
             for pub in pubs:
@@ -182,7 +200,7 @@ async def test_undelivered_bytes_are_counted_until_read(
     await bus.start()
     told: list[bool] = []
     try:
-        out = await bus.open(SID, on_overflow=lambda: told.append(True))
+        out = await opened(bus, SID, on_overflow=lambda: told.append(True))
         await emit(publisher, text(1), text(2))
         deadline = time.monotonic() + 10
         while len(out.items) < 2 and time.monotonic() < deadline:
@@ -207,7 +225,7 @@ async def test_sessions_that_share_a_writer_keep_their_own_order(
     session's events reach its own channel and log in order, and finishing a session leaves
     the shared writer running for the next."""
     writer = OutputWriter("out-test-slot")
-    first, second = await bus.open("rt_first"), await bus.open("rt_second")
+    first, second = await opened(bus, "rt_first"), await opened(bus, "rt_second")
     pubs = [
         OutputPublisher(sync_redis, keys, s, 64, 60, writer=writer)
         for s in ("rt_first", "rt_second")
@@ -237,7 +255,7 @@ async def test_events_emitted_together_go_out_in_one_write(
 ) -> None:
     """One duplex step's text and audio are held until the step's block ends and then written
     in one round trip (one ``write``), in order; events outside such a block go out at once."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     batches: list[list[int]] = []
     real_write = publisher.write
 
@@ -269,7 +287,7 @@ async def test_a_batch_written_again_still_arrives_once_and_is_logged_once(
     """Each event is published and logged in one pipeline. A batch written twice (a retry after
     a lost reply) is logged once (the log refuses the id it has, which the writer takes as done,
     with no retry and no warning) and published twice, which the reader skips by seq."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     await emit(publisher, text(1))
     assert [ev.seq for ev in await out.get(timeout=10)] == [1]
     publisher.write([(1, encode_event(TextDelta(text="again", seq=1)))])  # the retry
@@ -295,7 +313,7 @@ async def test_an_event_the_log_refuses_is_still_delivered_and_the_failure_repor
     """A log write that fails for another reason than a retried id (here the key holds a
     string) is not swallowed by the script: the writer retries and warns, as for a lost
     connection, and the event still reaches the live reader once."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     sync_redis.set(keys.output_log(SID), "not a stream")
     await emit(publisher, text(1))
     assert [ev.seq for ev in await out.get(timeout=10)] == [1]
@@ -313,7 +331,7 @@ async def test_a_wait_that_times_out_returns_nothing_and_a_cancelled_one_loses_n
     """``SessionOutput.get``: a timeout is an empty answer, not an exception (the relay loop
     waits so every half second); a wait cancelled just as an event arrives leaves the event
     for the next ``get``; an event pushed during a wait ends it at once."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     started = time.monotonic()
     assert await out.get(timeout=0.05) == []
     assert time.monotonic() - started < 5
@@ -358,7 +376,7 @@ async def test_the_next_event_goes_to_direct_while_the_reader_waits(
     """``SessionOutput.direct``: while ``get`` waits, each next event in order is handed over by
     the bus's reader itself, and the waiting reader is not woken; what ``direct`` declines is
     queued for ``get``, in order, and nothing is delivered twice."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     taken: list[int] = []
     decline = {3}
 
@@ -394,7 +412,7 @@ async def test_nothing_goes_to_direct_while_the_reader_holds_an_event(
 ) -> None:
     """A reader that is not waiting may still be sending what it took: later events queue
     behind it (``direct`` would overtake it)."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     taken: list[int] = []
 
     async def direct(ev: Event) -> bool:
@@ -412,7 +430,7 @@ async def test_a_direct_that_fails_is_dropped_and_its_event_still_delivered(
 ) -> None:
     """A ``direct`` that raises is logged and never used again; its event and the ones after it
     reach ``get``."""
-    out = await bus.open(SID)
+    out = await opened(bus, SID)
     calls: list[int] = []
 
     async def direct(ev: Event) -> bool:

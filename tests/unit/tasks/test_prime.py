@@ -68,8 +68,7 @@ def test_a_long_opening_keeps_its_first_words_in_its_share() -> None:
 
 
 def test_a_conversation_opened_by_the_model_keeps_the_users_first_turn() -> None:
-    conv = [HistoryTurn("assistant", "hi, how can I help")] + turns(
-        "I am Ada", "hello Ada", *(f"turn {i} x y z" for i in range(10))
-    )
+    later = turns("I am Ada", "hello Ada", *(f"turn {i} x y z" for i in range(10)))
+    conv = [HistoryTurn("assistant", "hi, how can I help"), *later]
     prime = prime_history(conv, 30, words)
     assert prime.history[0] == HistoryTurn("user", "I am Ada")

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from api.gateway import liveness
 from api.gateway.liveness import Answer, Liveness
@@ -113,7 +115,11 @@ async def test_a_watch_is_read_every_tick_until_it_stops(redis_server: str, keys
 
 
 async def test_a_failed_read_is_told_to_its_watches_and_they_go_on(keys: Keys) -> None:
-    client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    # nothing listens on port 1; no retries (redis-py's default backs off between them), so
+    # each tick's read fails at once
+    client = aioredis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
     live = Liveness(client, keys, tick_s=0.01)
     lease, owner = Seen(2), Seen(2)
     try:
@@ -258,8 +264,9 @@ async def test_a_read_that_times_out_reads_as_held_and_the_resume_watch_is_told(
     keys: Keys,
 ) -> None:
     """Redis frozen longer than the client's socket timeout: the read fails with a timeout.
-    A lease or a worker's presence then reads as held (a stall says nothing of its worker; a
-    30 s stall used to fail every session here), while a resume-owner watch gets the error."""
+    A lease or a worker's presence then reads as held (a stall says nothing of its worker, and
+    failing on it would fail every session at once), while a resume-owner watch gets the
+    error."""
     server = start_embedded()
     client = aioredis.Redis.from_url(server.url, socket_timeout=0.2)
     live = Liveness(client, keys, tick_s=0.05, settle_s=1.0)

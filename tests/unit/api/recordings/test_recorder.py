@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 import zipfile
@@ -21,9 +18,9 @@ import soundfile
 from api.recordings.recorder import OFF, Recorder
 from api.recordings.store import BadName, RecordingStore, check_file_name, check_id
 from omnicore.settings import Settings
+from omniserve.cli import main
 from tests.support.client import decode_audio, jpeg_b64, pcm_b64, speech
-
-ROOT = Path(__file__).resolve().parents[4]
+from tests.support.in_process_cli import Ran, run_main
 
 
 def recorder(url: str, spool: Path, **overrides: object) -> Recorder:
@@ -134,16 +131,9 @@ def test_off_means_no_thread_and_no_files(tmp_path: Path) -> None:
     assert not (tmp_path / "s").exists()
 
 
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "omniserve", "recordings", *args],
-        cwd=ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def cli(*args: str, **env: str) -> Ran:
+    """``omniserve recordings ARGS``, its ``main`` run in process."""
+    return run_main(main, ["recordings", *args], **env)
 
 
 def test_the_cli_lists_gets_and_removes(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def test_loader_gets_the_configured_options():
 
 
 def test_one_wrapper_and_one_init_tts_with_the_backends_settings():
-    """Issue #10.1: the wrapper is built once, at load; init_tts runs once, with our settings."""
+    """The wrapper is built once, at load; init_tts runs once, with our settings."""
     b = make_backend(tts_float16=True, tts_n_timesteps=5)
     model = b.model
     assert model.call_names().count("as_duplex") == 1
@@ -94,7 +94,7 @@ def test_stand_in_refuses_a_second_init_tts_and_a_second_wrapper():
 
 
 def test_text_only_worker_builds_its_wrapper_without_a_tts_module():
-    """Issue #10.1: with TTS off the model has no TTS module; the wrapper is still built."""
+    """With TTS off the model has no TTS module; the wrapper is still built."""
     b = make_backend(init_tts=False)
     assert not hasattr(b.model, "tts")
     with pytest.raises(AttributeError):  # what the wrapper's own init_tts() call would hit
@@ -176,7 +176,7 @@ def test_chat_streaming_with_tts_uses_voice_for_vocoder_and_system_prompt():
 
 
 def test_spoken_chat_turns_leave_no_temporary_wav(tmp_path, monkeypatch):
-    """Issue #10.7: init_token2wav_cache writes the voice to a temp WAV it never removes."""
+    """init_token2wav_cache writes the voice to a temp WAV it never removes: ours are removed."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     b = make_backend()
     for _ in range(3):
@@ -187,7 +187,7 @@ def test_spoken_chat_turns_leave_no_temporary_wav(tmp_path, monkeypatch):
 
 
 def test_chat_after_a_duplex_session_runs_with_the_models_own_stream_constants():
-    """Issue #10.7: from_existing_model sets CNN_REDUNDANCY_MS=20 for duplex; chat keeps 0."""
+    """from_existing_model sets CNN_REDUNDANCY_MS=20 for duplex; chat keeps 0."""
     b = make_backend()
     list(b.chat(ChatRequest(messages=[user("before")])))
     s = b.open_duplex()
@@ -290,7 +290,7 @@ def test_chat_video_is_laid_out_per_second():
 
 
 def test_chat_video_stack_frames_adds_one_stacked_image_per_second():
-    """Issue #10.7 (spec/05 stack_frames): frame, audio, then the second's other frames."""
+    """spec/05 stack_frames: frame, audio, then the second's other frames."""
     from inference.minicpmo.messages import video_contents
 
     colors = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (9, 9, 9), (200, 200, 0), (0, 90, 90)]

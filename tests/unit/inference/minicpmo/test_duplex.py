@@ -2,8 +2,8 @@
 model's duplex wrapper (published: deferred ``finalize_unit``; legacy: no finalize_unit / no
 per-call forced listen; demo: ``prepare`` takes chat markup).
 
-Each item of issue #10 has a test that fails if it comes back; the stand-in raises
-``StandInFault`` where the real model would silently corrupt its state.
+Each way of misdriving the model's duplex API has a test that fails if it is done; the stand-in
+raises ``StandInFault`` where the real model would silently corrupt its state.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_conversation_and_call_sequence(revision):
     s.close()
 
 
-# ---------------------------------------------------------------- issue #10, item by item
+# ---------------------------------------------------- the ways of misdriving the model, one by one
 
 
 def test_exact_one_second_units_only(revision):

@@ -1,6 +1,6 @@
 """A loopback TCP proxy, run as a process of its own so that a test can cut the link it carries
 (SIGSTOP: connections stay open, nothing passes either way, as in a network partition) and heal
-it (SIGCONT). ``python -m tests.faults.tcp_proxy LISTEN_PORT TARGET_PORT [LISTEN_HOST]``; prints
+it (SIGCONT). ``python -m tests.support.tcp_proxy LISTEN_PORT TARGET_PORT [LISTEN_HOST]``; prints
 ``ready``.
 """
 
@@ -44,7 +44,7 @@ class Link:
     def __init__(self, listen: int, target: int, host: str = "127.0.0.1") -> None:
         self.port, self.host = listen, host
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.tcp_proxy", str(listen), str(target), host],
+            [sys.executable, "-m", "tests.support.tcp_proxy", str(listen), str(target), host],
             stdout=subprocess.PIPE,
         )
         assert self.proc.stdout is not None

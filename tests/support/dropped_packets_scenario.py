@@ -3,14 +3,14 @@ inside a network namespace of its own (``unshare -rn``: root there, nothing outs
 where routes can drop packets.
 
 The component cut off reaches Redis through ``ADDR`` (a TEST-NET-1 address on the namespace's
-loopback, served by ``tests/faults/tcp_proxy.py`` forwarding to the Redis on 127.0.0.1); the
+loopback, served by ``tests/support/tcp_proxy.py`` forwarding to the Redis on 127.0.0.1); the
 rest reach Redis directly. ``cut`` routes the address to a TUN device nobody reads: every packet
 to or from it is dropped without a word (no reset, no ICMP error), as when Redis's host goes dark
-or a switch fails, unlike the frozen proxy of ``test_partition.py`` whose kernel still
+or a switch fails, unlike the frozen proxy of ``tests/faults/test_partition.py`` whose kernel still
 acknowledges what it is sent. ``heal`` gives the address its local route back.
 
-``unshare -rn python -m tests.faults.dropped_packets gateway|worker CUT_S`` prints one JSON
-object: what each client saw, and whether the service came back
+``unshare -rn python -m tests.support.dropped_packets_scenario gateway|worker CUT_S`` prints one
+JSON object: what each client saw, and whether the service came back
 (``tests/faults/test_dropped_packets.py`` asserts on it).
 """
 
@@ -28,7 +28,6 @@ import orjson
 import redis
 
 from omniserve.redis_server import free_port
-from tests.faults.tcp_proxy import Link
 from tests.support.fault_harness import (
     DuplexProbe,
     RestartableRedis,
@@ -39,6 +38,7 @@ from tests.support.fault_harness import (
     served_end_to_end,
 )
 from tests.support.stack import Stack
+from tests.support.tcp_proxy import Link
 
 ADDR = "192.0.2.7"
 AFTER_S = 10.0  # watched after the heal

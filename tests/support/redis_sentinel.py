@@ -1,5 +1,5 @@
 """A Redis primary, its replica and a Sentinel watching them: real servers on loopback, started
-from the embedded Redis binary, for the failover test (``test_redis_sentinel.py``)."""
+from the embedded Redis binary, for the failover test (``tests/faults/test_redis_sentinel.py``)."""
 
 from __future__ import annotations
 
