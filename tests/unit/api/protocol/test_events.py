@@ -2,10 +2,10 @@
 the spec's or a listed extension.
 
 The spec is the public protocol's documents (``OMNISERVE_TEST_SPEC_DIR``, default
-/work/shared/spec: 01-03 the current dialect, 04 the older one, 05 ``/ws/chat``). A name is an
-event type where the spec writes it as one: a JSON example's ``"type": "..."``, a dotted
-``session.*`` / ``input.*`` / ``response.*`` / ``input_audio_buffer.*`` name, or a ``/ws/chat``
-message type its examples switch on.
+``../shared/spec`` beside the checkout, where CI has it: 01-03 the current dialect, 04 the
+older one, 05 ``/ws/chat``). A name is an event type where the spec writes it as one: a JSON
+example's ``"type": "..."``, a dotted ``session.*`` / ``input.*`` / ``response.*`` /
+``input_audio_buffer.*`` name, or a ``/ws/chat`` message type its examples switch on.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from api.protocol.events import (
 )
 from streaming.events import CloseReason, ErrorCode
 
-SPEC_DIR = Path(os.environ.get("OMNISERVE_TEST_SPEC_DIR", "/work/shared/spec"))
+ROOT = Path(__file__).resolve().parents[4]
+SPEC_DIR = Path(os.environ.get("OMNISERVE_TEST_SPEC_DIR", ROOT.parent / "shared" / "spec"))
 
 # Dotted words of the spec that are not event types.
 NOT_EVENTS = {
