@@ -77,6 +77,7 @@ def test_worker_registry_is_the_worker_contract(monkeypatch: pytest.MonkeyPatch)
     m.loaded(2.0)
     m.count("omniserve_backend_step_timeouts_total", "scripted")
     m.count("omniserve_worker_sessions_total", "duplex", "completed")
+    m.count("omniserve_duplex_rollovers_total", "scripted")
     want = of_process("worker")
     assert exposed(m.registry) == {n: (w.type, w.labels) for n, w in want.items()}
     gpu = {
