@@ -7,6 +7,8 @@ a denial is rendered in the endpoint's own dialect.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, WebSocket
 from starlette.status import WS_1008_POLICY_VIOLATION, WS_1013_TRY_AGAIN_LATER
 
@@ -17,18 +19,24 @@ from api.realtime.chat import RealtimeChat
 from api.realtime.connection import choose_subprotocol, refuse, refuse_with_error
 from api.realtime.duplex import RealtimeDuplex
 from api.realtime.legacy_chat import LegacyChat
+from api.realtime.session import RealtimeSession
 from api.security.policy import SecurityPolicy, let_in
 from streaming.events import ErrorCode
 
 MODES = {"chat", "video", "audio"}
 
+OtherProtocol = Callable[[Gateway, WebSocket, str], RealtimeSession]
+"""The session of a client that names a ``model`` and no ``mode``: the OpenAI Realtime
+protocol (``api/openai_realtime``), given by the app, which sits above both."""
 
-def create_router(security: SecurityPolicy) -> APIRouter:
-    """``/v1/realtime`` and ``/ws/chat``, let in by ``security``."""
+
+def create_router(security: SecurityPolicy, by_model: OtherProtocol | None = None) -> APIRouter:
+    """``/v1/realtime`` and ``/ws/chat``, let in by ``security``; ``/v1/realtime?model=...``
+    without a ``mode`` gets a ``by_model`` session when given."""
     router = APIRouter()
 
     @router.websocket("/v1/realtime")
-    async def realtime(ws: WebSocket, mode: str = "video") -> None:
+    async def realtime(ws: WebSocket, mode: str | None = None, model: str | None = None) -> None:
         gateway: Gateway = ws.app.state.gateway
         await ws.accept(subprotocol=choose_subprotocol(ws))
         state = ws.app.state
@@ -37,7 +45,9 @@ def create_router(security: SecurityPolicy) -> APIRouter:
                 code, message, close_code = denied.code, denied.message, denied.close_code
                 telemetry.rejected(gateway.metrics, code)
                 return await refuse_with_error(ws, code, message, close_code)
-            await _realtime(ws, gateway, mode)
+            if mode is None and model and by_model is not None:
+                return await _by_model(ws, gateway, by_model, model)
+            await _realtime(ws, gateway, mode or "video")
 
     @router.websocket("/ws/chat")
     async def legacy_chat(ws: WebSocket) -> None:
@@ -51,6 +61,14 @@ def create_router(security: SecurityPolicy) -> APIRouter:
             await LegacyChat(gateway, ws).serve()
 
     return router
+
+
+async def _by_model(ws: WebSocket, gateway: Gateway, by_model: OtherProtocol, model: str) -> None:
+    """A client of the other protocol, let in: its session, unless the gateway drains."""
+    if gateway.shutting_down:
+        telemetry.rejected(gateway.metrics, "shutting_down")
+        return await ws.close(WS_1013_TRY_AGAIN_LATER, "server is shutting down")
+    await by_model(gateway, ws, model[:128]).serve()
 
 
 async def _realtime(ws: WebSocket, gateway: Gateway, mode: str) -> None:

@@ -1,0 +1,165 @@
+"""The OpenAI Realtime server events this server sends, built in one place.
+
+Every event has an ``event_id`` (``event_<n>``, unique in the connection) and the fields the
+``openai`` SDK's types (``openai.types.realtime``) and Pipecat's parser require.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any
+
+from api.protocol.errors import Frame
+from streaming.events import ErrorCode
+
+# the OpenAI error codes of what this server refuses in the protocol's own words
+CODE_NAMES = {
+    ErrorCode.UNKNOWN_EVENT: "invalid_value",
+    ErrorCode.MISSING_FIELD: "missing_required_parameter",
+    ErrorCode.INVALID_PAYLOAD: "invalid_value",
+}
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style object id (``item_...``, ``resp_...``)."""
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def error_type(code: ErrorCode) -> str:
+    """OpenAI's error ``type``: the client's mistake, or the server's."""
+    return "invalid_request_error" if code.is_client_error else "server_error"
+
+
+class ServerEvents:
+    """Builds one connection's server events (their ids count up)."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+
+    def event(self, kind: str, **fields: Any) -> Frame:
+        return {"type": kind, "event_id": f"event_{next(self._ids)}", **fields}
+
+    def error(
+        self,
+        code: str,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        event_id: str | None = None,
+    ) -> Frame:
+        """``error``: OpenAI's ``type``, a ``code``, the offending client ``event_id``."""
+        return self.event(
+            "error",
+            error={
+                "type": kind,
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": event_id,
+            },
+        )
+
+    def rate_limits(self, position: int, queue_length: int, wait_s: float | None) -> Frame:
+        """The waiting room in a GA event: ``requests`` remaining is 0 while queued; ``limit``
+        says how many are ahead (the position), ``reset_seconds`` the estimated wait."""
+        limit: dict[str, Any] = {
+            "name": "requests",
+            "limit": max(position, queue_length),
+            "remaining": 0 if position > 0 else 1,
+            "reset_seconds": float(wait_s) if wait_s is not None else 0.0,
+        }
+        return self.event("rate_limits.updated", rate_limits=[limit])
+
+
+def session_object(session_id: str, model: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The ``session`` of ``session.created`` / ``session.updated``."""
+    audio_in = config.get("audio_input", {})
+    audio_out = config.get("audio_output", {})
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": model,
+        "output_modalities": config["output_modalities"],
+        "instructions": config["instructions"],
+        "tools": [],
+        "tool_choice": "auto",
+        "max_output_tokens": config.get("max_output_tokens", "inf"),
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "transcription": None,
+                "noise_reduction": None,
+                "turn_detection": audio_in.get("turn_detection"),
+            },
+            "output": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "voice": audio_out.get("voice", "alloy"),
+                "speed": audio_out.get("speed", 1.0),
+            },
+        },
+    }
+
+
+def message_item(
+    item_id: str,
+    role: str,
+    content: list[dict[str, Any]],
+    status: str = "completed",
+) -> dict[str, Any]:
+    """A conversation ``message`` item."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "status": status,
+        "role": role,
+        "content": content,
+    }
+
+
+def response_object(
+    response_id: str,
+    status: str,
+    modalities: list[str],
+    output: list[dict[str, Any]],
+    *,
+    reason: str | None = None,
+    usage: dict[str, int] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``realtime.response``; ``status`` completed, cancelled, failed or in_progress."""
+    details: dict[str, Any] | None = None
+    if status != "in_progress" and status != "completed":
+        details = {"type": status, "reason": reason}
+        if error is not None:
+            details["error"] = error
+    elif status == "completed":
+        details = None
+    u = usage or {}
+    inp, outp = u.get("input_tokens", 0), u.get("output_tokens", 0)
+    return {
+        "id": response_id,
+        "object": "realtime.response",
+        "status": status,
+        "status_details": details,
+        "output": output,
+        "conversation_id": "conv_default",
+        "output_modalities": modalities,
+        "max_output_tokens": "inf",
+        "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}},
+        "usage": {
+            "total_tokens": inp + outp,
+            "input_tokens": inp,
+            "output_tokens": outp,
+            "input_token_details": {
+                "text_tokens": inp,
+                "audio_tokens": 0,
+                "image_tokens": 0,
+                "cached_tokens": 0,
+                "cached_tokens_details": {"text_tokens": 0, "audio_tokens": 0, "image_tokens": 0},
+            },
+            "output_token_details": {"text_tokens": outp, "audio_tokens": 0},
+        },
+    }

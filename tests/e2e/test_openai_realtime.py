@@ -1,0 +1,259 @@
+"""The ``openai`` SDK's realtime client (``AsyncOpenAI().realtime.connect``) works unchanged
+against a real gateway and scripted worker: every server event it gets validates against the
+SDK's own pydantic types."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from tests.support.stack import Stack
+
+openai = pytest.importorskip("openai")
+from openai import AsyncOpenAI  # noqa: E402 - after pytest.importorskip
+from openai.resources.realtime.realtime import AsyncRealtimeConnection  # noqa: E402
+from openai.types.realtime import RealtimeServerEvent  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+RATE = 24_000
+CHUNK_S = 0.1
+REPLY = "Hello from the scripted backend."
+
+
+def pcm16(seconds: float, level: float = 0.0) -> str:
+    """Base64 pcm16 24 kHz: a 220 Hz tone (``level``) or silence."""
+    t = np.arange(int(RATE * seconds)) / RATE
+    samples = (level * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    return base64.b64encode(samples.tobytes()).decode()
+
+
+@pytest.fixture(scope="module")
+def openai_service(redis_server: str) -> Iterator[Stack]:
+    s = Stack(redis_server)
+    try:
+        s.start_worker(slots=2)
+        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="16")
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest_asyncio.fixture
+async def conn(openai_service: Stack) -> AsyncIterator[AsyncRealtimeConnection]:
+    port = openai_service.gateways[0][1]
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+    async with client.realtime.connect(model="minicpm-o-4.5") as connection:
+        yield connection
+
+
+async def next_event(conn: AsyncRealtimeConnection, timeout: float = 30) -> Any:
+    """The next server event, validated strictly by the SDK's types."""
+    raw = await asyncio.wait_for(conn.recv_bytes(), timeout)
+    event = SERVER_EVENT.validate_json(raw)
+    assert event.event_id
+    return event
+
+
+async def until(conn: AsyncRealtimeConnection, kind: str, seen: list[Any] | None = None) -> Any:
+    while True:
+        event = await next_event(conn)
+        if seen is not None:
+            seen.append(event)
+        if event.type == kind:
+            return event
+        assert event.type != "error", event
+
+
+class Speaker:
+    """Streams the microphone as a client does: a spoken question, then silence, paced."""
+
+    def __init__(self, conn: AsyncRealtimeConnection) -> None:
+        self.conn = conn
+        self.task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        await self.conn.input_audio_buffer.append(audio=pcm16(1.0, 0.3))
+        while True:
+            await self.conn.input_audio_buffer.append(audio=pcm16(CHUNK_S))
+            await asyncio.sleep(CHUNK_S)
+
+    def __enter__(self) -> Speaker:
+        self.task = asyncio.ensure_future(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+
+
+async def test_session_created_first_then_update(conn: AsyncRealtimeConnection) -> None:
+    created = await next_event(conn)
+    assert created.type == "session.created"
+    assert created.session.type == "realtime"
+    assert created.session.audio.output.format.rate == 24000
+    await conn.session.update(
+        session={
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "instructions": "Be brief.",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "turn_detection": {"type": "semantic_vad"},
+                },
+                "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin"},
+            },
+            "tools": [{"type": "function", "name": "f", "parameters": {}}],
+        }
+    )
+    updated = await until(conn, "session.updated")
+    assert updated.session.output_modalities == ["text"]
+    assert updated.session.instructions == "Be brief."
+    assert updated.session.audio.input.turn_detection.type == "semantic_vad"
+    assert updated.session.audio.output.voice == "marin"
+
+
+async def test_text_turn(conn: AsyncRealtimeConnection) -> None:
+    await until(conn, "session.created")
+    await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+    await until(conn, "session.updated")
+    await conn.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Reply with exactly: Hi there"}],
+        }
+    )
+    added = await until(conn, "conversation.item.added")
+    assert added.item.role == "user"
+    await conn.response.create(event_id="evt_resp_1")
+    seen: list[Any] = []
+    done = await until(conn, "response.done", seen)
+    text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+    assert text == "Hi there"
+    kinds = [e.type for e in seen]
+    assert kinds.index("response.created") < kinds.index("response.output_text.delta")
+    assert "response.output_text.done" in kinds
+    assert done.response.status == "completed"
+    assert done.response.usage.output_tokens == 2
+    assert done.response.output[0].content[0].text == "Hi there"
+
+
+async def test_text_turn_answered_in_speech(conn: AsyncRealtimeConnection) -> None:
+    await until(conn, "session.created")
+    await conn.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Reply with exactly: one two three"}],
+        }
+    )
+    await conn.response.create()
+    seen: list[Any] = []
+    done = await until(conn, "response.done", seen)
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta"
+    )
+    assert audio and len(audio) % 2 == 0  # pcm16
+    transcript = "".join(
+        e.delta for e in seen if e.type == "response.output_audio_transcript.delta"
+    )
+    assert transcript == "one two three"
+    assert done.response.status == "completed"
+
+
+async def test_spoken_question_answered_in_speech(conn: AsyncRealtimeConnection) -> None:
+    await until(conn, "session.created")
+    seen: list[Any] = []
+    with Speaker(conn):
+        done = await until(conn, "response.done", seen)
+    kinds = [e.type for e in seen]
+    for kind in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+    ):
+        assert kind in kinds
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta"
+    )
+    pcm = np.frombuffer(audio, dtype="<i2")
+    assert pcm.size > RATE // 2 and np.abs(pcm).max() > 1000  # speech, not silence
+    transcript = "".join(
+        e.delta for e in seen if e.type == "response.output_audio_transcript.delta"
+    )
+    assert transcript == REPLY
+    assert done.response.status == "completed"
+
+    # truncate: only what was heard stays in the conversation
+    item_id = done.response.output[0].id
+    await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=200)
+    truncated = await until(conn, "conversation.item.truncated")
+    assert (truncated.item_id, truncated.audio_end_ms) == (item_id, 200)
+    await conn.conversation.item.retrieve(item_id=item_id)
+    retrieved = await until(conn, "conversation.item.retrieved")
+    assert len(retrieved.item.content[0].transcript) < len(REPLY)
+
+
+async def test_barge_in_with_response_cancel(conn: AsyncRealtimeConnection) -> None:
+    await until(conn, "session.created")
+    with Speaker(conn):
+        first = await until(conn, "response.output_audio.delta")
+        await conn.response.cancel()
+        done = await until(conn, "response.done")
+        assert done.response.id == first.response_id
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "client_cancelled"
+        # nothing more of the cancelled response arrives
+        late: list[Any] = []
+        try:
+            while True:
+                late.append(await next_event(conn, timeout=3))
+        except TimeoutError:
+            pass
+    assert not [e for e in late if getattr(e, "response_id", None) == first.response_id]
+
+
+async def test_bad_input_gets_openai_errors(conn: AsyncRealtimeConnection) -> None:
+    await until(conn, "session.created")
+    await conn.send({"type": "no.such.event", "event_id": "evt_bad_1"})  # type: ignore[arg-type]
+    err = await next_event(conn)
+    assert err.type == "error"
+    assert err.error.type == "invalid_request_error"
+    assert err.error.event_id == "evt_bad_1"
+    assert err.error.param == "type"
+
+    await conn.input_audio_buffer.append(audio="not base64!", event_id="evt_bad_2")
+    err = await next_event(conn)
+    assert (err.error.type, err.error.event_id, err.error.param) == (
+        "invalid_request_error",
+        "evt_bad_2",
+        "audio",
+    )
+
+    await conn.send(
+        {"type": "session.update", "event_id": "evt_bad_3", "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}}  # type: ignore[arg-type]  # noqa: E501
+    )
+    err = await next_event(conn)
+    assert err.error.event_id == "evt_bad_3"
+    assert "rate" in (err.error.param or "")
+
+    await conn.response.cancel(event_id="evt_bad_4")
+    err = await next_event(conn)
+    assert err.error.event_id == "evt_bad_4"
+
+    # the session goes on
+    await conn.session.update(session={"type": "realtime", "instructions": "still here"})
+    updated = await until(conn, "session.updated")
+    assert updated.session.instructions == "still here"
