@@ -550,8 +550,16 @@ class OpenAIRealtime(RealtimeDuplex):
                 "Cancellation failed: no active response found.",
                 None,
             )
+        await self._stop_reply("client_cancelled")
+
+    async def _stop_reply(self, reason: str) -> None:
+        """End the current reply ``cancelled`` at once: what the worker still sends of it is
+        dropped, and a speaking model is told to listen."""
+        reply = self.reply
+        if reply is None:
+            return
         reply.cancelled = True
-        await self._end_reply("cancelled", reason="client_cancelled")
+        await self._end_reply("cancelled", reason=reason)
         if reply.internal_id is not None and self.state is SessionState.ACTIVE:
             await self._forward(np.zeros(0, dtype=np.float32), force_listen=True)
 
@@ -731,7 +739,8 @@ class OpenAIRealtime(RealtimeDuplex):
 
     async def _truncate(self, t: ce.ItemTruncate) -> None:
         """Only what the user heard stays: the transcript is cut at ``audio_end_ms``'s share
-        of the item's speech."""
+        of the item's speech. Truncating the response still being given ends it (the user
+        spoke over it: a client's own turn detection, as Pipecat's)."""
         item = self._item(t.item_id)
         if item.role != "assistant":
             raise ProtocolError(
@@ -741,14 +750,20 @@ class OpenAIRealtime(RealtimeDuplex):
             raise ProtocolError(
                 ErrorCode.INVALID_PAYLOAD, "content_index is out of range", "content_index"
             )
+        live = self.reply is not None and self.reply.item_id == item.id
+        samples = (
+            self.reply.audio_samples if self.reply is not None and live else item.audio_samples
+        )
         heard = t.audio_end_ms * OUTPUT_RATE // 1000
-        if heard > item.audio_samples:
-            ms = item.audio_samples * 1000 // OUTPUT_RATE
+        if heard > samples:
+            ms = samples * 1000 // OUTPUT_RATE
             raise ProtocolError(
                 ErrorCode.INVALID_PAYLOAD,
                 f"audio_end_ms {t.audio_end_ms} is longer than the item's audio ({ms} ms)",
                 "audio_end_ms",
             )
+        if live:  # the user cut the response short while it played: it ends here
+            await self._stop_reply("turn_detected")
         for c in item.content:
             transcript = c.get("transcript")
             if isinstance(transcript, str) and item.audio_samples:

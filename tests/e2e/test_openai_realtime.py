@@ -243,7 +243,14 @@ async def test_bad_input_gets_openai_errors(conn: AsyncRealtimeConnection) -> No
     )
 
     await conn.send(
-        {"type": "session.update", "event_id": "evt_bad_3", "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}}  # type: ignore[arg-type]  # noqa: E501
+        {
+            "type": "session.update",
+            "event_id": "evt_bad_3",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}},
+            },
+        }  # type: ignore[arg-type]
     )
     err = await next_event(conn)
     assert err.error.event_id == "evt_bad_3"
