@@ -60,13 +60,13 @@ class ServerEvents:
             },
         )
 
-    def rate_limits(self, position: int, queue_length: int, wait_s: float | None) -> Frame:
-        """The waiting room in a GA event: ``requests`` remaining is 0 while queued; ``limit``
-        says how many are ahead (the position), ``reset_seconds`` the estimated wait."""
+    def rate_limits(self, position: int, wait_s: float | None) -> Frame:
+        """The waiting room in a GA event: one ``requests`` limit, ``remaining`` 0 while
+        queued, ``limit`` the position, ``reset_seconds`` the estimated wait."""
         limit: dict[str, Any] = {
             "name": "requests",
-            "limit": max(position, queue_length),
-            "remaining": 0 if position > 0 else 1,
+            "limit": position,
+            "remaining": 0,
             "reset_seconds": float(wait_s) if wait_s is not None else 0.0,
         }
         return self.event("rate_limits.updated", rate_limits=[limit])

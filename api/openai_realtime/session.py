@@ -175,9 +175,7 @@ class OpenAIRealtime(RealtimeDuplex):
         if kind in ("session.queued", "session.queue_update"):
             await super().send(
                 self.events.rate_limits(
-                    int(frame.get("position") or 0),
-                    int(frame.get("queue_length") or 0),
-                    frame.get("estimated_wait_s"),
+                    int(frame.get("position") or 0), frame.get("estimated_wait_s")
                 )
             )
         elif kind == "error":
