@@ -264,3 +264,32 @@ async def test_bad_input_gets_openai_errors(conn: AsyncRealtimeConnection) -> No
     await conn.session.update(session={"type": "realtime", "instructions": "still here"})
     updated = await until(conn, "session.updated")
     assert updated.session.instructions == "still here"
+
+
+async def test_waiting_room_shows_as_rate_limits(openai_service: Stack) -> None:
+    """Both slots held by audio sessions: a third waits, told its place by
+    ``rate_limits.updated``, and is served once a slot is free."""
+    port = openai_service.gateways[0][1]
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+    holders = [client.realtime.connect(model="m") for _ in range(2)]
+    conns = [await h.__aenter__() for h in holders]
+    speakers = []
+    for c in conns:
+        await until(c, "session.created")
+        speakers.append(Speaker(c).__enter__())
+    for c in conns:
+        await until(c, "response.created")  # both hold a slot now
+    async with client.realtime.connect(model="m") as waiting:
+        await until(waiting, "session.created")
+        await waiting.input_audio_buffer.append(audio=pcm16(0.1))
+        limits = await until(waiting, "rate_limits.updated")
+        assert limits.rate_limits[0].name == "requests"
+        assert limits.rate_limits[0].remaining == 0
+        assert limits.rate_limits[0].limit >= 1
+        with Speaker(waiting):  # its microphone streams while it waits, as a real one does
+            for s in speakers:
+                s.__exit__(None, None, None)
+            for h in holders:
+                await h.__aexit__(None, None, None)
+            done = await until(waiting, "response.done")
+        assert done.response.status == "completed"
