@@ -66,6 +66,7 @@ from omnicore.audio import (
     pcm16_to_float32,
     pcm_to_b64,
 )
+from streaming.controls import TruncateControl
 from streaming.events import (
     AudioDelta,
     Closed,
@@ -131,6 +132,7 @@ class ConversationItem:
     role: str
     content: list[dict[str, Any]]
     audio_samples: int = 0  # an assistant item's speech, 24 kHz samples
+    spoken_by_duplex: bool = False  # the duplex model's response (in its conversation)
 
     def frame(self, status: str = "completed") -> dict[str, Any]:
         return message_item(self.id, self.role, self.content, status)
@@ -448,7 +450,11 @@ class OpenAIRealtime(RealtimeDuplex):
         )
         item = message_item(reply.item_id, "assistant", [], "in_progress")
         previous = self.items[-1].id if self.items else None
-        self.items.append(ConversationItem(reply.item_id, "assistant", []))
+        self.items.append(
+            ConversationItem(
+                reply.item_id, "assistant", [], spoken_by_duplex=internal_id is not None
+            )
+        )
         await self.emit(
             "response.output_item.added", response_id=reply.id, output_index=0, item=item
         )
@@ -735,6 +741,12 @@ class OpenAIRealtime(RealtimeDuplex):
         await self.emit("conversation.item.added", previous_item_id=prev, item=shown)
         await self.emit("conversation.item.done", previous_item_id=prev, item=shown)
 
+    def _latest_duplex_reply(self) -> ConversationItem | None:
+        for item in reversed(self.items):
+            if item.spoken_by_duplex:
+                return item
+        return None
+
     async def _truncate(self, t: ce.ItemTruncate) -> None:
         """Only what the user heard stays: the transcript is cut at ``audio_end_ms``'s share
         of the item's speech. Truncating the response still being given ends it (the user
@@ -768,6 +780,10 @@ class OpenAIRealtime(RealtimeDuplex):
                 words = transcript.split(" ")
                 keep = round(len(words) * heard / item.audio_samples)
                 c["transcript"] = " ".join(words[:keep])
+                if item.spoken_by_duplex and self._latest_duplex_reply() is item:
+                    # what a failover or rollover replays to the model keeps only this much
+                    cut = TruncateControl(spoken=transcript, heard=c["transcript"])
+                    await self.gateway.inputs.control(self.session_id, cut)
         item.audio_samples = heard
         await self.emit(
             "conversation.item.truncated",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -171,8 +172,10 @@ async def test_text_turn_answered_in_speech(conn: AsyncRealtimeConnection) -> No
     assert done.response.status == "completed"
 
 
-async def test_spoken_question_answered_in_speech(conn: AsyncRealtimeConnection) -> None:
-    await until(conn, "session.created")
+async def test_spoken_question_answered_in_speech(
+    conn: AsyncRealtimeConnection, openai_service: Stack
+) -> None:
+    created = await until(conn, "session.created")
     seen: list[Any] = []
     with Speaker(conn):
         done = await until(conn, "response.done", seen)
@@ -198,12 +201,27 @@ async def test_spoken_question_answered_in_speech(conn: AsyncRealtimeConnection)
 
     # truncate: only what was heard stays in the conversation
     item_id = done.response.output[0].id
-    await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=200)
+    cut_ms = pcm.size * 1000 // RATE * 6 // 10
+    await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=cut_ms)
     truncated = await until(conn, "conversation.item.truncated")
-    assert (truncated.item_id, truncated.audio_end_ms) == (item_id, 200)
+    assert (truncated.item_id, truncated.audio_end_ms) == (item_id, cut_ms)
     await conn.conversation.item.retrieve(item_id=item_id)
     retrieved = await until(conn, "conversation.item.retrieved")
-    assert len(retrieved.item.content[0].transcript) < len(REPLY)
+    heard = retrieved.item.content[0].transcript
+    assert heard and REPLY.startswith(heard) and len(heard) < len(REPLY)
+    # what a failover or rollover would replay to the model keeps only what was heard
+    history_key = openai_service.keys.session_history(created.session.id)
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        turns = json.loads(openai_service.redis().get(history_key) or b"[]")
+        if turns and turns[-1]["text"] == heard:
+            break
+        assert asyncio.get_running_loop().time() < deadline, (
+            history_key,
+            openai_service.redis().keys("*history*"),
+        )
+        await asyncio.sleep(0.2)
+    assert turns == [{"role": "assistant", "text": heard}]
 
 
 async def test_barge_in_with_response_cancel(conn: AsyncRealtimeConnection) -> None:
