@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,8 @@ from streaming.jobs import ChatJob
 log = logging.getLogger("omniserve.gateway")
 
 MAX_HELD_S = 30.0  # input audio held while the duplex session starts (then the oldest goes)
+PAD_STEP_S = 0.5  # silence fed to the model, this much at a time, while the client sends none
+PAD_MAX_S = 30.0  # ... and for at most this long after its commit, if no answer comes
 SERVER_VAD = {
     "type": "server_vad",
     "threshold": 0.5,
@@ -164,6 +167,8 @@ class OpenAIRealtime(RealtimeDuplex):
         self.resampler = soxr.ResampleStream(OUTPUT_RATE, INPUT_RATE, 1, dtype="float32")
         self.text_turn: asyncio.Task[None] | None = None
         self.turn_count = 0
+        self.last_audio_at = 0.0  # monotonic: the client's last input_audio_buffer.append
+        self.pad: asyncio.Task[None] | None = None  # silence after a commit (``_pad``)
 
     # ------------------------------------------------------------------ sending
     async def emit(self, kind: str, **fields: Any) -> None:
@@ -237,15 +242,20 @@ class OpenAIRealtime(RealtimeDuplex):
             elif not self.vanished():
                 await self.finish(*self.end_reason())
         finally:
-            if self.text_turn is not None:
-                self.text_turn.cancel()
-                await asyncio.gather(self.text_turn, return_exceptions=True)
+            for task in (self.text_turn, self.pad):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
 
     def idle_seconds(self) -> float:
-        """A client owes no audio while it has not started any (text turns only)."""
-        if not self.audio_wanted.is_set():
+        """A client owes no audio while it has not started any (text turns only), nor when it
+        takes turns itself (``turn_detection: null``: push to talk, silent between turns)."""
+        if not self.audio_wanted.is_set() or self._turns_by_client():
             return 0.0
         return super().idle_seconds()
+
+    def _turns_by_client(self) -> bool:
+        return self.config["audio_input"].get("turn_detection") is None
 
     async def handle(self, ev: Event) -> bool:
         """A worker event of the duplex session, in OpenAI's words."""
@@ -353,6 +363,7 @@ class OpenAIRealtime(RealtimeDuplex):
         if pcm24.size == 0:
             return
         self.input_samples += pcm24.size
+        self.last_audio_at = time.monotonic()
         pcm16k = self.resampler.resample_chunk(pcm24)
         self.audio_wanted.set()
         if self.state in (SessionState.ACTIVE, SessionState.RECOVERING):
@@ -390,6 +401,30 @@ class OpenAIRealtime(RealtimeDuplex):
                 None,
             )
         await self._user_turn_items()
+        self._start_pad()
+
+    def _start_pad(self) -> None:
+        if self.pad is None or self.pad.done():
+            self.pad = asyncio.create_task(self._pad())
+
+    async def _pad(self) -> None:
+        """After a commit the user is done speaking, but the model answers only as its input
+        goes on: while the client sends no audio itself (push to talk), silence is fed in real
+        time until the model's answer ends, or ``PAD_MAX_S`` passes with none."""
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        started = False
+        silence = np.zeros(int(INPUT_RATE * PAD_STEP_S), dtype=np.float32)
+        while not self.stopping() and (started or loop.time() - since < PAD_MAX_S):
+            if self.reply is not None and self.reply.internal_id is not None:
+                started = True
+            elif started:
+                return  # the answer is over
+            if self.state is SessionState.ACTIVE and (
+                time.monotonic() - self.last_audio_at >= PAD_STEP_S
+            ):
+                await self._forward(silence)
+            await asyncio.sleep(PAD_STEP_S)
 
     async def _user_turn_items(self) -> str:
         """``speech_started``/``stopped``, ``committed`` and the user's audio item (once per
@@ -580,6 +615,7 @@ class OpenAIRealtime(RealtimeDuplex):
         if self.audio_wanted.is_set() and not self._has_unanswered_text():
             if self.input_samples:
                 await self._user_turn_items()
+                self._start_pad()
             return
         modalities = params.output_modalities or params.modalities
         modality = (modalities or self.config["output_modalities"])[0]

@@ -42,7 +42,8 @@ def openai_service(redis_server: str) -> Iterator[Stack]:
     s = Stack(redis_server)
     try:
         s.start_worker(slots=2)
-        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="16")
+        # a short idle limit: a push-to-talk client, silent between turns, outlives it
+        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="16", OMNISERVE_CLIENT_IDLE_TIMEOUT_S="2")
         yield s
     finally:
         s.stop()
@@ -222,6 +223,30 @@ async def test_spoken_question_answered_in_speech(
         )
         await asyncio.sleep(0.2)
     assert turns == [{"role": "assistant", "text": heard}]
+
+
+async def test_push_to_talk(conn: AsyncRealtimeConnection) -> None:
+    """``turn_detection: null``: the client sends its question, commits, asks for the response
+    and then sends nothing; between turns it stays silent longer than the idle limit."""
+    await until(conn, "session.created")
+    await conn.session.update(
+        session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    )
+    updated = await until(conn, "session.updated")
+    assert updated.session.audio.input.turn_detection is None
+    for turn in range(2):
+        await conn.input_audio_buffer.append(audio=pcm16(1.0, 0.3))
+        await conn.input_audio_buffer.commit()
+        await until(conn, "input_audio_buffer.committed")
+        await conn.response.create()
+        seen: list[Any] = []
+        done = await until(conn, "response.done", seen)
+        assert done.response.status == "completed", turn
+        transcript = "".join(
+            e.delta for e in seen if e.type == "response.output_audio_transcript.delta"
+        )
+        assert transcript == REPLY
+        await asyncio.sleep(3)  # silent, beyond OMNISERVE_CLIENT_IDLE_TIMEOUT_S
 
 
 async def test_barge_in_with_response_cancel(conn: AsyncRealtimeConnection) -> None:
