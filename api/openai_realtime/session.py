@@ -40,6 +40,7 @@ from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
 from api.openai_realtime import client_events as ce
+from api.openai_realtime.recording import OpenAIRecording
 from api.openai_realtime.server_events import (
     CODE_NAMES,
     ServerEvents,
@@ -148,6 +149,7 @@ class OpenAIRealtime(RealtimeDuplex):
         super().__init__(gateway, ws, "audio")
         self.dialect = Dialect.CURRENT
         self.model = model
+        self.recording = self.openai_recording = OpenAIRecording(self.recording)
         self.events = ServerEvents()
         self.config: dict[str, Any] = {
             "output_modalities": ["audio"],
@@ -382,6 +384,7 @@ class OpenAIRealtime(RealtimeDuplex):
         if pcm16k.size == 0:
             pcm16k = np.zeros(160, dtype=np.float32)
         inp: dict[str, Any] = {"audio": pcm_to_b64(pcm16k)}
+        self.openai_recording.audio_in(inp["audio"])
         if force_listen:
             inp["hints"] = {"force_listen": True}
         await super().on_event({"type": "input.append", "input": inp})
@@ -528,6 +531,7 @@ class OpenAIRealtime(RealtimeDuplex):
         if audio_b64 and reply.modality == "audio":
             pcm = b64_to_pcm(audio_b64)
             reply.audio_samples += pcm.size
+            self.openai_recording.audio_out(reply.id, audio_b64)
             delta = pybase64.b64encode(float32_to_pcm16(pcm)).decode("ascii")
             await self.emit("response.output_audio.delta", **where, delta=delta)
 
@@ -669,6 +673,7 @@ class OpenAIRealtime(RealtimeDuplex):
             if admitted is None:
                 return
             self.clock.input_sent(turn_id)
+            self.openai_recording.chat_request(request)
             turn = ChatTurn(
                 self.gateway,
                 turn_id,

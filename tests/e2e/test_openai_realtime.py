@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -37,13 +39,22 @@ def pcm16(seconds: float, level: float = 0.0) -> str:
     return base64.b64encode(samples.tobytes()).decode()
 
 
+TOKEN = "admin-token"
+
+
 @pytest.fixture(scope="module")
-def openai_service(redis_server: str) -> Iterator[Stack]:
+def openai_service(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(redis_server)
     try:
         s.start_worker(slots=2)
-        # a short idle limit: a push-to-talk client, silent between turns, outlives it
-        s.start_gateway(OMNISERVE_INPUT_MAX_PENDING="16", OMNISERVE_CLIENT_IDLE_TIMEOUT_S="2")
+        s.start_gateway(
+            OMNISERVE_INPUT_MAX_PENDING="16",
+            # a short idle limit: a push-to-talk client, silent between turns, outlives it
+            OMNISERVE_CLIENT_IDLE_TIMEOUT_S="2",
+            OMNISERVE_RECORDINGS="true",
+            OMNISERVE_RECORDINGS_URL=tmp_path_factory.mktemp("store").as_uri(),
+            OMNISERVE_ADMIN_TOKEN=TOKEN,
+        )
         yield s
     finally:
         s.stop()
@@ -247,6 +258,37 @@ async def test_push_to_talk(conn: AsyncRealtimeConnection) -> None:
         )
         assert transcript == REPLY
         await asyncio.sleep(3)  # silent, beyond OMNISERVE_CLIENT_IDLE_TIMEOUT_S
+
+
+async def test_the_session_is_recorded(openai_service: Stack) -> None:
+    """The recording holds what the model heard and said, in the model's formats."""
+    port = openai_service.gateways[0][1]
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+    async with client.realtime.connect(model="m") as conn:
+        created = await until(conn, "session.created")
+        seen: list[Any] = []
+        with Speaker(conn):
+            await until(conn, "response.done", seen)
+    out_samples = sum(
+        len(base64.b64decode(e.delta)) // 2 for e in seen if e.type == "response.output_audio.delta"
+    )
+    rid = created.session.id
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    deadline = time.monotonic() + 30
+    while True:
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/recordings/{rid}", headers=auth)
+        if r.status_code == 200 and r.json()["meta"].get("complete"):
+            break
+        assert time.monotonic() < deadline, r.text
+        await asyncio.sleep(0.2)
+    meta = r.json()["meta"]
+    assert (meta["mode"], meta["endpoint"]) == ("audio", "/v1/realtime")
+    assert meta["output"]["audio_samples"] == out_samples
+    assert meta["input"]["audio_samples"] >= 16000  # the question, at the model's 16 kHz
+    transcript = httpx.get(
+        f"http://127.0.0.1:{port}/v1/recordings/{rid}/files/transcript.txt", headers=auth
+    ).text
+    assert REPLY in transcript
 
 
 async def test_barge_in_with_response_cancel(conn: AsyncRealtimeConnection) -> None:
