@@ -142,6 +142,15 @@ class ConversationItem:
         return message_item(self.id, self.role, self.content, status)
 
 
+class OpenAIError(ProtocolError):
+    """A client mistake that OpenAI names with a code of its own (clients such as Pipecat treat
+    these two as harmless races, every other error as fatal)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(ErrorCode.INVALID_PAYLOAD, message)
+        self.name = name
+
+
 class OpenAIRealtime(RealtimeDuplex):
     """One OpenAI Realtime connection (see the module docstring)."""
 
@@ -212,7 +221,8 @@ class OpenAIRealtime(RealtimeDuplex):
         )
 
     async def on_client_error(self, exc: ProtocolError) -> None:
-        await self._error(exc.code, exc.message, exc.field)
+        name = exc.name if isinstance(exc, OpenAIError) else None
+        await self._error(exc.code, exc.message, exc.field, name)
 
     async def on_event_failure(self, event: dict[str, Any]) -> None:
         await self._error(ErrorCode.INFERENCE_ERROR, "the server could not handle this event")
@@ -588,10 +598,8 @@ class OpenAIRealtime(RealtimeDuplex):
         """``response.cancel``: the response ends now; the worker stops producing it."""
         reply = self.reply
         if reply is None or (response_id is not None and response_id != reply.id):
-            raise ProtocolError(
-                ErrorCode.INVALID_PAYLOAD,
-                "Cancellation failed: no active response found.",
-                None,
+            raise OpenAIError(
+                "response_cancel_not_active", "Cancellation failed: no active response found."
             )
         await self._stop_reply("client_cancelled")
 
@@ -611,10 +619,9 @@ class OpenAIRealtime(RealtimeDuplex):
         the model decides itself when to answer what it hears, so there it only acknowledges
         the user's turn."""
         if self.reply is not None or (self.text_turn is not None and not self.text_turn.done()):
-            raise ProtocolError(
-                ErrorCode.INVALID_PAYLOAD,
+            raise OpenAIError(
+                "conversation_already_has_active_response",
                 "Conversation already has an active response in progress.",
-                None,
             )
         if self.audio_wanted.is_set() and not self._has_unanswered_text():
             if self.input_samples:

@@ -343,7 +343,7 @@ async def test_bad_input_gets_openai_errors(conn: AsyncRealtimeConnection) -> No
 
     await conn.response.cancel(event_id="evt_bad_4")
     err = await next_event(conn)
-    assert err.error.event_id == "evt_bad_4"
+    assert (err.error.code, err.error.event_id) == ("response_cancel_not_active", "evt_bad_4")
 
     # the session goes on
     await conn.session.update(session={"type": "realtime", "instructions": "still here"})
