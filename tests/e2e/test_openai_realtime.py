@@ -9,13 +9,16 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import pytest_asyncio
 
+from tests.support.fault_harness import kill9
 from tests.support.stack import Stack
 
 openai = pytest.importorskip("openai")
@@ -84,6 +87,11 @@ async def until(conn: AsyncRealtimeConnection, kind: str, seen: list[Any] | None
         if event.type == kind:
             return event
         assert event.type != "error", event
+
+
+async def until_within(conn: AsyncRealtimeConnection, kind: str, seconds: float) -> Any:
+    """``until`` with a deadline for the whole wait (TimeoutError when it passes)."""
+    return await asyncio.wait_for(until(conn, kind), seconds)
 
 
 class Speaker:
@@ -378,3 +386,57 @@ async def test_waiting_room_shows_as_rate_limits(openai_service: Stack) -> None:
                 await h.__aexit__(None, None, None)
             done = await until(waiting, "response.done")
         assert done.response.status == "completed"
+
+
+async def test_a_lost_worker_is_replaced_with_what_was_heard(stack: Stack, tmp_path: Path) -> None:
+    """Failover under the OpenAI protocol: the worker is killed after a truncated answer; the
+    call goes on on another worker, whose model is primed with the instructions and only the
+    part of the answer that was heard."""
+    log = tmp_path / "prompts.jsonl"
+    stack.env["OMNISERVE_BACKEND_OPTIONS"] = orjson.dumps({"prompt_log": str(log)}).decode()
+    stack.start_worker()
+    stack.start_worker()
+    port = stack.start_gateway()
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+    async with client.realtime.connect(model="m") as conn:
+        created = await until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "instructions": "You are terse."})
+        await until(conn, "session.updated")
+        seen: list[Any] = []
+        with Speaker(conn):
+            done = await until(conn, "response.done", seen)
+        samples = sum(
+            len(base64.b64decode(e.delta)) // 2
+            for e in seen
+            if e.type == "response.output_audio.delta"
+        )
+        item_id = done.response.output[0].id
+        cut_ms = samples * 1000 // RATE * 6 // 10
+        await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=cut_ms)
+        await until(conn, "conversation.item.truncated")
+        await conn.conversation.item.retrieve(item_id=item_id)
+        heard = (await until(conn, "conversation.item.retrieved")).item.content[0].transcript
+        sid = created.session.id
+        deadline = time.monotonic() + 20
+        while json.loads(stack.redis().get(stack.keys.session_history(sid)) or b"[]") != [
+            {"role": "assistant", "text": heard}
+        ]:
+            assert time.monotonic() < deadline, "the worker did not apply the truncate"
+            await asyncio.sleep(0.2)
+
+        owner = stack.redis().get(stack.keys.session_claim(sid))
+        kill9(int(owner.decode().rsplit("#", 1)[1]))
+        # what is said while the new worker is found is lost: the user says it again
+        again = None
+        for _ in range(10):
+            with Speaker(conn):
+                try:
+                    again = await until_within(conn, "response.done", 6)
+                    break
+                except TimeoutError:
+                    continue
+        assert again is not None, "no answer after the failover"
+        assert again.response.status == "completed"
+    first, restart = [orjson.loads(line)["prompt"] for line in log.read_bytes().splitlines()]
+    assert "You are terse." in first and "You are terse." in restart
+    assert heard in restart and REPLY not in restart
