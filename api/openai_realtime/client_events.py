@@ -50,14 +50,21 @@ class AudioConfig(Loose):
 
 
 class SessionConfig(Loose):
-    """``session.update``'s ``session`` (only ``type: "realtime"``; no transcription sessions)."""
+    """``session.update``'s ``session`` (only ``type: "realtime"``; no transcription sessions).
+    The beta names (``modalities``, ``voice``, ``*_audio_format``, ``turn_detection``) are
+    taken too."""
 
     type: Literal["realtime"] = "realtime"
     instructions: StrictStr | None = None
     output_modalities: list[Modality] | None = Field(None, min_length=1, max_length=1)
+    modalities: list[Modality] | None = Field(None, min_length=1, max_length=2)
     audio: AudioConfig | None = None
-    voice: StrictStr | dict[str, Any] | None = None  # the beta place of the voice
+    voice: StrictStr | dict[str, Any] | None = None
+    input_audio_format: Literal["pcm16"] | None = None
+    output_audio_format: Literal["pcm16"] | None = None
+    turn_detection: TurnDetection | None = None
     max_output_tokens: StrictInt | Literal["inf"] | None = None
+    max_response_output_tokens: StrictInt | Literal["inf"] | None = None
 
 
 class ContentPart(Loose):
@@ -131,7 +138,7 @@ class ItemRetrieve(Event):
 
 class ResponseParams(Loose):
     output_modalities: list[Modality] | None = Field(None, min_length=1, max_length=1)
-    modalities: list[Modality] | None = None  # the beta name
+    modalities: list[Modality] | None = Field(None, min_length=1, max_length=2)  # (beta)
     instructions: StrictStr | None = None
     conversation: StrictStr | None = None
     max_output_tokens: StrictInt | Literal["inf"] | None = None
@@ -160,6 +167,12 @@ ClientEvent = Annotated[
     | ResponseCancel,
     Field(discriminator="type"),
 ]
+
+
+def modality(modalities: list[Modality]) -> Modality:
+    """The one output modality of a list (a beta ``["text", "audio"]`` speaks)."""
+    return "audio" if "audio" in modalities else "text"
+
 
 CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 KNOWN_TYPES = frozenset(

@@ -21,6 +21,20 @@ CODE_NAMES = {
 }
 
 
+# GA event names -> the beta ones (``OpenAI-Beta: realtime=v1``); None: the beta has no such event
+BETA_NAMES: dict[str, str | None] = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "conversation.item.added": "conversation.item.created",
+    "conversation.item.done": None,
+}
+BETA_CONTENT = {"output_audio": "audio", "output_text": "text"}
+
+
 def new_id(prefix: str) -> str:
     """An OpenAI-style object id (``item_...``, ``resp_...``)."""
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
@@ -32,13 +46,23 @@ def error_type(code: ErrorCode) -> str:
 
 
 class ServerEvents:
-    """Builds one connection's server events (their ids count up)."""
+    """Builds one connection's server events (their ids count up), in GA names or, for a beta
+    client, in the beta's."""
 
-    def __init__(self) -> None:
+    def __init__(self, beta: bool = False) -> None:
         self._ids = itertools.count(1)
+        self.beta = beta
 
     def event(self, kind: str, **fields: Any) -> Frame:
         return {"type": kind, "event_id": f"event_{next(self._ids)}", **fields}
+
+    def named(self, kind: str) -> str | None:
+        """The event's name for this client (None: not sent to it)."""
+        return BETA_NAMES.get(kind, kind) if self.beta else kind
+
+    def content_type(self, kind: str) -> str:
+        """An assistant content part's type for this client."""
+        return BETA_CONTENT.get(kind, kind) if self.beta else kind
 
     def error(
         self,
@@ -72,10 +96,31 @@ class ServerEvents:
         return self.event("rate_limits.updated", rate_limits=[limit])
 
 
-def session_object(session_id: str, model: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The ``session`` of ``session.created`` / ``session.updated``."""
+def session_object(
+    session_id: str, model: str, config: dict[str, Any], beta: bool = False
+) -> dict[str, Any]:
+    """The ``session`` of ``session.created`` / ``session.updated`` (GA, or the beta's)."""
     audio_in = config.get("audio_input", {})
     audio_out = config.get("audio_output", {})
+    if beta:
+        return {  # (no ``model``: the beta's type allows only OpenAI's model names there)
+            "id": session_id,
+            "object": "realtime.session",
+            "modalities": ["text", "audio"]
+            if config["output_modalities"] == ["audio"]
+            else ["text"],
+            "instructions": config["instructions"],
+            "voice": audio_out.get("voice", "alloy"),
+            "input_audio_format": "pcm16",
+            "output_audio_format": "pcm16",
+            "input_audio_transcription": None,
+            "turn_detection": audio_in.get("turn_detection"),
+            "tools": [],
+            "tool_choice": "auto",
+            "temperature": 0.8,
+            "max_response_output_tokens": config.get("max_output_tokens", "inf"),
+            "speed": audio_out.get("speed", 1.0),
+        }
     return {
         "type": "realtime",
         "object": "realtime.session",

@@ -159,7 +159,8 @@ class OpenAIRealtime(RealtimeDuplex):
         self.dialect = Dialect.CURRENT
         self.model = model
         self.recording = self.openai_recording = OpenAIRecording(self.recording)
-        self.events = ServerEvents()
+        self.beta = "realtime=v1" in ws.headers.get("openai-beta", "")  # the beta's names
+        self.events = ServerEvents(self.beta)
         self.config: dict[str, Any] = {
             "output_modalities": ["audio"],
             "instructions": "",
@@ -183,8 +184,10 @@ class OpenAIRealtime(RealtimeDuplex):
 
     # ------------------------------------------------------------------ sending
     async def emit(self, kind: str, **fields: Any) -> None:
-        """Send one OpenAI server event."""
-        await super().send(self.events.event(kind, **fields))
+        """Send one OpenAI server event (under its beta name to a beta client)."""
+        name = self.events.named(kind)
+        if name is not None:
+            await super().send(self.events.event(name, **fields))
 
     async def send(self, frame: Frame) -> None:
         """The duplex machinery's own frames, in OpenAI's words: queue positions become
@@ -341,10 +344,19 @@ class OpenAIRealtime(RealtimeDuplex):
         chat turns only); formats other than pcm16 24 kHz are refused by the model of the event."""
         if s.instructions is not None:
             self.config["instructions"] = s.instructions
-        if s.output_modalities is not None:
-            self.config["output_modalities"] = list(s.output_modalities)
-        if s.max_output_tokens is not None:
-            self.config["max_output_tokens"] = s.max_output_tokens
+        modalities = s.output_modalities or s.modalities
+        if modalities is not None:
+            self.config["output_modalities"] = [ce.modality(modalities)]
+        tokens = (
+            s.max_output_tokens if s.max_output_tokens is not None else s.max_response_output_tokens
+        )
+        if tokens is not None:
+            self.config["max_output_tokens"] = tokens
+        if "turn_detection" in s.model_fields_set:  # (the beta's place)
+            td = s.turn_detection
+            self.config["audio_input"]["turn_detection"] = (
+                None if td is None else {**SERVER_VAD, **td.model_dump(exclude_none=True)}
+            )
         audio = s.audio
         if audio is not None and audio.input is not None:
             fields = audio.input.model_fields_set
@@ -363,7 +375,7 @@ class OpenAIRealtime(RealtimeDuplex):
         await self.emit("session.updated", session=self._session())
 
     def _session(self) -> dict[str, Any]:
-        return session_object(self.session_id, self.model, self.config)
+        return session_object(self.session_id, self.model, self.config, self.beta)
 
     # ------------------------------------------------------------------ audio in
     async def _append(self, audio_b64: str) -> None:
@@ -557,7 +569,7 @@ class OpenAIRealtime(RealtimeDuplex):
         where = {"response_id": reply.id, "item_id": reply.item_id, "output_index": 0}
         if reply.modality == "text":
             await self.emit("response.output_text.done", **where, content_index=0, text=reply.text)
-            content = {"type": "output_text", "text": reply.text}
+            content = {"type": self.events.content_type("output_text"), "text": reply.text}
         else:
             await self.emit("response.output_audio.done", **where, content_index=0)
             await self.emit(
@@ -566,7 +578,7 @@ class OpenAIRealtime(RealtimeDuplex):
                 content_index=0,
                 transcript=reply.text,
             )
-            content = {"type": "output_audio", "transcript": reply.text}
+            content = {"type": self.events.content_type("output_audio"), "transcript": reply.text}
         await self.emit(
             "response.content_part.done", **where, content_index=0, part=self._part(reply)
         )
@@ -628,8 +640,9 @@ class OpenAIRealtime(RealtimeDuplex):
                 await self._user_turn_items()
                 self._start_pad()
             return
-        modalities = params.output_modalities or params.modalities
-        modality = (modalities or self.config["output_modalities"])[0]
+        modality = ce.modality(
+            params.output_modalities or params.modalities or self.config["output_modalities"]
+        )
         instructions = params.instructions
         if instructions is None:
             instructions = self.config["instructions"]

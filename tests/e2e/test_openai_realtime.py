@@ -24,6 +24,7 @@ from tests.support.stack import Stack
 openai = pytest.importorskip("openai")
 from openai import AsyncOpenAI  # noqa: E402 - after pytest.importorskip
 from openai.resources.realtime.realtime import AsyncRealtimeConnection  # noqa: E402
+from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
@@ -440,3 +441,52 @@ async def test_a_lost_worker_is_replaced_with_what_was_heard(stack: Stack, tmp_p
     first, restart = [orjson.loads(line)["prompt"] for line in log.read_bytes().splitlines()]
     assert "You are terse." in first and "You are terse." in restart
     assert heard in restart and REPLY not in restart
+
+
+async def test_the_beta_client(openai_service: Stack) -> None:
+    """``client.beta.realtime`` (``OpenAI-Beta: realtime=v1``): the beta's event names and
+    session fields, validated by the beta's own types."""
+    beta_event: TypeAdapter[Any] = TypeAdapter(BetaServerEvent)
+    port = openai_service.gateways[0][1]
+    client = AsyncOpenAI(  # (the beta client takes wss:// unless told the WebSocket URL)
+        base_url=f"http://127.0.0.1:{port}/v1",
+        websocket_base_url=f"ws://127.0.0.1:{port}/v1",
+        api_key="sk-test",
+    )
+    async with client.beta.realtime.connect(model="m") as conn:
+
+        async def until_beta(kind: str, seen: list[Any]) -> Any:
+            while True:
+                raw = await asyncio.wait_for(conn.recv_bytes(), 30)
+                event = beta_event.validate_json(raw)
+                seen.append(event)
+                assert event.type != "error", event
+                if event.type == kind:
+                    return event
+
+        seen: list[Any] = []
+        created = await until_beta("session.created", seen)
+        assert created.session.input_audio_format == "pcm16"
+        await conn.session.update(session={"modalities": ["text"], "instructions": "Be brief."})
+        updated = await until_beta("session.updated", seen)
+        assert updated.session.modalities == ["text"]
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Reply with exactly: beta works"}],
+            }
+        )
+        await conn.response.create()
+        seen = []
+        await until_beta("response.done", seen)
+        assert "".join(e.delta for e in seen if e.type == "response.text.delta") == "beta works"
+        assert "conversation.item.created" in [e.type for e in seen]
+
+        await conn.session.update(session={"modalities": ["text", "audio"]})
+        await until_beta("session.updated", seen)
+        seen = []
+        with Speaker(conn):
+            await until_beta("response.done", seen)
+    assert any(e.type == "response.audio.delta" for e in seen)
+    assert any(e.type == "response.audio_transcript.delta" for e in seen)
