@@ -182,6 +182,12 @@ class OpenAIRealtime(RealtimeDuplex):
         self.last_audio_at = 0.0  # monotonic: the client's last input_audio_buffer.append
         self.pad: asyncio.Task[None] | None = None  # silence after a commit (``_pad``)
 
+    @staticmethod
+    def refusal(code: ErrorCode, message: str) -> Frame:
+        """The ``error`` of a connection refused before its session (key, origin, limits,
+        shutdown), in OpenAI's shape."""
+        return ServerEvents().error(code.value, message, error_type(code))
+
     # ------------------------------------------------------------------ sending
     async def emit(self, kind: str, **fields: Any) -> None:
         """Send one OpenAI server event (under its beta name to a beta client)."""
@@ -344,6 +350,8 @@ class OpenAIRealtime(RealtimeDuplex):
         chat turns only); formats other than pcm16 24 kHz are refused by the model of the event."""
         if s.instructions is not None:
             self.config["instructions"] = s.instructions
+            if self.state is SessionState.QUEUED and self.pending_init is not None:
+                self.pending_init = DuplexInit(system_prompt=s.instructions)  # not started yet
         modalities = s.output_modalities or s.modalities
         if modalities is not None:
             self.config["output_modalities"] = [ce.modality(modalities)]
@@ -703,12 +711,12 @@ class OpenAIRealtime(RealtimeDuplex):
                 on_overflow=self.output_overflow,
             )
 
-            def stop() -> bool:
-                return reply.cancelled or self.stopping()
+            def stop() -> bool:  # (cancelled, or cut short by the model's own speech)
+                return self.reply is not reply or self.stopping()
 
             async with aclosing(turn.events(stop, (self.gone, self.close_wanted))) as events:
                 async for ev in events:
-                    if reply.cancelled:
+                    if self.reply is not reply:
                         continue
                     await self._turn_event(reply, ev)
                     telemetry.relayed(self.gateway.metrics, self.clock, ev, turn_id)

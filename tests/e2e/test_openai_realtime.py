@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 import pytest
 import pytest_asyncio
+import websockets
 
 from tests.support.fault_harness import kill9
 from tests.support.stack import Stack
@@ -490,3 +491,26 @@ async def test_the_beta_client(openai_service: Stack) -> None:
             await until_beta("response.done", seen)
     assert any(e.type == "response.audio.delta" for e in seen)
     assert any(e.type == "response.audio_transcript.delta" for e in seen)
+
+
+async def test_the_api_key_is_the_bearer_token(openai_service: Stack) -> None:
+    """The SDK sends its ``api_key`` as ``Authorization: Bearer``: the right one is let in, a
+    wrong one refused with an OpenAI ``error`` before the socket closes."""
+    key = "sk-omniserve-test-0123456789"
+    if len(openai_service.gateways) < 2:
+        openai_service.start_gateway(OMNISERVE_API_KEYS=f'["{key}"]')
+    port = openai_service.gateways[1][1]
+    good = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
+    async with good.realtime.connect(model="m") as conn:
+        assert (await next_event(conn)).type == "session.created"
+    bad = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-wrong")
+    async with bad.realtime.connect(model="m") as conn:
+        err = await next_event(conn)
+        assert (err.type, err.error.type, err.error.code) == (
+            "error",
+            "invalid_request_error",
+            "unauthorized",
+        )
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await conn.recv_bytes()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
