@@ -143,12 +143,21 @@ class ConversationItem:
 
 
 class OpenAIError(ProtocolError):
-    """A client mistake that OpenAI names with a code of its own (clients such as Pipecat treat
-    these two as harmless races, every other error as fatal)."""
+    """A client mistake as OpenAI reports it: the offending ``event_id``, and a code of its own
+    where OpenAI has one (``name``; clients such as Pipecat treat its two races as harmless,
+    every other error as fatal)."""
 
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(ErrorCode.INVALID_PAYLOAD, message)
+    def __init__(
+        self,
+        name: str | None,
+        message: str,
+        code: ErrorCode = ErrorCode.INVALID_PAYLOAD,
+        field: str | None = None,
+        event_id: str | None = None,
+    ) -> None:
+        super().__init__(code, message, field)
         self.name = name
+        self.event_id = event_id
 
 
 class OpenAIRealtime(RealtimeDuplex):
@@ -170,7 +179,6 @@ class OpenAIRealtime(RealtimeDuplex):
         self.items: list[ConversationItem] = []
         self.reply: Reply | None = None
         self.dropped: set[str] = set()  # duplex responses cancelled: their output is not sent
-        self.client_event_id: str | None = None  # of the client event being handled
         self.audio_wanted = asyncio.Event()
         self.held: list[np.ndarray] = []  # 16 kHz input while the duplex session starts
         self.held_samples = 0
@@ -217,7 +225,12 @@ class OpenAIRealtime(RealtimeDuplex):
             log.debug("no OpenAI event for %s", kind)
 
     async def _error(
-        self, code: ErrorCode, message: str, param: str | None = None, name: str | None = None
+        self,
+        code: ErrorCode,
+        message: str,
+        param: str | None = None,
+        name: str | None = None,
+        event_id: str | None = None,
     ) -> None:
         await super().send(
             self.events.error(
@@ -225,16 +238,23 @@ class OpenAIRealtime(RealtimeDuplex):
                 message,
                 error_type(code),
                 param,
-                self.client_event_id,
+                event_id,
             )
         )
 
     async def on_client_error(self, exc: ProtocolError) -> None:
-        name = exc.name if isinstance(exc, OpenAIError) else None
-        await self._error(exc.code, exc.message, exc.field, name)
+        if isinstance(exc, OpenAIError):
+            await self._error(exc.code, exc.message, exc.field, exc.name, exc.event_id)
+        else:
+            await self._error(exc.code, exc.message, exc.field)
 
     async def on_event_failure(self, event: dict[str, Any]) -> None:
-        await self._error(ErrorCode.INFERENCE_ERROR, "the server could not handle this event")
+        eid = event.get("event_id")
+        await self._error(
+            ErrorCode.INFERENCE_ERROR,
+            "the server could not handle this event",
+            event_id=eid if isinstance(eid, str) else None,
+        )
 
     async def offer_resume(self, created_seq: int, init: bytes, offer: bool) -> str | None:
         """The record a failover needs, without a resume token: OpenAI clients do not resume,
@@ -297,9 +317,19 @@ class OpenAIRealtime(RealtimeDuplex):
 
     # ------------------------------------------------------------------ client events
     async def on_event(self, event: dict[str, Any]) -> None:
-        self.first_event.set()
+        """One client event; a mistake in it is answered naming its ``event_id``."""
         eid = event.get("event_id")
-        self.client_event_id = eid if isinstance(eid, str) else None
+        event_id = eid if isinstance(eid, str) else None
+        try:
+            await self._on_event(event)
+        except OpenAIError as exc:
+            exc.event_id = event_id
+            raise
+        except ProtocolError as exc:
+            raise OpenAIError(None, exc.message, exc.code, exc.field, event_id) from None
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        self.first_event.set()
         kind = event["type"]
         if kind not in ce.KNOWN_TYPES:
             raise ProtocolError(
