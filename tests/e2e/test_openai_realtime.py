@@ -194,6 +194,27 @@ async def test_text_turn_answered_in_speech(conn: AsyncRealtimeConnection) -> No
     assert done.response.status == "completed"
 
 
+async def test_an_audio_item_is_answered(conn: AsyncRealtimeConnection) -> None:
+    """``conversation.item.create`` with ``input_audio`` (pcm16 24 kHz) and ``response.create``:
+    a chat turn over the spoken message."""
+    await until(conn, "session.created")
+    await conn.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_audio", "audio": pcm16(1.0, 0.3)}],
+        }
+    )
+    added = await until(conn, "conversation.item.added")
+    assert added.item.content[0].type == "input_audio"
+    await conn.response.create(response={"output_modalities": ["text"]})
+    seen: list[Any] = []
+    done = await until(conn, "response.done", seen)
+    assert done.response.status == "completed"
+    assert done.response.usage.input_tokens > 10  # the audio counted (1 s: 10 tokens here)
+    assert "".join(e.delta for e in seen if e.type == "response.output_text.delta") == REPLY
+
+
 async def test_spoken_question_answered_in_speech(
     conn: AsyncRealtimeConnection, openai_service: Stack
 ) -> None:
