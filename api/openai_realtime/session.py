@@ -183,6 +183,8 @@ class OpenAIRealtime(RealtimeDuplex):
         self.held: list[np.ndarray] = []  # 16 kHz input while the duplex session starts
         self.held_samples = 0
         self.input_samples = 0  # 24 kHz samples the client sent (its audio clock)
+        self.utterance_from = 0  # where the user's next item starts on that clock
+        self.utterance_seconds = 0.0  # the length of the user's last item
         self.speech_item: str | None = None  # the user item being spoken (after speech_started)
         self.resampler = soxr.ResampleStream(OUTPUT_RATE, INPUT_RATE, 1, dtype="float32")
         self.text_turn: asyncio.Task[None] | None = None
@@ -496,8 +498,13 @@ class OpenAIRealtime(RealtimeDuplex):
             return self.speech_item
         item_id = new_id("item")
         self.speech_item = item_id
+        start_ms = self.utterance_from * 1000 // OUTPUT_RATE
         now_ms = self.input_samples * 1000 // OUTPUT_RATE
-        await self.emit("input_audio_buffer.speech_started", audio_start_ms=0, item_id=item_id)
+        self.utterance_seconds = (self.input_samples - self.utterance_from) / OUTPUT_RATE
+        self.utterance_from = self.input_samples
+        await self.emit(
+            "input_audio_buffer.speech_started", audio_start_ms=start_ms, item_id=item_id
+        )
         await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=now_ms, item_id=item_id)
         previous = self.items[-1].id if self.items else None
         await self.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
@@ -515,8 +522,11 @@ class OpenAIRealtime(RealtimeDuplex):
         if reply is None or reply.internal_id != ev.response_id:
             if reply is not None:  # a text turn's response still going: it ends here
                 await self._end_reply("cancelled", reason="turn_detected")
-            await self._user_turn_items()
+            user_item = await self._user_turn_items()
             self.speech_item = None  # the next utterance gets its own item
+            heard = ev.metrics.get("transcript")
+            if isinstance(heard, str) and heard.strip():
+                await self._transcribed(user_item, heard.strip())
             reply = await self._start_reply("audio", ev.response_id)
         if ev.text:
             await self._delta(reply, ev.text, "")
@@ -526,6 +536,19 @@ class OpenAIRealtime(RealtimeDuplex):
             await self._end_reply("cancelled", reason="turn_detected")
         elif ev.end_of_turn:
             await self._end_reply("completed")
+
+    async def _transcribed(self, item_id: str, transcript: str) -> None:
+        """The words the model heard in the user's item (a backend that transcribes)."""
+        for item in self.items:
+            if item.id == item_id:
+                item.content = [{"type": "input_audio", "transcript": transcript}]
+        await self.emit(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item_id,
+            content_index=0,
+            transcript=transcript,
+            usage={"type": "duration", "seconds": self.utterance_seconds},
+        )
 
     async def _listened(self) -> None:
         """The model listened in this step: a spoken response still open was cut short."""

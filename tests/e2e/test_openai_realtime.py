@@ -416,7 +416,8 @@ async def test_a_lost_worker_is_replaced_with_what_was_heard(stack: Stack, tmp_p
     call goes on on another worker, whose model is primed with the instructions and only the
     part of the answer that was heard."""
     log = tmp_path / "prompts.jsonl"
-    stack.env["OMNISERVE_BACKEND_OPTIONS"] = orjson.dumps({"prompt_log": str(log)}).decode()
+    options = {"prompt_log": str(log), "transcript": "tell me something"}
+    stack.env["OMNISERVE_BACKEND_OPTIONS"] = orjson.dumps(options).decode()
     stack.start_worker()
     stack.start_worker()
     port = stack.start_gateway()
@@ -441,8 +442,15 @@ async def test_a_lost_worker_is_replaced_with_what_was_heard(stack: Stack, tmp_p
         heard = (await until(conn, "conversation.item.retrieved")).item.content[0].transcript
         sid = created.session.id
         deadline = time.monotonic() + 20
+        (words,) = [
+            e.transcript
+            for e in seen
+            if e.type == "conversation.item.input_audio_transcription.completed"
+        ]
+        assert words == "tell me something"  # what the model heard, as the user's item
         while json.loads(stack.redis().get(stack.keys.session_history(sid)) or b"[]") != [
-            {"role": "assistant", "text": heard}
+            {"role": "user", "text": words},
+            {"role": "assistant", "text": heard},
         ]:
             assert time.monotonic() < deadline, "the worker did not apply the truncate"
             await asyncio.sleep(0.2)
@@ -462,7 +470,7 @@ async def test_a_lost_worker_is_replaced_with_what_was_heard(stack: Stack, tmp_p
         assert again.response.status == "completed"
     first, restart = [orjson.loads(line)["prompt"] for line in log.read_bytes().splitlines()]
     assert "You are terse." in first and "You are terse." in restart
-    assert heard in restart and REPLY not in restart
+    assert heard in restart and REPLY not in restart and words in restart
 
 
 async def test_the_beta_client(openai_service: Stack) -> None:
