@@ -216,11 +216,13 @@ async def test_openai_sdk_question_gets_a_spoken_answer(
         await conn.input_audio_buffer.append(audio=base64.b64encode(pcm16.tobytes()).decode())
         await conn.input_audio_buffer.commit()
         await conn.response.create()
-        transcript, audio = "", b""
+        transcript, audio, asked = "", b"", ""
         while True:
             event = await asyncio.wait_for(conn.recv(), 120)
             assert event.type != "error", event
-            if event.type == "response.output_audio_transcript.delta":
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                asked = event.transcript
+            elif event.type == "response.output_audio_transcript.delta":
                 transcript += event.delta
             elif event.type == "response.output_audio.delta":
                 audio += base64.b64decode(event.delta)
@@ -228,6 +230,7 @@ async def test_openai_sdk_question_gets_a_spoken_answer(
                 assert event.response.status == "completed"
                 break
     assert "paris" in transcript.lower(), transcript
+    assert "france" in asked.lower(), asked  # what the model heard, as the user's item
     pcm = np.frombuffer(audio, dtype="<i2")
     assert pcm.size > 12_000 and np.abs(pcm).max() > 1000
 
