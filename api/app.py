@@ -17,6 +17,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from api.gateway.state import Gateway
 from api.official.routes import create_official_router
 from api.official.static_site import install_static_site
+from api.openai_realtime.session import OpenAIRealtime
 from api.ops import admin, health
 from api.ops.access_log import AccessLog
 from api.ops.pages import install_pages
@@ -66,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         trusted_hosts=security.trusted_proxies,
     )
 
-    app.include_router(realtime.create_router(security))
+    app.include_router(realtime.create_router(security, OpenAIRealtime))
     app.include_router(health.create_router())
     app.include_router(admin.create_router())
     app.include_router(create_recordings_router())

@@ -73,6 +73,20 @@ def b64_to_pcm(data: str | bytes) -> np.ndarray:
     return bytes_to_pcm(b64_decode(data))
 
 
+def pcm16_to_float32(raw: bytes) -> np.ndarray:
+    """Float32 PCM from little-endian signed 16-bit PCM (the OpenAI Realtime ``audio/pcm``)."""
+    if len(raw) % 2:
+        raise AudioFormatError("pcm16 byte length is not a multiple of 2")
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def float32_to_pcm16(samples: Any) -> bytes:
+    """Little-endian signed 16-bit PCM of float32 PCM (clipped to [-1, 1])."""
+    pcm = np.clip(to_mono_float32(samples), -1.0, 1.0)
+    out: bytes = np.round(pcm * 32767.0).astype("<i2").tobytes()
+    return out
+
+
 # --------------------------------------------------------------------------- files
 
 

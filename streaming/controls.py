@@ -50,7 +50,21 @@ class ForceListenControl:
     input_id: str
 
 
-Control = Annotated[InitControl | CloseControl | ForceListenControl, Field(discriminator="type")]
+@dataclass(slots=True, kw_only=True)
+class TruncateControl:
+    """Only ``heard`` of a spoken response reached the user (it was cut short where the client
+    played it): the conversation a failover or rollover replays keeps that much. ``spoken`` is
+    the response's text as the client got it, which names the response in the conversation."""
+
+    type: Literal["truncate"] = "truncate"
+    spoken: str
+    heard: str
+
+
+Control = Annotated[
+    InitControl | CloseControl | ForceListenControl | TruncateControl,
+    Field(discriminator="type"),
+]
 """Any control event."""
 
 _ADAPTER: TypeAdapter[Control] = TypeAdapter(Control)

@@ -71,6 +71,26 @@ class Conversation:
         if self._end_reply():
             self.save()
 
+    def truncate(self, spoken: str, heard: str) -> None:
+        """Only ``heard`` of the response whose text was ``spoken`` reached the user: the rest
+        of it (and whatever the model said after it in that turn) leaves the conversation. A
+        response not found in the last assistant turn is left as it is."""
+        self._end_reply()
+        spoken, heard = spoken.strip(), heard.strip()
+        if not spoken or not self.turns or self.turns[-1].role != "assistant":
+            return
+        text = self.turns[-1].text
+        at = text.rfind(spoken)
+        if at < 0:
+            log.info("a truncated response is not in the last turn of %s; kept", self.key)
+            return
+        kept = f"{text[:at]}{heard}".strip()
+        if kept:
+            self.turns[-1] = HistoryTurn(role="assistant", text=kept)
+        else:
+            self.turns.pop()
+        self.save()
+
     def save(self) -> None:
         """Write the conversation to Redis (a failure is logged: it only weakens a failover)."""
         data = orjson.dumps([{"role": t.role, "text": t.text} for t in self.turns])

@@ -24,6 +24,7 @@ from streaming.controls import (
     Control,
     ForceListenControl,
     InitControl,
+    TruncateControl,
     decode_control,
 )
 from streaming.events import CloseReason, Created, ErrorCode, Listen, Rollover, Speak
@@ -213,6 +214,9 @@ class DuplexRunner:
                 return False
             case InitControl():
                 return self.init(control)
+            case TruncateControl(spoken=spoken, heard=heard):
+                self.conversation.truncate(spoken, heard)
+                return False
 
     def init(self, control: InitControl, history: list[HistoryTurn] | None = None) -> bool:
         """Prepare the backend session; True when the session is over (a fatal failure)."""

@@ -81,6 +81,8 @@ CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
 class RealtimeDuplex(RealtimeSession):
     """Video / audio full-duplex: one long task pinned to one worker slot."""
 
+    offers_resume = True  # a client of this protocol may resume (else only failover's record)
+
     def __init__(self, gateway: Gateway, ws: WebSocket, public_mode: str) -> None:
         super().__init__(gateway, ws, public_mode)
         self.resume = SessionResume(gateway, self)
@@ -481,9 +483,8 @@ class RealtimeDuplex(RealtimeSession):
         self.created_seq = ev.seq
         frames = self.mapper.frames(ev)
         if (s.resume_grace_s > 0 or s.failover_wait_s > 0) and self.init_control is not None:
-            token = await self.resume.offer(
-                ev.seq, encode_control(self.init_control), self.dialect is Dialect.CURRENT
-            )
+            offer = self.offers_resume and self.dialect is Dialect.CURRENT
+            token = await self.resume.offer(ev.seq, encode_control(self.init_control), offer)
             if token is not None:
                 for frame in frames:
                     frame["resume_token"] = token

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from openai import AsyncOpenAI
 
 from inference.registry import preflight
 from tests.support.client import Client, decode_audio, pcm_b64
@@ -196,6 +197,42 @@ def _png() -> str:
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+async def test_openai_sdk_question_gets_a_spoken_answer(
+    pocket_stack: Stack, question_16k: np.ndarray
+) -> None:
+    """The ``openai`` SDK's realtime client, push to talk (the question as pcm16 24 kHz,
+    commit, ``response.create``): the model answers in speech, through the OpenAI protocol."""
+    port = pocket_stack.gateways[0][1]
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test")
+    pcm16 = (np.clip(resample(question_16k, 16_000, 24_000), -1, 1) * 32767).astype("<i2")
+    async with client.realtime.connect(model="minicpm-o-4.5") as conn:
+        event = await conn.recv()
+        assert event.type == "session.created"
+        await conn.session.update(
+            session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        )
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm16.tobytes()).decode())
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        transcript, audio, asked = "", b"", ""
+        while True:
+            event = await asyncio.wait_for(conn.recv(), 120)
+            assert event.type != "error", event
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                asked = event.transcript
+            elif event.type == "response.output_audio_transcript.delta":
+                transcript += event.delta
+            elif event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+            elif event.type == "response.done":
+                assert event.response.status == "completed"
+                break
+    assert "paris" in transcript.lower(), transcript
+    assert "france" in asked.lower(), asked  # what the model heard, as the user's item
+    pcm = np.frombuffer(audio, dtype="<i2")
+    assert pcm.size > 12_000 and np.abs(pcm).max() > 1000
 
 
 def test_worker_without_pocket_packages_refuses_to_start() -> None:

@@ -46,8 +46,17 @@ API_ALLOWED = {
         "realtime",
         "ops",
     },
+    "openai_realtime": {
+        "protocol",
+        "metrics",
+        "security",
+        "recordings",
+        "gateway",
+        "relay",
+        "realtime",
+    },
     "server": {"gateway", "metrics", "protocol"},
-    "app": {"gateway", "official", "ops", "realtime", "recordings", "security"},
+    "app": {"gateway", "official", "ops", "openai_realtime", "realtime", "recordings", "security"},
 }
 # Third-party packages that would pull an ML stack or worker code into a gateway.
 GATEWAY_FORBIDDEN = {"torch", "transformers", "inference", "tasks", "celery.signals"}
