@@ -23,6 +23,7 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api.gateway.metering import request_usage
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
@@ -222,6 +223,7 @@ class RealtimeChat(ResumableChat):
             await self.send({**frame, "type": TURN_QUEUE_EVENTS[frame["type"]], **names})
 
         self.turn_running = True
+        self.meter.add(request_usage(request))
         try:
             task = WaitingTask(self.turn_id(int(input_id.removeprefix("input_"))), ChatJob.task)
             async with self.hold_turn(lambda: self.acquire_slot(task, queue_event)) as admitted:
@@ -268,7 +270,10 @@ class RealtimeChat(ResumableChat):
                                 error_frame(ErrorCode.INFERENCE_ERROR, f"turn interrupted: {why}")
                             )
                         continue
+                    usage = self.meter.event(ev)
                     for frame in mapper.frames(ev):
+                        if usage is not None and frame["type"] == "response.done":
+                            frame["usage"] = usage.as_dict()  # an extension field
                         # (an output_gap error is about this connection: not replayed)
                         await (self.send(frame) if isinstance(ev, Gap) else self.emit(frame))
                     telemetry.relayed(self.gateway.metrics, self.clock, ev, turn_id)

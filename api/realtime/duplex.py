@@ -127,6 +127,8 @@ class RealtimeDuplex(Resumable):
         if self.state not in (S.ACTIVE, S.RECOVERING):
             raise ProtocolError(ErrorCode.NOT_READY, "send input only after session.created")
         chunk = duplex_append(event, self.default_slices)
+        frames = chunk.frames[: self.gateway.settings.max_video_frames]
+        self.meter.input(len(chunk.audio) // 4, len(frames))
         self.input_seq += 1
         self.clock.input_sent(f"input_{self.input_seq}")
         written = self.gateway.inputs.append(
@@ -135,7 +137,7 @@ class RealtimeDuplex(Resumable):
                 seq=self.input_seq,
                 input_id=f"input_{self.input_seq}",
                 audio=chunk.audio,
-                frames=chunk.frames[: self.gateway.settings.max_video_frames],
+                frames=frames,
                 force_listen=chunk.force_listen,
                 max_slice_nums=chunk.max_slice_nums,
             ),
@@ -380,6 +382,7 @@ class RealtimeDuplex(Resumable):
                 return False
             case Error(code=ErrorCode.INVALID_PAYLOAD) if self.state is SessionState.INITIALIZING:
                 self.state = SessionState.CONNECTED  # the init was refused; the client may retry
+        self.meter.event(ev)
         for frame in self.mapper.frames(ev):
             await self.send(with_seq(frame, seq))
         telemetry.relayed(self.gateway.metrics, self.clock, ev)

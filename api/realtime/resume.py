@@ -78,6 +78,16 @@ class Resumable(RealtimeSession):
             pass
         await self.release_queue_frames()
 
+    async def resume_coming(self) -> bool:
+        """A connection over its key's quota may be one about to resume a session (which
+        keeps its own place): its first event decides, as for the held queue events."""
+        wait = QUEUE_HOLD_S - (time.monotonic() - self.opened)
+        try:
+            await asyncio.wait_for(self.first_event.wait(), max(0.0, wait))
+        except TimeoutError:
+            pass
+        return self.superseded.is_set()
+
     async def release_queue_frames(self) -> None:
         """Send the held queue events (none once the client resumes another session)."""
         held, self._held = self._held, None
@@ -145,6 +155,7 @@ class Resumable(RealtimeSession):
         self.deadline = float(record["deadline"])
         self.state, self.resumable, self.resume_offered = SessionState.ACTIVE, True, True
         self.admitted_at = time.time()  # (the session-end line: this connection never queued)
+        await self.meter.admit(req.session_id, claim=True)  # its own quota place, held here
         return token, record
 
     def resumed_frame(self, token: str, last_seq: int) -> Frame:

@@ -40,9 +40,11 @@ from starlette.status import (
 )
 
 from api.security.connection_cap import ConnectionCap
+from api.security.key_check import IDENTITY_SCOPE, KeyRefused, identify
 from omnicore.settings import Settings
 from streaming.connections import ClientConnections, TooManyConnections
 from streaming.events import ErrorCode
+from streaming.keystore import KeyStore
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -156,10 +158,19 @@ class SecurityPolicy:
         self.loopback_bind = is_loopback(settings.gateway_host)
         self.max_per_client = settings.max_connections_per_client
         self.trusted_proxies = [str(n) for n in settings.trusted_proxies]
+        self.keystore: KeyStore | None = None  # the named keys (set by ``create_app``)
 
     # ------------------------------------------------------------------ WebSockets
     def check_socket(self, conn: HTTPConnection) -> EntryDenied | None:
-        """Origin, then API key: the denial to send, or None."""
+        """Origin, then the settings' API keys: the denial to send, or None."""
+        denied = self.check_origin(conn)
+        if denied is None and self.api_keys and not key_matches(presented_key(conn), self.api_keys):
+            return EntryDenied(
+                ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
+            )
+        return denied
+
+    def check_origin(self, conn: HTTPConnection) -> EntryDenied | None:
         if not origin_allowed(
             conn.headers.get("origin"), conn.headers.get("host"), self.allowed_origins
         ):
@@ -168,10 +179,23 @@ class SecurityPolicy:
                 "origin not allowed",
                 WS_1008_POLICY_VIOLATION,
             )
-        if self.api_keys and not key_matches(presented_key(conn), self.api_keys):
+        return None
+
+    async def check_key(self, conn: HTTPConnection) -> EntryDenied | None:
+        """The settings' keys and the named ones (``keystore``): the denial, or None; the
+        connection's identity goes into its scope (``api/security/key_check.py``)."""
+        try:
+            identity = await identify(presented_key(conn), self.api_keys, self.keystore)
+        except KeyRefused as exc:
+            return EntryDenied(ErrorCode.UNAUTHORIZED, str(exc), WS_1008_POLICY_VIOLATION)
+        except Exception:
+            log.warning("API key look-up failed", exc_info=True)
             return EntryDenied(
-                ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "service unavailable: Redis is not reachable",
+                WS_1013_TRY_AGAIN_LATER,
             )
+        conn.scope[IDENTITY_SCOPE] = identity
         return None
 
     # ------------------------------------------------------------------ admin endpoints
@@ -250,7 +274,7 @@ async def let_in(
     Yields the denial to answer with, or None: then the connection counts against its address
     and the cap until the block ends.
     """
-    denied = policy.check_socket(conn)
+    denied = policy.check_origin(conn) or await policy.check_key(conn)
     if denied is not None:
         yield denied
         return
