@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from enum import IntEnum
 
 import redis.asyncio as aioredis
@@ -79,7 +80,9 @@ class QuotaHolds:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self.held: dict[str, str] = {}  # session id -> key name
+        # (key name, session id) -> the connections here that hold it (a resume on this
+        # gateway holds it twice for a moment)
+        self.held: Counter[tuple[str, str]] = Counter()
         self._admit = redis.register_script(ADMIT)
         self._renew = redis.register_script(RENEW)
         self._task: asyncio.Task[None] | None = None
@@ -107,26 +110,26 @@ class QuotaHolds:
         )
         if int(got) < 0:
             return Refusal(int(got))
-        self.held[session_id] = name
+        self.held[(name, session_id)] += 1
         return None
 
-    async def release(self, session_id: str) -> None:
+    async def release(self, name: str, session_id: str) -> None:
         """The session ended: its place is free (idempotent; Redis away: it lapses)."""
-        name = self.held.pop(session_id, None)
-        if name is None:
-            return
+        self.forget(name, session_id)
         try:
             await self.redis.zrem(self.keys.key_sessions(name), session_id)
         except Exception:  # noqa: BLE001 - Redis away: the hold lapses within HOLD_S
             log.warning("quota hold of %s not released; it lapses", session_id)
 
-    def forget(self, session_id: str) -> None:
-        """Stop renewing a hold this gateway no longer owns (the session went on elsewhere)."""
-        self.held.pop(session_id, None)
+    def forget(self, name: str, session_id: str) -> None:
+        """One connection here stops renewing a hold (the session went on without it)."""
+        self.held[(name, session_id)] -= 1
+        if self.held[(name, session_id)] <= 0:
+            del self.held[(name, session_id)]
 
     async def renew(self) -> None:
         by_name: dict[str, list[str]] = {}
-        for sid, name in list(self.held.items()):
+        for name, sid in list(self.held):
             by_name.setdefault(name, []).append(sid)
         for name, sids in by_name.items():
             await self._renew(keys=[self.keys.key_sessions(name)], args=[HOLD_S, *sids])

@@ -176,8 +176,15 @@ class SessionMeter:
             log.warning("quota of %s not checked: Redis away", self.identity.name, exc_info=True)
             return None
         if refused is None:
-            if self.hold is not None and self.hold != session_id:
-                await self.metering.holds.release(self.hold)
+            quota = self.identity.quota
+            if quota.max_sessions is None and quota.minutes_per_day is None:
+                self.admitted = True  # nothing to hold
+                return None
+            if self.hold is not None:
+                if self.hold != session_id:
+                    await self.metering.holds.release(self.identity.name, self.hold)
+                else:
+                    self.metering.holds.forget(self.identity.name, self.hold)
             self.hold = session_id
             self.admitted = True
         return refused
@@ -214,8 +221,8 @@ class SessionMeter:
         await self.flush()
         if self.hold is not None:
             if session_goes_on:
-                self.metering.holds.forget(self.hold)
+                self.metering.holds.forget(self.identity.name, self.hold)
             else:
-                await self.metering.holds.release(self.hold)
+                await self.metering.holds.release(self.identity.name, self.hold)
             self.hold = None
         return final
