@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
     kc = ksub.add_parser("create", help="a new key (its secret is printed once)")
     kc.add_argument("name")
     _quota_options(kc)
-    ksub.add_parser("ls", help="every key, revoked ones too (never the secrets)")
+    kl = ksub.add_parser("ls", help="every key, revoked ones too (never the secrets)")
     kr = ksub.add_parser("rotate", help="a new secret for a key; the old one is refused")
     kr.add_argument("name")
     kv = ksub.add_parser("revoke", help="refuse a key from now on, on every gateway")
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
     kq = ksub.add_parser("quota", help="set a key's quota (an option left out: no limit)")
     kq.add_argument("name")
     _quota_options(kq)
-    for p in (ke, kc, kr, kv, kq):
+    for p in (kc, kl, kr, kv, kq):
         p.add_argument("--json", action="store_true", help="print JSON")
     ke.set_defaults(func=cmd_keys)
 
