@@ -111,6 +111,12 @@ class Settings(BaseSettings):
         "any key) gets these limits, counted from connect; the key is accepted only if "
         "`OMNISERVE_API_KEYS` accepts it.",
     )
+    require_api_key: bool = Field(
+        False,
+        description="Refuse every client without a valid key even when no key is configured "
+        "(neither `OMNISERVE_API_KEYS` nor a named key): set it with named keys (`omniserve "
+        "keys`), so that a Redis that lost them refuses everyone instead of letting everyone in.",
+    )
     key_cache_s: float = Field(
         0.5,
         ge=0,

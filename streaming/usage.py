@@ -38,33 +38,32 @@ class Usage:
     responses: float = 0.0
 
     def add(self, other: Usage) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in FIGURES:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def minus(self, other: Usage) -> Usage:
         out = Usage()
-        for f in fields(self):
-            setattr(out, f.name, getattr(self, f.name) - getattr(other, f.name))
+        for name in FIGURES:
+            setattr(out, name, getattr(self, name) - getattr(other, name))
         return out
 
     def copy(self) -> Usage:
         return Usage(**asdict(self))
 
     def is_empty(self) -> bool:
-        return not any(getattr(self, f.name) for f in fields(self))
+        return not any(getattr(self, name) for name in FIGURES)
 
     def as_dict(self) -> dict[str, float | int]:
         """The record as clients see it: counts as integers, seconds to the millisecond."""
         out: dict[str, float | int] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = round(v) if f.name in COUNTS else round(v, 3)
+        for name in FIGURES:
+            v = getattr(self, name)
+            out[name] = round(v) if name in COUNTS else round(v, 3)
         return out
 
     @classmethod
     def of(cls, raw: dict[str, float]) -> Usage:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: float(v) for k, v in raw.items() if k in known})
+        return cls(**{k: float(v) for k, v in raw.items() if k in FIGURES})
 
 
 COUNTS = frozenset({"text_tokens_in", "text_tokens_out", "frames_in", "sessions", "responses"})

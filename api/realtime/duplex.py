@@ -382,8 +382,10 @@ class RealtimeDuplex(Resumable):
                 return False
             case Error(code=ErrorCode.INVALID_PAYLOAD) if self.state is SessionState.INITIALIZING:
                 self.state = SessionState.CONNECTED  # the init was refused; the client may retry
-        self.meter.event(ev)
+        usage = self.meter.event(ev)  # a response's record, at its end
         for frame in self.mapper.frames(ev):
+            if usage is not None and isinstance(frame.get("metrics"), dict):
+                frame["metrics"]["usage"] = usage.as_dict()  # an extension field
             await self.send(with_seq(frame, seq))
         telemetry.relayed(self.gateway.metrics, self.clock, ev)
         return False

@@ -2,7 +2,8 @@
 
 The answer (``KeyIdentity``: the name usage is counted under, and its quota) is kept in the
 connection's ASGI scope for the session to read (``identity_of``). A client must present a key
-when ``OMNISERVE_API_KEYS`` lists any or any named key exists (``omniserve keys``); an unknown,
+when ``OMNISERVE_API_KEYS`` lists any, any named key exists (``omniserve keys``) or
+``OMNISERVE_REQUIRE_API_KEY`` is set; an unknown,
 revoked or malformed key is refused (``unauthorized``) before anything is held for it.
 """
 
@@ -38,9 +39,13 @@ def listed(given: str, keys: Sequence[SecretStr]) -> bool:
 
 
 async def identify(
-    given: str | None, flat_keys: Sequence[SecretStr], store: KeyStore | None
+    given: str | None,
+    flat_keys: Sequence[SecretStr],
+    store: KeyStore | None,
+    required: bool = False,
 ) -> KeyIdentity:
-    """The identity of a connection that presented ``given``; KeyRefused when it may not in.
+    """The identity of a connection that presented ``given``; KeyRefused when it may not in
+    (``required``: a key is needed even when none is configured).
 
     Redis errors propagate (nothing can be served then).
     """
@@ -54,7 +59,7 @@ async def identify(
             if record.revoked:
                 raise KeyRefused("API key revoked")
             return KeyIdentity(record.name, record.quota)
-    if flat_keys or (store is not None and await store.any_keys()):
+    if required or flat_keys or (store is not None and await store.any_keys()):
         raise KeyRefused("missing or invalid API key")
     return KeyIdentity(ANONYMOUS)
 

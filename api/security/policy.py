@@ -4,9 +4,11 @@ Everything here runs before a client gets anything of value (a queue ticket, a w
 worker registry), and every rule answers with a documented error (docs/PROTOCOL.md,
 docs/SECURITY.md):
 
-- **API keys** (``OMNISERVE_API_KEYS``): ``Authorization: Bearer <key>`` (what the public SDK
+- **API keys** (``OMNISERVE_API_KEYS``, and the named keys in Redis: ``streaming/keystore.py``,
+  ``api/security/key_check.py``): ``Authorization: Bearer <key>`` (what the public SDK
   sends; it offers the ``map.realtime`` subprotocol only as a marker, without a key) or
-  ``?api_key=<key>`` (browsers cannot set WebSocket headers). Compared in constant time.
+  ``?api_key=<key>`` (browsers cannot set WebSocket headers). The settings' keys are compared in
+  constant time, a named key looked up by its sha256; the key's name goes with the connection.
 - **Origins** (``OMNISERVE_ALLOWED_ORIGINS``): a request with an ``Origin`` header comes from a
   browser page; it is accepted from the listed origins and from the gateway's own (the web client
   it serves). No ``Origin``: not a browser, not checked.
@@ -159,6 +161,7 @@ class SecurityPolicy:
         self.max_per_client = settings.max_connections_per_client
         self.trusted_proxies = [str(n) for n in settings.trusted_proxies]
         self.keystore: KeyStore | None = None  # the named keys (set by ``create_app``)
+        self.require_key = settings.require_api_key
 
     # ------------------------------------------------------------------ WebSockets
     def check_socket(self, conn: HTTPConnection) -> EntryDenied | None:
@@ -185,7 +188,9 @@ class SecurityPolicy:
         """The settings' keys and the named ones (``keystore``): the denial, or None; the
         connection's identity goes into its scope (``api/security/key_check.py``)."""
         try:
-            identity = await identify(presented_key(conn), self.api_keys, self.keystore)
+            identity = await identify(
+                presented_key(conn), self.api_keys, self.keystore, self.require_key
+            )
         except KeyRefused as exc:
             return EntryDenied(ErrorCode.UNAUTHORIZED, str(exc), WS_1008_POLICY_VIOLATION)
         except Exception:
@@ -232,8 +237,12 @@ class SecurityPolicy:
                     f"answer 403 ({where}, not loopback)"
                 )
         if not self.loopback_bind:
-            if not self.api_keys:
-                out.append(f"OMNISERVE_API_KEYS is empty: anyone who reaches {where} is served")
+            if not self.api_keys and not self.require_key:
+                out.append(
+                    f"OMNISERVE_API_KEYS is empty: unless a named key exists (omniserve keys), "
+                    f"anyone who reaches {where} is served; OMNISERVE_REQUIRE_API_KEY=true "
+                    "refuses clients without a key whatever Redis holds"
+                )
             if self.max_per_client <= 0:
                 out.append(
                     "OMNISERVE_MAX_CONNECTIONS_PER_CLIENT is 0: one client address may open "

@@ -56,7 +56,7 @@ def dashboard_exprs(dash: dict[str, Any]) -> list[str]:
 
 def test_the_contract_is_the_one_in_the_issue() -> None:
     c = contract()
-    assert len(c) == 23
+    assert len(c) == 24
     assert c["omniserve_sessions"].labels == {"mode", "state"}
     assert c["omniserve_worker_slots"].labels == {"worker", "state"}
     assert c["omniserve_worker_slots"].process == "worker"

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -61,6 +62,7 @@ class Tally:
         self.frames_in = 0
         self.responses = 0
         self.sessions = 0
+        self.response_usage: list[dict[str, Any]] = []  # duplex: each response's own record
 
     def received(self, frames: list[dict[str, Any]]) -> None:
         for f in frames:
@@ -68,6 +70,7 @@ class Tally:
                 self.audio_out_s += len(decode_audio(f["audio"])) / 24000
             if f["type"] == "response.output.delta" and f.get("metrics", {}).get("end_of_turn"):
                 self.responses += 1
+                self.response_usage.append(f["metrics"]["usage"])
             if f["type"] == "response.done":
                 self.responses += 1
 
@@ -75,7 +78,7 @@ class Tally:
 async def duplex_call(url: str, mode: str, key: str, tally: Tally) -> dict[str, Any]:
     """One spoken exchange (speech, then silence until the response ends); session.closed."""
     c = await Client.connect(url, query=f"?mode={mode}&api_key={key}")
-    await c.init()
+    created = await c.init()
     frames_per_chunk = 2 if mode == "video" else 0
     extra = {"video_frames": [jpeg_b64()] * frames_per_chunk} if frames_per_chunk else {}
     chunks = [speech(1.0), silence(1.0)] + [silence(1.0)] * 8
@@ -91,8 +94,8 @@ async def duplex_call(url: str, mode: str, key: str, tally: Tally) -> dict[str, 
     tally.received(rest)
     tally.sessions += 1
     closed = rest[-1]
-    assert closed["reason"] == "user_stop"
-    return dict(closed["usage"])
+    assert closed["reason"] == "user_stop" and closed["session_id"] == created["session_id"]
+    return {**closed["usage"], "session_id": closed["session_id"]}
 
 
 async def chat_call(url: str, key: str, tally: Tally) -> dict[str, Any]:
@@ -122,9 +125,9 @@ async def eventually(check: Any, timeout: float = 20.0) -> Any:
         await asyncio.sleep(0.2)
 
 
-async def test_usage_adds_up_over_sessions(stack: Stack) -> None:
+async def test_usage_adds_up_over_sessions(stack: Stack, tmp_path: Path) -> None:
     stack.start_worker(slots=1)
-    stack.start_gateway()
+    stack.start_gateway(OMNISERVE_RECORDINGS="true", OMNISERVE_RECORDINGS_URL=tmp_path.as_uri())
     key = create_key(stack, "acme")
     url = stack.url()
     tally = Tally()
@@ -143,6 +146,24 @@ async def test_usage_adds_up_over_sessions(stack: Stack) -> None:
     assert sum(u["audio_in_s"] for u in closed) == pytest.approx(tally.audio_in_s, abs=0.01)
     assert sum(u["audio_out_s"] for u in closed) == pytest.approx(tally.audio_out_s, abs=0.01)
     assert sum(u["frames_in"] for u in closed) == tally.frames_in == closed[1]["frames_in"]
+    # each duplex response's own record, on its last delta; they add up to what was sent
+    assert len(tally.response_usage) == 2 and all(u["responses"] == 1 for u in tally.response_usage)
+    assert sum(u["audio_out_s"] for u in tally.response_usage) == pytest.approx(
+        sum(u["audio_out_s"] for u in closed), abs=0.01
+    )
+    # the recording's metadata has the session's record, and its own count of the audio agrees
+    for usage in closed:
+
+        def meta(sid: str = usage["session_id"]) -> dict[str, Any] | None:
+            r = httpx.get(f"{http(stack)}/v1/recordings/{sid}", timeout=10)
+            return r.json()["meta"] if r.status_code == 200 else None
+
+        recorded = await eventually(meta)
+        assert recorded["key"] == "acme"
+        assert recorded["usage"]["audio_in_s"] == usage["audio_in_s"]
+        assert recorded["usage"]["audio_out_s"] == usage["audio_out_s"]
+        assert recorded["input"]["audio_s"] == pytest.approx(usage["audio_in_s"], abs=0.01)
+        assert recorded["output"]["audio_s"] == pytest.approx(usage["audio_out_s"], abs=0.01)
 
     def totals() -> dict[str, Any] | None:
         r = httpx.get(f"{http(stack)}/v1/admin/usage", params={"key": "acme"}, timeout=10)

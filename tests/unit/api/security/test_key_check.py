@@ -31,3 +31,15 @@ async def test_flat_named_and_no_keys(async_redis: aioredis.Redis, keys: Keys) -
     await store.revoke("acme")
     with pytest.raises(KeyRefused, match="revoked"):
         await identify(secret, [], store)
+
+
+async def test_a_key_can_be_required_whatever_redis_holds(
+    async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    store = KeyStore(async_redis, keys, cache_s=0)  # empty, as a Redis restarted without data
+    with pytest.raises(KeyRefused, match="missing or invalid"):
+        await identify(None, [], store, required=True)
+    with pytest.raises(KeyRefused):
+        await identify("osk_whatever", [], store, required=True)
+    secret, _ = await store.create("acme")
+    assert (await identify(secret, [], store, required=True)).name == "acme"
