@@ -154,11 +154,13 @@ class SessionMeter:
 
     def session_usage(self, now: float | None = None, ended: bool = False) -> Usage:
         """This connection's usage so far (its wall time up to ``now``); ``ended``: as the
-        record of a session that ends here (it counts the session)."""
+        record of a session that ends here (it counts the session). A connection refused before
+        admission, or that never asked for a slot, is no session and has no session time."""
         out = self.total.copy()
-        out.session_s += max(0.0, (now or time.time()) - self.flushed_at)
-        if ended and not out.sessions:
-            out.sessions = 1
+        if self.admitted:
+            out.session_s += max(0.0, (now or time.time()) - self.flushed_at)
+            if ended and not out.sessions:
+                out.sessions = 1
         return out
 
     # ------------------------------------------------------------------ quotas
@@ -203,8 +205,9 @@ class SessionMeter:
             except Exception:
                 log.debug("usage of %s not recorded yet", self.identity.name, exc_info=True)
                 return
-            self.total.session_s = current.session_s
-            self.flushed_at = now
+            if self.admitted:  # (before admission no time accrues: it is counted from connect)
+                self.total.session_s = current.session_s
+                self.flushed_at = now
             self.flushed = self.total.copy()
             label = self.metering.label(self.identity.name)
             for figure, value in asdict(delta).items():
@@ -215,7 +218,7 @@ class SessionMeter:
         """The connection ended: the last flush; the quota place is given back, unless the
         session goes on (detached for a resume: its place lapses unless a resume claims it)."""
         self.metering.meters.discard(self)
-        if not session_goes_on:
+        if not session_goes_on and self.admitted:
             self.total.sessions += 1
         final = self.session_usage()
         await self.flush()

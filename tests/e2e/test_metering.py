@@ -225,6 +225,7 @@ async def test_keys_are_checked_live_on_every_gateway(stack: Stack) -> None:
         return frame, None
 
     assert (await first_frame(f"&api_key={key}"))[0]["type"] == "session.queue_done"
+    assert httpx.get(f"{http(stack, 1)}/web/config", timeout=10).json()["api_key_required"]
     for query, why in [
         ("", "missing or invalid API key"),  # a named key exists: a key is required
         ("&api_key=osk_nope", "missing or invalid API key"),
@@ -295,3 +296,49 @@ async def test_quotas_refuse_before_admission(stack: Stack) -> None:
     )
     assert await over.closed() == 1008
     assert stack.free_slots() == 2
+
+
+async def test_a_resumed_session_keeps_its_one_place(stack: Stack) -> None:
+    """A session resumed on another gateway is not refused by its key's concurrent limit, is
+    counted once there, and is counted as one session in the key's usage."""
+    stack.start_worker(slots=2)
+    stack.start_gateway()
+    stack.start_gateway()
+    key = create_key(stack, "delta", max_sessions=1)
+    first = await Client.connect(stack.url(0), query=f"?mode=audio&api_key={key}")
+    created = await first.init()
+    await first.step(speech())
+    await first.ws.close()  # the client vanishes; the session waits for its resume
+    last = max((f["seq"] for f in first.received if "seq" in f), default=0)
+    second = await Client.connect(stack.url(1), query=f"?mode=audio&api_key={key}")
+    await second.send(
+        {
+            "type": "session.resume",
+            "session_id": created["session_id"],
+            "resume_token": created["resume_token"],
+            "last_seq": last,
+        }
+    )
+    resumed = await second.until("session.resumed", "error")
+    assert resumed["type"] == "session.resumed", resumed
+    assert stack.redis().zrange(stack.keys.key_sessions("delta"), 0, -1) == [
+        created["session_id"].encode()
+    ]
+    third = await Client.connect(stack.url(0), query=f"?mode=audio&api_key={key}")
+    frame = await third.recv(timeout=20)
+    assert frame["type"] == "error" and frame["error"]["code"] == "quota_exceeded"
+    await second.step(silence())
+    await second.send({"type": "session.close"})
+    closed = await second.until("session.closed")
+    assert closed["usage"]["sessions"] == 1
+    stack.wait_free(2)
+    assert stack.redis().zcard(stack.keys.key_sessions("delta")) == 0
+
+    def usage() -> dict[str, Any] | None:
+        r = httpx.get(f"{http(stack)}/v1/admin/usage", params={"key": "delta"}, timeout=10)
+        total: dict[str, Any] = r.json()["keys"].get("delta", {}).get("total", {})
+        return total if total.get("sessions") == 1 else None
+
+    total = await eventually(usage)
+    # both connections' parts: the two chunks sent, one on each
+    assert total["audio_in_s"] == pytest.approx(2.0, abs=0.01)

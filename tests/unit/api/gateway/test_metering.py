@@ -37,6 +37,7 @@ def counter(metrics: GatewayMetrics, key: str, figure: str) -> float:
 async def test_a_duplex_sessions_usage(async_redis: aioredis.Redis, keys: Keys) -> None:
     m, metrics = metering(async_redis, keys)
     meter = m.open(KeyIdentity("acme"), time.time())
+    assert await meter.admit("rt_1") is None  # no quota: nothing held, but a session now
     meter.queue_wait(0.5)
     meter.input(16000, 2)  # one second of audio, two frames
     meter.input(8000, 0)
@@ -64,6 +65,7 @@ async def test_a_chat_turn_and_a_connection_that_goes_on(
 ) -> None:
     m, _ = metering(async_redis, keys)
     meter = m.open(KeyIdentity("beta"), time.time())
+    await meter.admit("rt_2")
     request = {
         "messages": [
             {"role": "user", "content": "hi"},
@@ -113,3 +115,16 @@ async def test_admission_holds_one_place_per_session(
     await first.close(session_goes_on=True)  # the connection that lost it no longer renews it
     await second.close(session_goes_on=False)
     assert await async_redis.zcard(keys.key_sessions("gamma")) == 0
+
+
+async def test_a_connection_refused_at_admission_is_no_session(
+    async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    m, _ = metering(async_redis, keys)
+    none = KeyIdentity("eps", KeyQuota(max_sessions=1))
+    holder, refused = m.open(none, time.time()), m.open(none, time.time())
+    assert await holder.admit("s1") is None
+    assert await refused.admit("s2") is not None
+    usage = await refused.close(session_goes_on=False)
+    assert usage.sessions == 0 and usage.session_s == 0
+    assert (await holder.close(session_goes_on=False)).sessions == 1
