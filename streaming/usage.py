@@ -74,7 +74,7 @@ def pcm_b64_seconds(b64: str, rate: int = OUTPUT_RATE) -> float:
     """Seconds of float32 PCM in a base64 string, without decoding it."""
     if not b64:
         return 0.0
-    pad = len(b64) - len(b64.rstrip("="))
+    pad = 2 if b64.endswith("==") else 1 if b64.endswith("=") else 0
     return (len(b64) * 3 // 4 - pad) / 4 / rate
 
 

@@ -120,21 +120,25 @@ class SessionMeter:
         self.add(Usage(queue_wait_s=max(0.0, seconds)))
 
     def event(self, ev: Event) -> Usage | None:
-        """One worker event relayed; the finished response's usage when it ends one."""
+        """One worker event relayed; the finished response's usage when it ends one.
+
+        (On every delta: the figures go straight into both records, no record is built.)
+        """
         match ev:
             case Speak():
-                self.add(
-                    Usage(
-                        audio_out_s=pcm_b64_seconds(ev.audio),
-                        text_tokens_out=ev.text_tokens,
-                        worker_s=ev.worker_s,
-                    )
-                )
+                out_s = pcm_b64_seconds(ev.audio)
+                for u in (self.total, self.response):
+                    u.audio_out_s += out_s
+                    u.text_tokens_out += ev.text_tokens
+                    u.worker_s += ev.worker_s
                 return self.end_response() if ev.end_of_turn else None
             case Listen():
-                self.add(Usage(worker_s=ev.worker_s))
+                self.total.worker_s += ev.worker_s
+                self.response.worker_s += ev.worker_s
             case AudioDelta():
-                self.add(Usage(audio_out_s=pcm_b64_seconds(ev.audio)))
+                out_s = pcm_b64_seconds(ev.audio)
+                self.total.audio_out_s += out_s
+                self.response.audio_out_s += out_s
             case Done():
                 self.add(
                     Usage(
