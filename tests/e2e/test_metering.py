@@ -234,6 +234,16 @@ async def test_keys_are_checked_live_on_every_gateway(stack: Stack) -> None:
         frame, close = await first_frame(query)
         assert frame["error"]["code"] == "unauthorized" and frame["error"]["message"] == why
         assert close == 1008
+    # bad requests to the admin endpoints get their status, and change nothing
+    base = f"{http(stack)}/v1/admin"
+    assert httpx.post(f"{base}/keys", json={"name": "Bad Name"}).status_code == 422
+    assert httpx.post(f"{base}/keys", json={"name": "settings"}).status_code == 422
+    assert httpx.post(f"{base}/keys", json={"name": "beta"}).status_code == 409
+    assert httpx.post(f"{base}/keys/nobody/rotate").status_code == 404
+    bad_quota = {"max_sessions": -1}
+    assert httpx.put(f"{base}/keys/beta/quota", json=bad_quota).status_code == 422
+    assert httpx.get(f"{base}/usage", params={"granularity": "week"}).status_code == 422
+    assert httpx.get(f"{base}/usage", params={"since": 10, "until": 5}).status_code == 422
     # rotated on the first gateway: the old key is refused on the second within a second
     rotated = httpx.post(f"{http(stack)}/v1/admin/keys/beta/rotate", timeout=10).json()["key"]
     await asyncio.sleep(1.0)
