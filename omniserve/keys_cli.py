@@ -125,9 +125,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 if args.action == "revoke"
                 else await store.set_quota(args.name, quota)
             )
-            print(
-                orjson.dumps(rec.public()).decode() if args.json else f"{rec.name}: {args.action}d"
-            )
+            done = f"{rec.name}: {'revoked' if args.action == 'revoke' else 'quota set'}"
+            print(orjson.dumps(rec.public()).decode() if args.json else done)
             return 0
         except KeyProblem as exc:
             print(f"omniserve keys: {exc}", file=sys.stderr)
