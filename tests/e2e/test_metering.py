@@ -2,7 +2,8 @@
 key (``response.done`` / ``session.closed`` ``usage``, the usage API, the CLI, the Prometheus
 counters) summed over several sessions against what the client sent and received; named keys
 created, rotated and revoked live and refused on another gateway within a second; quotas that
-refuse before admission with no slot held, and a per-call cap announced by ``session.expiring``.
+refuse before admission with no slot held, and a per-call cap announced by ``session.expiring``;
+a resumed or failed-over session that keeps its one place and counts as one session.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.support.client import Client, decode_audio, jpeg_b64, silence, speech
+from tests.support.fault_harness import kill9
 from tests.support.stack import ROOT, Stack
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -352,3 +354,34 @@ async def test_a_resumed_session_keeps_its_one_place(stack: Stack) -> None:
     total = await eventually(usage)
     # both connections' parts: the two chunks sent, one on each
     assert total["audio_in_s"] == pytest.approx(2.0, abs=0.01)
+
+
+async def test_a_failed_over_session_is_counted_once(stack: Stack) -> None:
+    """The worker of a session of a key at its concurrent limit dies: the session goes on on
+    another worker without being refused or counted again, and its usage is one session."""
+    stack.start_worker()
+    stack.start_worker()
+    stack.start_gateway()
+    key = create_key(stack, "zeta", max_sessions=1)
+    client = await Client.connect(stack.url(), query=f"?mode=audio&api_key={key}")
+    created = await client.init()
+    await client.step(speech())
+    owner = stack.redis().get(stack.keys.session_claim(created["session_id"]))
+    assert owner, "the session was not claimed"
+    kill9(int(owner.decode().rsplit("#", 1)[1]))
+    await client.until("session.recovering", timeout=10)
+    await client.until("session.recovered", timeout=30)
+    await client.step(speech())
+    assert stack.redis().zcard(stack.keys.key_sessions("zeta")) == 1
+    await client.send({"type": "session.close"})
+    closed = await client.until("session.closed")
+    assert closed["reason"] == "user_stop" and closed["usage"]["sessions"] == 1
+    assert closed["usage"]["audio_in_s"] == pytest.approx(2.0, abs=0.01)
+
+    def usage() -> dict[str, Any] | None:
+        r = httpx.get(f"{http(stack)}/v1/admin/usage", params={"key": "zeta"}, timeout=10)
+        total: dict[str, Any] = r.json()["keys"].get("zeta", {}).get("total", {})
+        return total if total.get("sessions") else None
+
+    assert (await eventually(usage))["sessions"] == 1
+    assert stack.redis().zcard(stack.keys.key_sessions("zeta")) == 0
