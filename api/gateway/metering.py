@@ -89,7 +89,10 @@ class Metering:
         while True:
             await asyncio.sleep(self.flush_s)
             for meter in list(self.meters):
-                await meter.flush()
+                try:
+                    await meter.flush()
+                except Exception:  # a meter's trouble must not end every other meter's flushes
+                    log.warning("usage flush failed", exc_info=True)
 
 
 class SessionMeter:
