@@ -198,6 +198,16 @@ class SessionMeter:
             self.admitted = True
         return refused
 
+    def refusal_message(self, refused: Refusal) -> str:
+        """What a client over its key's quota is told (``quota_exceeded``)."""
+        name, quota = self.identity.name, self.identity.quota
+        if refused is Refusal.SESSIONS:
+            return f"quota exceeded: key {name!r} has {quota.max_sessions} sessions open"
+        return (
+            f"quota exceeded: key {name!r} used its {quota.minutes_per_day:g} "
+            "session-minutes of today (UTC)"
+        )
+
     # ------------------------------------------------------------------ the aggregates
     async def flush(self) -> None:
         """Hand what is new to the key's aggregates and the counters (Redis away: next time)."""

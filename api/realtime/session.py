@@ -29,8 +29,6 @@ from api.security.policy import presented_key
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
 from streaming.keys import slot_worker
-from streaming.keystore import KeyIdentity
-from streaming.quotas import Refusal
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -57,17 +55,6 @@ class SessionState(StrEnum):
     ACTIVE = "ACTIVE"
     RECOVERING = "RECOVERING"  # a new worker is being found for the session (failover)
     CLOSED = "CLOSED"
-
-
-def quota_message(refused: Refusal, identity: KeyIdentity) -> str:
-    """What a client over its key's quota is told."""
-    quota = identity.quota
-    if refused is Refusal.SESSIONS:
-        return f"quota exceeded: key {identity.name!r} has {quota.max_sessions} sessions open"
-    return (
-        f"quota exceeded: key {identity.name!r} used its {quota.minutes_per_day:g} "
-        "session-minutes of today (UTC)"
-    )
 
 
 def no_slot_message(no_slot: NoSlot) -> str:
@@ -253,7 +240,7 @@ class RealtimeSession(ClientSocket):
         if refused is None or await self.resume_coming():
             return True
         telemetry.rejected(self.gateway.metrics, ErrorCode.QUOTA_EXCEEDED)
-        await self.send_error(ErrorCode.QUOTA_EXCEEDED, quota_message(refused, self.identity))
+        await self.send_error(ErrorCode.QUOTA_EXCEEDED, self.meter.refusal_message(refused))
         self.closed_sent = True
         await self.close(status.WS_1008_POLICY_VIOLATION, "quota exceeded")
         return False
