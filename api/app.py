@@ -18,7 +18,7 @@ from api.gateway.state import Gateway
 from api.official.routes import create_official_router
 from api.official.static_site import install_static_site
 from api.openai_realtime.session import OpenAIRealtime
-from api.ops import admin, health
+from api.ops import admin, health, keys, usage
 from api.ops.access_log import AccessLog
 from api.ops.pages import install_pages
 from api.realtime import routes as realtime
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("at most %d client connections (open-files limit %d)", cap.limit, cap.open_files)
         gateway = Gateway(settings)
         await gateway.start()
+        security.keystore = gateway.metering.keystore
         conns = ClientConnections(
             gateway.redis, gateway.keys, gateway.gateway_id, settings.max_connections_per_client
         )
@@ -70,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(realtime.create_router(security, OpenAIRealtime))
     app.include_router(health.create_router())
     app.include_router(admin.create_router())
+    app.include_router(keys.create_router())
+    app.include_router(usage.create_router())
     app.include_router(create_recordings_router())
     install_pages(app, settings)
     # the official demo's HTTP API, and its pages when an operator points at them

@@ -111,6 +111,29 @@ class Settings(BaseSettings):
         "any key) gets these limits, counted from connect; the key is accepted only if "
         "`OMNISERVE_API_KEYS` accepts it.",
     )
+    require_api_key: bool = Field(
+        False,
+        description="Refuse every client without a valid key even when no key is configured "
+        "(neither `OMNISERVE_API_KEYS` nor a named key): set it with named keys (`omniserve "
+        "keys`), so that a Redis that lost them refuses everyone instead of letting everyone in.",
+    )
+    key_cache_s: float = Field(
+        0.5,
+        ge=0,
+        description="How long a gateway trusts its last look-up of a named API key "
+        "(`omniserve keys`): a revoked or rotated key is refused on every gateway within this.",
+    )
+    usage_flush_s: float = Field(
+        10.0,
+        gt=0,
+        description="A gateway adds its live sessions' usage to the per-key aggregates in Redis "
+        "this often (and when a connection ends): what a gateway that dies can lose of it.",
+    )
+    usage_retention_days: int = Field(
+        400,
+        gt=0,
+        description="Per-key hourly and daily usage aggregates expire after this many days.",
+    )
     legacy_chat_timeout_s: float = Field(
         300.0,
         description="Deadline of one `/ws/chat` or `POST /api/chat` request, from connect "

@@ -1,4 +1,5 @@
-"""The ``omniserve`` command: up, gateway, worker, probe, recordings, doctor, bench."""
+"""The ``omniserve`` command: up, gateway, worker, probe, recordings, doctor, drain, keys, usage,
+bench."""
 
 from __future__ import annotations
 
@@ -307,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     dr.set_defaults(func=cmd_doctor)
 
     drain.add_parser(sub)
+
+    from omniserve.keys_cli import add_parser as add_keys
+
+    add_keys(sub)
 
     te = sub.add_parser("test", help="run the full test suite (pytest arguments may follow)")
     te.add_argument("rest", nargs=argparse.REMAINDER)

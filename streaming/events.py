@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     SESSION_NOT_FOUND = "session_not_found"  # session.resume: no such session, or a wrong token
     RESUME_EXPIRED = "resume_expired"  # session.resume after the grace period or the session end
+    QUOTA_EXCEEDED = "quota_exceeded"  # the key's concurrent-sessions or daily-minutes quota
     # server errors
     SERVICE_UNAVAILABLE = "service_unavailable"
     QUEUE_FULL = "queue_full"
@@ -65,6 +66,7 @@ _CLIENT_ERRORS = frozenset(
         ErrorCode.TURN_QUEUE_FULL,
         ErrorCode.SESSION_NOT_FOUND,
         ErrorCode.RESUME_EXPIRED,
+        ErrorCode.QUOTA_EXCEEDED,
     }
 )
 
@@ -134,6 +136,7 @@ class Listen(_Envelope):
     input_id: str
     kv_cache_length: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    worker_s: float = 0.0  # the backend's compute time for the step (usage)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -151,6 +154,9 @@ class Speak(_Envelope):
     interrupted: bool = False
     kv_cache_length: int | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # usage, on the first piece of a step only: its compute time and its text's tokens
+    worker_s: float = 0.0
+    text_tokens: int = 0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -219,6 +225,7 @@ class Done(_Envelope):
     audio: str = ""
     last_audio: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
+    worker_s: float = 0.0  # the backend's compute time for the turn (usage)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -137,6 +137,40 @@ class Keys:
         """HASH gateway_id -> open connections from one client address (streaming/connections)."""
         return f"{self.prefix}:client:{address}:conns"
 
+    # --- named API keys, usage and quotas (streaming/keystore.py, streaming/usage.py,
+    # streaming/quotas.py)
+    @property
+    def api_keys(self) -> str:
+        """HASH sha256 hex of a key -> its record (JSON: name, quotas, created): the named keys
+        a gateway accepts, shared by all gateways."""
+        return f"{self.prefix}:apikeys"
+
+    @property
+    def api_key_names(self) -> str:
+        """HASH key name -> JSON of that name's record, whatever its state (a revoked one too):
+        the listing, and the name's current digest."""
+        return f"{self.prefix}:apikeys:names"
+
+    def usage_hour(self, name: str, hour: int) -> str:
+        """HASH figure -> total of one key name's usage in one UTC hour (``hour``: unix
+        seconds // 3600)."""
+        return f"{self.prefix}:usage:{name}:h:{hour}"
+
+    def usage_day(self, name: str, day: int) -> str:
+        """HASH figure -> total of one key name's usage in one UTC day (unix seconds // 86400):
+        what the session-minutes quota reads."""
+        return f"{self.prefix}:usage:{name}:d:{day}"
+
+    @property
+    def usage_names(self) -> str:
+        """SET of the key names that have usage recorded."""
+        return f"{self.prefix}:usage:names"
+
+    def key_sessions(self, name: str) -> str:
+        """ZSET session id -> Redis time its hold lapses: one key name's open sessions, kept
+        alive by their gateways (the concurrent-sessions quota)."""
+        return f"{self.prefix}:quota:{name}:sessions"
+
     # --- statistics
     @property
     def duration_stats(self) -> str:

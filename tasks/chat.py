@@ -99,6 +99,7 @@ def run_turn(ctx: SessionContext, request: dict[str, Any]) -> None:
                         generated_tokens=ev.generated_tokens,
                         audio=audio_b64(audio) if not req.streaming else "",
                         last_audio=audio_b64(rest) if rest is not None else "",
+                        worker_s=time.perf_counter() - t0,
                         metrics={
                             **ev.metrics,
                             "backend": backend.name,

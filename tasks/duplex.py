@@ -103,6 +103,7 @@ class DuplexRunner:
         self.policy = RolloverPolicy.of(s, limit)
         self.rollovers = 0
         self.expiry: ExpiryNotice | None = None  # with a client that opted in to it
+        self.step_worker_s = 0.0  # the compute time of the step being emitted (usage)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
@@ -327,8 +328,10 @@ class DuplexRunner:
         self.steps += 1
         metrics = dict(result.metrics)
         metrics.setdefault("kv_cache_length", result.kv_cache_length)
-        metrics["step_s"] = round(time.perf_counter() - t0, 4)
-        ctx.runtime.metrics.step(time.perf_counter() - t0, len(chunk.audio) / INPUT_RATE)
+        step_s = time.perf_counter() - t0
+        metrics["step_s"] = round(step_s, 4)
+        ctx.runtime.metrics.step(step_s, len(chunk.audio) / INPUT_RATE)
+        self.step_worker_s = step_s  # the usage of the step's first event
         if self.dropped:
             metrics["dropped_chunks"] = self.dropped
         if result.heard:
@@ -345,6 +348,7 @@ class DuplexRunner:
                         input_id=chunk.input_id,
                         kv_cache_length=result.kv_cache_length,
                         metrics=metrics,
+                        worker_s=step_s,
                     )
                 )
             else:
@@ -477,11 +481,17 @@ class DuplexRunner:
                     end_of_turn=bool(end_of_turn and last),
                     kv_cache_length=kv,
                     metrics=metrics if i == 0 else {"kv_cache_length": kv},
+                    worker_s=self.step_worker_s if i == 0 else 0.0,
+                    text_tokens=self._tokens(text) if i == 0 else 0,
                 )
             )
+        self.step_worker_s = 0.0
         if end_of_turn:
             self.response_id = None
             self.conversation.end_response()
+
+    def _tokens(self, text: str) -> int:
+        return self.backend.text_tokens(text) if text and self.backend is not None else 0
 
     def _out(self, ev: Speak) -> None:
         """Emit a Speak; with ``split`` (the current dialect) as one event per client frame:
@@ -491,7 +501,9 @@ class DuplexRunner:
             return
         if ev.text:
             self.ctx.emit(replace(ev, audio="", end_of_turn=ev.end_of_turn and not ev.audio))
-        if ev.audio:
+        if ev.audio:  # (the step's usage went with its text, if it had any)
+            if ev.text:
+                ev = replace(ev, worker_s=0.0, text_tokens=0)
             self.ctx.emit(replace(ev, text=""))
 
     def end_response(self, interrupted: bool) -> None:

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError, ResponseError
 from api.gateway import task_submit
 from api.gateway.client_watch import ClientWatch
 from api.gateway.liveness import Liveness
+from api.gateway.metering import Metering
 from api.gateway.queueing import QueueManager
 from api.gateway.waiting_events import WaitingEvents
 from api.gateway.worker_stops import WorkerStops
@@ -27,6 +28,7 @@ from streaming.admission import Admission
 from streaming.input import InputWriter
 from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
+from streaming.keystore import KeyStore
 from streaming.output import OutputBus
 from streaming.redis_connection import gateway_client
 from streaming.redis_url import celery_broker
@@ -123,6 +125,10 @@ class Gateway:
         self.redis_unmet: list[str] = []  # what Redis lacks (streaming/redis_requirements.py)
         self._requirements_read_at = 0.0  # monotonic; 0: at the next renewal that goes through
         self.metrics = GatewayMetrics()
+        # named keys, usage and quotas (api/gateway/metering.py)
+        self.metering = Metering(
+            settings, KeyStore(self.redis, self.keys, settings.key_cache_s), self.metrics
+        )
 
     async def start(self) -> None:
         """Take the gateway lease, start the output bus and the queue manager.
@@ -143,6 +149,7 @@ class Gateway:
         await self.queue.start()
         self.liveness.start()
         self.recorder.start()
+        await self.metering.start()
         self._lease_task = asyncio.create_task(self._lease_loop(), name="gateway-lease")
         log.info("gateway %s up (redis %s)", self.gateway_id, redact_url(self.settings.redis_url))
 
@@ -179,6 +186,7 @@ class Gateway:
         except TimeoutError:
             log.warning("%d sessions still open at shutdown", len(self.sessions))
         await self.queue.stop()
+        await self.metering.stop()
         await asyncio.to_thread(self.waiting_events.close)  # the last task-revoked events sent
         await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:

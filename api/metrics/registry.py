@@ -110,6 +110,14 @@ class GatewayMetrics:
             ["mode", "reason"],
             registry=r,
         )
+        self.key_usage = Counter(
+            "omniserve_key_usage",
+            "Usage by API key name and figure (streaming/usage.py: audio_in_s, audio_out_s, "
+            "text_tokens_in, text_tokens_out, frames_in, queue_wait_s, worker_s, session_s, "
+            "sessions, responses); key names past the label budget count as `other`.",
+            ["key", "figure"],
+            registry=r,
+        )
         self.client_playback_gaps = Counter(
             "omniserve_client_playback_gaps",
             "Playback gaps that clients reported (their audio ran dry mid-response).",

@@ -36,6 +36,7 @@ import soxr
 from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
+from api.gateway.metering import request_usage
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
@@ -302,10 +303,12 @@ class OpenAIRealtime(RealtimeDuplex):
     async def handle(self, ev: Event) -> bool:
         """A worker event of the duplex session, in OpenAI's words."""
         if isinstance(ev, Speak):
+            self.meter.event(ev)  # the key's usage (the response's own is OpenAI's usage)
             await self._speak(ev)
             telemetry.relayed(self.gateway.metrics, self.clock, ev)
             return False
         if isinstance(ev, Listen):
+            self.meter.event(ev)
             await self._listened()
             telemetry.relayed(self.gateway.metrics, self.clock, ev)
             return False
@@ -753,6 +756,7 @@ class OpenAIRealtime(RealtimeDuplex):
             if admitted is None:
                 return
             self.clock.input_sent(turn_id)
+            self.meter.add(request_usage(request))
             self.openai_recording.chat_request(request)
             turn = ChatTurn(
                 self.gateway,
@@ -781,6 +785,7 @@ class OpenAIRealtime(RealtimeDuplex):
                 await self._end_reply("incomplete", reason="max_output_tokens")
 
     async def _turn_event(self, reply: Reply, ev: Event) -> None:
+        self.meter.event(ev)  # the key's usage
         match ev:
             case TextDelta():
                 await self._delta(reply, ev.text, "")

@@ -134,11 +134,18 @@ def create_router(settings: Settings) -> APIRouter:
         return FileResponse(WEB_DIR / "ops.html", headers=_NO_CACHE)
 
     @router.get("/web/config")
-    async def client_config() -> JSONResponse:
+    async def client_config(request: Request) -> JSONResponse:
+        required = bool(settings.api_keys) or settings.require_api_key
+        if not required:  # a named key exists (omniserve keys)
+            gateway: Gateway = request.app.state.gateway
+            try:
+                required = await gateway.metering.keystore.any_keys()
+            except Exception:  # noqa: BLE001 - Redis away: no client is served anyway
+                required = False
         return JSONResponse(
             {
                 "version": __version__,
-                "api_key_required": bool(settings.api_keys),
+                "api_key_required": required,
                 "duration_limits_s": {m: settings.duration_limit(m) for m in MODES},
                 "context_tokens": CONTEXT_TOKENS,
                 "max_video_frames": settings.max_video_frames,

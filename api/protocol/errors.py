@@ -20,6 +20,7 @@ Frame = dict[str, Any]
 CLOSING_ERRORS = frozenset(
     {
         ErrorCode.UNAUTHORIZED,
+        ErrorCode.QUOTA_EXCEEDED,
         ErrorCode.ORIGIN_NOT_ALLOWED,
         ErrorCode.TOO_MANY_CONNECTIONS,
         ErrorCode.SERVICE_UNAVAILABLE,

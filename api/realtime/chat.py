@@ -25,6 +25,7 @@ import orjson
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api.gateway.metering import request_usage
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
@@ -70,6 +71,10 @@ class RealtimeChat(RealtimeSession):
     def session_goes_on(self) -> bool:
         """Detached for a resume, or taken over by another connection (``SessionResume``)."""
         return self.resume.goes_on()
+
+    async def resume_coming(self) -> bool:
+        """Whether this connection resumes another session: its first event decides."""
+        return await self.resume.resume_coming()
 
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
@@ -242,6 +247,7 @@ class RealtimeChat(RealtimeSession):
             await self.send(turn_queue_frame(frame, names))
 
         self.turn_running = True
+        self.meter.add(request_usage(request))
         try:
             task = WaitingTask(self.turn_id(int(input_id.removeprefix("input_"))), ChatJob.task)
             hold = self.chat_resume.hold_turn(lambda: self.acquire_slot(task, queue_event))
@@ -289,7 +295,10 @@ class RealtimeChat(RealtimeSession):
                                 error_frame(ErrorCode.INFERENCE_ERROR, f"turn interrupted: {why}")
                             )
                         continue
+                    usage = self.meter.event(ev)
                     for frame in mapper.frames(ev):
+                        if usage is not None and frame["type"] == "response.done":
+                            frame["usage"] = usage.as_dict()  # an extension field
                         # (an output_gap error is about this connection: not replayed)
                         emit = self.send if isinstance(ev, Gap) else self.chat_resume.emit
                         await emit(frame)

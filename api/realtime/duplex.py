@@ -102,6 +102,10 @@ class RealtimeDuplex(RealtimeSession):
         """Detached for a resume, or taken over by another connection (``SessionResume``)."""
         return self.resume.goes_on()
 
+    async def resume_coming(self) -> bool:
+        """Whether this connection resumes another session: its first event decides."""
+        return await self.resume.resume_coming()
+
     # ------------------------------------------------------------------ client side
     async def on_event(self, event: dict[str, Any]) -> None:
         """Handle one client event according to the current state."""
@@ -143,6 +147,8 @@ class RealtimeDuplex(RealtimeSession):
         if self.state not in (S.ACTIVE, S.RECOVERING):
             raise ProtocolError(ErrorCode.NOT_READY, "send input only after session.created")
         chunk = duplex_append(event, self.default_slices)
+        frames = chunk.frames[: self.gateway.settings.max_video_frames]
+        self.meter.input(len(chunk.audio) // 4, len(frames))
         self.input_seq += 1
         self.clock.input_sent(f"input_{self.input_seq}")
         written = self.gateway.inputs.append(
@@ -151,7 +157,7 @@ class RealtimeDuplex(RealtimeSession):
                 seq=self.input_seq,
                 input_id=f"input_{self.input_seq}",
                 audio=chunk.audio,
-                frames=chunk.frames[: self.gateway.settings.max_video_frames],
+                frames=frames,
                 force_listen=chunk.force_listen,
                 max_slice_nums=chunk.max_slice_nums,
             ),
@@ -391,7 +397,10 @@ class RealtimeDuplex(RealtimeSession):
                 return False
             case Error(code=ErrorCode.INVALID_PAYLOAD) if self.state is SessionState.INITIALIZING:
                 self.state = SessionState.CONNECTED  # the init was refused; the client may retry
+        usage = self.meter.event(ev)  # a response's record, at its end
         for frame in self.mapper.frames(ev):
+            if usage is not None and isinstance(frame.get("metrics"), dict):
+                frame["metrics"]["usage"] = usage.as_dict()  # an extension field
             await self.send(with_seq(frame, seq))
         telemetry.relayed(self.gateway.metrics, self.clock, ev)
         return False

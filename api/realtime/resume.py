@@ -20,6 +20,7 @@ from typing import Protocol
 from starlette import status
 
 from api.gateway.liveness import DETACHED, Answer
+from api.gateway.metering import SessionMeter
 from api.gateway.state import Gateway
 from api.protocol.errors import Frame
 from api.protocol.frames import session_closed, session_resumed
@@ -46,6 +47,8 @@ class ResumeHost(Protocol):
     def gone(self) -> asyncio.Event: ...  # the client left (or was closed)
     @property
     def superseded(self) -> asyncio.Event: ...  # the client resumes another session instead
+    @property
+    def meter(self) -> SessionMeter: ...  # its usage and its quota place
 
     state: SessionState
     closed_sent: bool  # session.closed (or the answer that ends the socket) went out
@@ -104,6 +107,16 @@ class SessionResume:
         except TimeoutError:
             pass
         await self.release_queue_frames()
+
+    async def resume_coming(self) -> bool:
+        """A connection over its key's quota may be one about to resume a session (which
+        keeps its own place): its first event decides, as for the held queue events."""
+        wait = QUEUE_HOLD_S - (time.monotonic() - self.opened)
+        try:
+            await asyncio.wait_for(self.first_event.wait(), max(0.0, wait))
+        except TimeoutError:
+            pass
+        return self.host.superseded.is_set()
 
     async def release_queue_frames(self) -> None:
         """Send the held queue events (none once the client resumes another session)."""
@@ -169,6 +182,7 @@ class SessionResume:
         record = await gateway.resumes.fields(req.session_id)
         host.adopt(req.session_id, float(record["deadline"]))
         self.resumable, self.offered = True, True
+        await host.meter.admit(req.session_id, claim=True)  # its own quota place, held here
         return token, record
 
     def resumed_frame(self, token: str, last_seq: int) -> Frame:

@@ -27,6 +27,7 @@ from api.protocol.events import ClientEvent
 from api.protocol.frames import session_closed
 from api.realtime.connection import ClientSocket, Flag, new_session_id, parse_json
 from api.realtime.slot_wait import Admitted, NoSlot, wait_for_slot
+from api.security.key_check import identity_of
 from api.security.policy import presented_key
 from omnicore.logs import session_context
 from streaming.events import CloseReason, ErrorCode
@@ -67,9 +68,14 @@ class RealtimeSession(ClientSocket):
         self.session_id = new_session_id()
         self.connected_at = time.time()
         self.log_id = self.session_id
-        # the mode's limit, or the client's API key's own (``api_key_durations``)
+        # the mode's limit, or the client's API key's own (``api_key_durations``), within its
+        # named key's longest session
+        self.identity = identity_of(ws)
         limit = gateway.settings.duration_limit(public_mode, presented_key(ws))
+        if self.identity.quota.max_session_s is not None:
+            limit = min(limit, self.identity.quota.max_session_s)
         self.deadline = self.connected_at + limit
+        self.meter = gateway.metering.open(self.identity, self.connected_at)
         self._state = SessionState.QUEUED
         self.state_since = time.monotonic()
         self.dialect: Dialect | None = None
@@ -94,6 +100,8 @@ class RealtimeSession(ClientSocket):
             "session_id": self.session_id,
             "dialect": self.dialect,
             "close_reason": self.ended_reason,
+            "key": self.identity.name,
+            "usage": self.meter.session_usage(ended=not self.session_goes_on()).as_dict(),
         }
 
     @property
@@ -197,8 +205,12 @@ class RealtimeSession(ClientSocket):
         """Wait for a worker slot for ``task``; None when the session ended instead (the client
         was told, unless it resumes another session: ``superseded``).
 
-        The queue events go to the client, or to ``notify`` when given.
+        The queue events go to the client, or to ``notify`` when given. The client's key's
+        quota is checked first, once per connection (``quota_exceeded``, nothing held).
         """
+        if not self.meter.admitted and not await self.quota_admits():
+            return None
+        since = time.time() if self.public_mode == "chat" else self.connected_at  # chat: a turn
         got = await wait_for_slot(
             self, self.deadline, self.close_wanted, self.superseded, notify=notify, task=task
         )
@@ -208,6 +220,7 @@ class RealtimeSession(ClientSocket):
                 await self.gateway.admission.release(got.slot_id)
                 return None
             self.admitted_at = self.admitted_at or time.time()
+            self.meter.queue_wait(time.time() - since)
             self.worker_id = slot_worker(got.slot_id)
             self.slot_since = time.time()
             return got
@@ -224,6 +237,23 @@ class RealtimeSession(ClientSocket):
             await self.finish(*self.end_reason())
         return None
 
+    async def quota_admits(self) -> bool:
+        """Whether the key's quota lets this session in; if not, the client was told and the
+        socket closed (a connection about to resume a session it has keeps that one's place)."""
+        refused = await self.meter.admit(self.session_id)
+        if refused is None or await self.resume_coming():
+            return True
+        telemetry.rejected(self.gateway.metrics, ErrorCode.QUOTA_EXCEEDED)
+        await self.send_error(ErrorCode.QUOTA_EXCEEDED, self.meter.refusal_message(refused))
+        self.closed_sent = True
+        await self.close(status.WS_1008_POLICY_VIOLATION, "quota exceeded")
+        return False
+
+    async def resume_coming(self) -> bool:
+        """Whether this connection turned out to resume another session (a subclass waits a
+        moment for the client's first event)."""
+        return self.superseded.is_set()
+
     # ------------------------------------------------------------------ closing
     async def finish(self, reason: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
         """Send session.closed (once) and close the socket."""
@@ -239,8 +269,10 @@ class RealtimeSession(ClientSocket):
         await self.close(code)
 
     def closed_frame(self, reason: str) -> Frame:
-        """The ``session.closed`` server event."""
-        return session_closed(self.session_id, str(reason))
+        """The ``session.closed`` server event (``usage``: an extension field)."""
+        frame = session_closed(self.session_id, str(reason))
+        frame["usage"] = self.meter.session_usage(ended=True).as_dict()
+        return frame
 
     async def on_evict(self, reason: CloseReason) -> None:
         """The client stopped keeping up: the session ends with ``reason``
@@ -268,3 +300,4 @@ class RealtimeSession(ClientSocket):
                 if self.gateway.sessions.get(self.session_id) is self:
                     del self.gateway.sessions[self.session_id]
                 telemetry.session_ended(self.gateway.metrics, self)
+                await self.meter.close(self.session_goes_on())

@@ -4,9 +4,11 @@ Everything here runs before a client gets anything of value (a queue ticket, a w
 worker registry), and every rule answers with a documented error (docs/PROTOCOL.md,
 docs/SECURITY.md):
 
-- **API keys** (``OMNISERVE_API_KEYS``): ``Authorization: Bearer <key>`` (what the public SDK
+- **API keys** (``OMNISERVE_API_KEYS``, and the named keys in Redis: ``streaming/keystore.py``,
+  ``api/security/key_check.py``): ``Authorization: Bearer <key>`` (what the public SDK
   sends; it offers the ``map.realtime`` subprotocol only as a marker, without a key) or
-  ``?api_key=<key>`` (browsers cannot set WebSocket headers). Compared in constant time.
+  ``?api_key=<key>`` (browsers cannot set WebSocket headers). The settings' keys are compared in
+  constant time, a named key looked up by its sha256; the key's name goes with the connection.
 - **Origins** (``OMNISERVE_ALLOWED_ORIGINS``): a request with an ``Origin`` header comes from a
   browser page; it is accepted from the listed origins and from the gateway's own (the web client
   it serves). No ``Origin``: not a browser, not checked.
@@ -40,9 +42,11 @@ from starlette.status import (
 )
 
 from api.security.connection_cap import ConnectionCap
+from api.security.key_check import IDENTITY_SCOPE, KeyRefused, identify
 from omnicore.settings import Settings
 from streaming.connections import ClientConnections, TooManyConnections
 from streaming.events import ErrorCode
+from streaming.keystore import KeyStore
 
 log = logging.getLogger("omniserve.gateway")
 
@@ -156,10 +160,20 @@ class SecurityPolicy:
         self.loopback_bind = is_loopback(settings.gateway_host)
         self.max_per_client = settings.max_connections_per_client
         self.trusted_proxies = [str(n) for n in settings.trusted_proxies]
+        self.keystore: KeyStore | None = None  # the named keys (set by ``create_app``)
+        self.require_key = settings.require_api_key
 
     # ------------------------------------------------------------------ WebSockets
     def check_socket(self, conn: HTTPConnection) -> EntryDenied | None:
-        """Origin, then API key: the denial to send, or None."""
+        """Origin, then the settings' API keys: the denial to send, or None."""
+        denied = self.check_origin(conn)
+        if denied is None and self.api_keys and not key_matches(presented_key(conn), self.api_keys):
+            return EntryDenied(
+                ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
+            )
+        return denied
+
+    def check_origin(self, conn: HTTPConnection) -> EntryDenied | None:
         if not origin_allowed(
             conn.headers.get("origin"), conn.headers.get("host"), self.allowed_origins
         ):
@@ -168,10 +182,25 @@ class SecurityPolicy:
                 "origin not allowed",
                 WS_1008_POLICY_VIOLATION,
             )
-        if self.api_keys and not key_matches(presented_key(conn), self.api_keys):
-            return EntryDenied(
-                ErrorCode.UNAUTHORIZED, "missing or invalid API key", WS_1008_POLICY_VIOLATION
+        return None
+
+    async def check_key(self, conn: HTTPConnection) -> EntryDenied | None:
+        """The settings' keys and the named ones (``keystore``): the denial, or None; the
+        connection's identity goes into its scope (``api/security/key_check.py``)."""
+        try:
+            identity = await identify(
+                presented_key(conn), self.api_keys, self.keystore, self.require_key
             )
+        except KeyRefused as exc:
+            return EntryDenied(ErrorCode.UNAUTHORIZED, str(exc), WS_1008_POLICY_VIOLATION)
+        except Exception:
+            log.warning("API key look-up failed", exc_info=True)
+            return EntryDenied(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "service unavailable: Redis is not reachable",
+                WS_1013_TRY_AGAIN_LATER,
+            )
+        conn.scope[IDENTITY_SCOPE] = identity
         return None
 
     # ------------------------------------------------------------------ admin endpoints
@@ -208,8 +237,12 @@ class SecurityPolicy:
                     f"answer 403 ({where}, not loopback)"
                 )
         if not self.loopback_bind:
-            if not self.api_keys:
-                out.append(f"OMNISERVE_API_KEYS is empty: anyone who reaches {where} is served")
+            if not self.api_keys and not self.require_key:
+                out.append(
+                    f"OMNISERVE_API_KEYS is empty: unless a named key exists (omniserve keys), "
+                    f"anyone who reaches {where} is served; OMNISERVE_REQUIRE_API_KEY=true "
+                    "refuses clients without a key whatever Redis holds"
+                )
             if self.max_per_client <= 0:
                 out.append(
                     "OMNISERVE_MAX_CONNECTIONS_PER_CLIENT is 0: one client address may open "
@@ -250,7 +283,7 @@ async def let_in(
     Yields the denial to answer with, or None: then the connection counts against its address
     and the cap until the block ends.
     """
-    denied = policy.check_socket(conn)
+    denied = policy.check_origin(conn) or await policy.check_key(conn)
     if denied is not None:
         yield denied
         return

@@ -217,6 +217,37 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ],
     ),
     (
+        "Usage by API key",
+        [
+            Panel(
+                "Session-minutes per hour, by key",
+                [
+                    Q(
+                        'sum by (key) (increase(omniserve_key_usage_total{figure="session_s"}'
+                        "[1h])) / 60",
+                        "{{key}}",
+                    )
+                ],
+                width=12,
+                stack=True,
+                description="What the minutes_per_day quotas count (docs/OPERATIONS.md).",
+            ),
+            Panel(
+                "Worker seconds per second, by key",
+                [
+                    Q(
+                        'sum by (key) (rate(omniserve_key_usage_total{figure="worker_s"}'
+                        f"[{RATE}]))",
+                        "{{key}}",
+                    )
+                ],
+                width=12,
+                stack=True,
+                description="Backend compute time (GPU seconds on a GPU backend).",
+            ),
+        ],
+    ),
+    (
         "Workers",
         [
             Panel(

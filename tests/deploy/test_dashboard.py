@@ -56,7 +56,7 @@ def dashboard_exprs(dash: dict[str, Any]) -> list[str]:
 
 def test_the_contract_has_every_metric_and_its_labels() -> None:
     c = contract()
-    assert len(c) == 24
+    assert len(c) == 25
     assert c["omniserve_sessions"].labels == {"mode", "state"}
     assert c["omniserve_worker_slots"].labels == {"worker", "state"}
     assert c["omniserve_worker_slots"].process == "worker"

@@ -175,7 +175,14 @@ async def test_keys_and_redis_password_never_reach_the_logs(password_redis: str)
 # --------------------------------------------------------------------------- admin endpoints
 
 
-ADMIN_PATHS = ("/metrics", "/v1/workers", "/v1/admin/overview", "/v1/recordings/x")
+ADMIN_PATHS = (
+    "/metrics",
+    "/v1/workers",
+    "/v1/admin/overview",
+    "/v1/admin/keys",
+    "/v1/admin/usage",
+    "/v1/recordings/x",
+)
 
 
 async def status_codes(port: int, headers: dict[str, str] | None = None) -> set[int]:

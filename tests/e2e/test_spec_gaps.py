@@ -163,7 +163,9 @@ async def test_every_delta_names_its_input(stack: Stack) -> None:
     closing = [f for f in c.received[mark:] if f.get("response_id") == response_id]
     assert [(f["kind"], f["input_id"]) for f in closing] == [("audio", "input_2")], closing
     assert decode_audio(closing[0]["audio"]).size == 12000  # the half second left over
+    usage = closing[0]["metrics"].pop("usage")  # the response's own record ends with it
     assert closing[0]["metrics"] == {"end_of_turn": True, "interrupted": True}
+    assert usage["responses"] == 1 and usage["audio_out_s"] == 1.5  # 1 s, then the half second
     assert listen["input_id"] == "input_3"
     deltas = [f for f in c.received if f["type"] == "response.output.delta"]
     assert all(isinstance(f["input_id"], str) for f in deltas), deltas

@@ -27,6 +27,7 @@ LONGEST = (
     "tests/faults/test_dropped_packets.py",  # 70
     "tests/faults/test_dead_clients.py",  # 63
     "tests/e2e/test_relay_gap.py",  # 58
+    "tests/e2e/test_metering.py",  # 55 (measured alone, 2026-12-02)
     "tests/faults/test_gateway_freeze.py",  # 57
     "tests/faults/test_partition.py",  # 55
     "tests/e2e/test_spec_gaps.py",  # 54

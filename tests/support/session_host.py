@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette import status
 
+from api.gateway.metering import SessionMeter
 from api.gateway.state import Gateway
 from api.protocol.dialects import Dialect
 from api.protocol.errors import Frame, error_frame
@@ -23,6 +24,7 @@ from api.realtime.session import SessionState
 from omnicore.settings import Settings
 from streaming.events import ErrorCode
 from streaming.keys import Keys
+from streaming.keystore import ANONYMOUS, KeyIdentity
 
 
 class Host:
@@ -34,6 +36,7 @@ class Host:
         public_mode: str = "audio",
         dialect: Dialect | None = Dialect.CURRENT,
         lasts_s: float = 300.0,
+        gateway: Gateway | None = None,
     ) -> None:
         self.session_id = session_id
         self.public_mode = public_mode
@@ -48,6 +51,16 @@ class Host:
         self.close_codes: list[int] = []
         self.woken = asyncio.Event()  # wake_relay was called
         self.adopted: list[tuple[str, float]] = []
+        self._gateway = gateway
+        self._meter: SessionMeter | None = None
+
+    @property
+    def meter(self) -> SessionMeter:
+        """The session's meter on the gateway's real metering (anonymous key)."""
+        if self._meter is None:
+            assert self._gateway is not None, "Host(gateway=...) for a metered session"
+            self._meter = self._gateway.metering.open(KeyIdentity(ANONYMOUS), time.time())
+        return self._meter
 
     def time_left(self) -> float:
         return max(0.0, self.deadline - time.time())

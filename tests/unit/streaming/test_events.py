@@ -83,6 +83,7 @@ def test_error_codes_know_their_side() -> None:
         "turn_queue_full",
         "session_not_found",
         "resume_expired",
+        "quota_exceeded",
     }
     assert not E.ErrorCode.OUTPUT_GAP.is_client_error
 
@@ -91,3 +92,14 @@ def test_final_events() -> None:
     assert isinstance(E.TurnEnd(), E.FINAL_EVENTS)
     assert isinstance(E.Closed(reason="x"), E.FINAL_EVENTS)
     assert not isinstance(E.Done(text=""), E.FINAL_EVENTS)
+
+
+def test_usage_figures_travel_typed() -> None:
+    """The worker's usage figures (compute time, tokens) survive the trip to the gateway."""
+    speak = E.Speak(response_id="r", input_id="i", text="hi there", worker_s=0.25, text_tokens=2)
+    back = E.decode_event(E.encode_event(speak))
+    assert isinstance(back, E.Speak) and (back.worker_s, back.text_tokens) == (0.25, 2)
+    done = E.decode_event(E.encode_event(E.Done(text="x", worker_s=1.5)))
+    assert isinstance(done, E.Done) and done.worker_s == 1.5
+    listen = E.decode_event(b'{"type": "listen", "input_id": "i", "kv_cache_length": 3}')
+    assert isinstance(listen, E.Listen) and listen.worker_s == 0.0  # an older worker's event

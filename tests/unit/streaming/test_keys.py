@@ -12,6 +12,8 @@ def test_every_key_is_under_the_prefix() -> None:
     names += [k.worker_alive("w"), k.duration_stats, *k.session_keys("rt_1")]
     names += [k.session_claim("rt_1"), k.output_channel("rt_1")]
     names += [k.session_resume("rt_1"), k.chat_frames("rt_1"), k.chat_turn_lease("rt_1")]
+    names += [k.api_keys, k.api_key_names, k.usage_names, k.key_sessions("acme")]
+    names += [k.usage_hour("acme", 1), k.usage_day("acme", 1)]
     assert all(n.startswith("p:") for n in names)
     assert len(set(names)) == len(names)
     assert k.output_log("rt_1") == "p:s:rt_1:log"

@@ -21,6 +21,7 @@ def test_gateway_registry_is_the_gateway_contract() -> None:
     m.closes.labels("audio", "user_stop")
     m.rejected.labels("unauthorized")
     m.clients_dropped.labels("client_idle")
+    m.key_usage.labels("acme", "audio_in_s")
     want = of_process("gateway")
     assert exposed(m.registry) == {n: (w.type, w.labels) for n, w in want.items()}
 

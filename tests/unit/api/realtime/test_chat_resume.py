@@ -51,7 +51,7 @@ def delta(text: str) -> Frame:
 
 async def created(gateway: Gateway, dialect: Dialect = Dialect.CURRENT) -> tuple[Connection, str]:
     """A new chat session whose client got ``session.created``; its resume token ('' none)."""
-    conn = Connection(gateway, Host(SID, public_mode="chat", dialect=dialect))
+    conn = Connection(gateway, Host(SID, gateway=gateway, public_mode="chat", dialect=dialect))
     frame: Frame = {"type": "session.created", "session_id": SID, "mode": "turn_based"}
     await conn.chat.offer(frame, INIT)
     return conn, str(frame.get("resume_token", ""))
@@ -62,7 +62,7 @@ async def resumed(
 ) -> tuple[Connection, asyncio.Task[None]]:
     """A second connection that took the session over and is catching up (a task: it follows
     a turn another connection still runs)."""
-    conn = Connection(gateway, Host("rt_2_new", public_mode="chat"))
+    conn = Connection(gateway, Host("rt_2_new", gateway=gateway, public_mode="chat"))
     taken = await conn.resume.take_over(ResumeRequest(SID, token, last_seq))
     assert taken is not None
     return conn, asyncio.create_task(conn.chat.catch_up(last_seq, *taken))
@@ -232,7 +232,7 @@ async def test_a_turn_whose_acquire_ends_the_session_yields_none(gateway: Gatewa
 async def test_an_ended_record_refuses_a_later_resume(gateway: Gateway) -> None:
     conn, token = await created(gateway)
     await conn.chat.end_record()
-    late = Connection(gateway, Host("rt_2_new", public_mode="chat"))
+    late = Connection(gateway, Host("rt_2_new", gateway=gateway, public_mode="chat"))
     assert await late.resume.take_over(ResumeRequest(SID, token, 0)) is None
     assert late.host.sent[0]["error"]["code"] == "resume_expired"
 

@@ -34,7 +34,7 @@ async def gateway(redis_server: str, keys: Keys) -> AsyncIterator[Gateway]:
 
 async def offered(gateway: Gateway) -> tuple[SessionResume, Host, str]:
     """A session whose client got ``session.created`` with a token."""
-    host = Host(SID)
+    host = Host(SID, gateway=gateway)
     resume = SessionResume(gateway, host)
     token = await resume.offer(7, INIT, True)
     assert token is not None
@@ -43,7 +43,7 @@ async def offered(gateway: Gateway) -> tuple[SessionResume, Host, str]:
 
 async def taken_over(gateway: Gateway, token: str) -> tuple[SessionResume, Host, str]:
     """A second connection that resumed ``SID`` with ``token``."""
-    host = Host("rt_2_new")
+    host = Host("rt_2_new", gateway=gateway)
     resume = SessionResume(gateway, host)
     taken = await resume.take_over(ResumeRequest(SID, token, 0))
     assert taken is not None
@@ -68,7 +68,7 @@ async def test_an_offered_record_names_this_connection_and_gives_a_token(
 async def test_a_record_not_offered_is_kept_but_a_drop_does_not_detach(
     gateway: Gateway,
 ) -> None:
-    resume = SessionResume(gateway, Host(SID))
+    resume = SessionResume(gateway, Host(SID, gateway=gateway))
     assert await resume.offer(0, INIT, False) is None
     assert resume.resumable and not resume.offered
     assert await resume.detach() is False
@@ -78,10 +78,10 @@ async def test_a_record_not_offered_is_kept_but_a_drop_does_not_detach(
 
 async def test_with_resume_off_no_token_is_offered(redis_server: str, keys: Keys) -> None:
     async with gateway_on(redis_server, keys, resume_grace_s=0) as gateway:
-        resume = SessionResume(gateway, Host(SID))
+        resume = SessionResume(gateway, Host(SID, gateway=gateway))
         assert await resume.offer(0, INIT, True) is None
         assert resume.resumable and not resume.offered  # (failover still reads the record)
-        refused = SessionResume(gateway, host := Host("rt_2_new"))
+        refused = SessionResume(gateway, host := Host("rt_2_new", gateway=gateway))
         assert await refused.take_over(ResumeRequest(SID, "any", 0)) is None
         assert host.sent[0]["error"]["code"] == "session_not_found"
 
@@ -107,14 +107,14 @@ async def test_a_take_over_moves_the_session_and_the_old_connection_closes_repla
     assert old.close_codes == [1000] and old.closed_sent and old.state is SessionState.CLOSED
     assert first.replaced and first.goes_on()
     # the token rotated: the first one no longer resumes the session
-    third = SessionResume(gateway, late := Host("rt_3_late"))
+    third = SessionResume(gateway, late := Host("rt_3_late", gateway=gateway))
     assert await third.take_over(ResumeRequest(SID, token, 0)) is None
     assert late.sent[0]["error"]["code"] == "session_not_found"
 
 
 async def test_a_wrong_token_is_refused_and_the_socket_closed(gateway: Gateway) -> None:
     await offered(gateway)
-    resume = SessionResume(gateway, host := Host("rt_2_new"))
+    resume = SessionResume(gateway, host := Host("rt_2_new", gateway=gateway))
     assert await resume.take_over(ResumeRequest(SID, "not-the-token", 0)) is None
     assert host.sent == [
         {
@@ -134,7 +134,7 @@ async def test_a_wrong_token_is_refused_and_the_socket_closed(gateway: Gateway) 
 async def test_an_ended_session_is_refused_as_expired(gateway: Gateway) -> None:
     _, _, token = await offered(gateway)
     await gateway.resumes.mark_ended(SID)
-    resume = SessionResume(gateway, host := Host("rt_2_new"))
+    resume = SessionResume(gateway, host := Host("rt_2_new", gateway=gateway))
     assert await resume.take_over(ResumeRequest(SID, token, 0)) is None
     assert host.sent[0]["error"]["code"] == "resume_expired"
     assert host.close_codes == [1008]
@@ -171,7 +171,7 @@ async def test_a_session_whose_record_is_gone_is_not_detached(
 
 
 async def test_queue_events_wait_for_the_clients_first_event(gateway: Gateway) -> None:
-    resume = SessionResume(gateway, host := Host(SID, lasts_s=60))
+    resume = SessionResume(gateway, host := Host(SID, lasts_s=60, gateway=gateway))
     queued = {"type": "session.queued", "session_id": SID, "position": 1}
     update = {"type": "session.queue_update", "session_id": SID, "position": 1}
     resume.first_event.set()  # before the hold is over
@@ -188,7 +188,7 @@ async def test_queue_events_wait_for_the_clients_first_event(gateway: Gateway) -
 
 
 async def test_queue_events_go_out_after_the_hold_without_an_event(gateway: Gateway) -> None:
-    resume = SessionResume(gateway, host := Host(SID))
+    resume = SessionResume(gateway, host := Host(SID, gateway=gateway))
     queued = {"type": "session.queued", "session_id": SID, "position": 1}
     await resume.queue_frame(queued)
     assert host.sent == []  # held
@@ -202,7 +202,7 @@ async def test_queue_events_go_out_after_the_hold_without_an_event(gateway: Gate
 async def test_a_client_resuming_another_session_never_sees_the_queue_events(
     gateway: Gateway,
 ) -> None:
-    resume = SessionResume(gateway, host := Host(SID))
+    resume = SessionResume(gateway, host := Host(SID, gateway=gateway))
     await resume.queue_frame({"type": "session.queued", "session_id": SID, "position": 1})
     host.superseded.set()  # its first event is session.resume
     resume.first_event.set()
