@@ -5,8 +5,8 @@ the gateway that submitted it. Once the record exists, the session belongs to wh
 connection resumed it last: attached to a live gateway it runs; detached (the client dropped, or
 its gateway died) it pauses, gives its slot back after ``resume_slot_hold_s`` and ends after
 ``resume_grace_s`` (``streaming/resume.py``). A record that vanishes once seen (Redis restarted
-empty) ends the session: no one can resume it, and a gateway that was relaying it has ended its
-side already.
+empty) leaves the session with the gateway that relayed it last while that gateway lives (it
+keeps its client across the restart); with that gateway gone too, the session ends.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class PresenceWatch:
         self.slot_hold_s = slot_hold_s
         self.resumable = False  # a record was seen: check often
         self._away_since: float | None = None  # when this worker first saw its gateway dead
+        self._relaying: str | None = None  # the gateway the record named at the last check
+        self._record_lost = False  # the record vanished (Redis restarted empty); told once
 
     def interval(self, default: float) -> float:
         """Seconds until the next check."""
@@ -64,20 +66,33 @@ class PresenceWatch:
         rt = self.ctx.runtime
         att = self.record.attachment() if self.grace_s > 0 else None
         if att is None and self.resumable:
-            # the record was there and is gone: Redis restarted empty. Nobody can resume the
-            # session and its gateway ended its side (output_gap); its slot must not wait on a
-            # client that is not coming back
+            # the record was there and is gone: Redis restarted empty. The gateway that relayed
+            # the session last still has its client when its lease is back (it renews it as
+            # ever): the session goes on with it; with no live gateway nobody can resume it and
+            # its slot must not wait on a client that is not coming back
+            relaying = self._relaying or self.ctx.gateway_id
+            if rt.gateway_alive(relaying):
+                if not self._record_lost:
+                    log.warning(
+                        "session %s: its resume record is gone; gateway %s still relays it",
+                        self.ctx.session_id,
+                        relaying,
+                    )
+                    self._record_lost = True
+                return Presence.ATTACHED
             log.warning("session %s: its resume record is gone; ending it", self.ctx.session_id)
             return Presence.GONE
         if att is None:
             alive = rt.gateway_alive(self.ctx.gateway_id)
             return Presence.ATTACHED if alive else Presence.GONE
+        self._record_lost = False
         self.resumable = True
         if att.ended:
             return Presence.GONE
         now = time.time()
         if att.gateway and rt.gateway_alive(att.gateway):
             self._away_since = None
+            self._relaying = att.gateway
             return Presence.ATTACHED
         if att.gateway:  # its gateway died without detaching: the grace starts now
             log.info(
