@@ -59,8 +59,10 @@ from streaming.events import (
     Speak,
 )
 from streaming.input import AudioChunk
+from streaming.input_link import InputBacklogFull
 from streaming.jobs import DuplexJob, claim_id
 from streaming.keys import slot_worker
+from streaming.outage import is_outage
 from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
@@ -149,6 +151,14 @@ class RealtimeDuplex(Resumable):
         once for a run of such chunks (a Redis stall fails every chunk sent meanwhile; a full
         Redis refuses each one) that ends with the next chunk Redis takes."""
         exc = None if written.cancelled() else written.exception()
+        if exc is not None and self._lost_to_outage(exc):
+            # sent as Redis went away (a failover, a restart): it may or may not have been
+            # taken, and sent again it could be taken twice; the worker counts a chunk that
+            # never came as dropped (``dropped_chunks``), as the protocol's silent drop
+            log.warning(
+                "session %s: %s lost as Redis went away: %s", self.session_id, input_id, exc
+            )
+            return
         if exc is None:
             if self.unqueued:
                 log.warning(
@@ -165,6 +175,17 @@ class RealtimeDuplex(Resumable):
         log.error("session %s: %s was not queued: %s", self.session_id, input_id, exc)
         self.input_failure = asyncio.create_task(
             self.send_error(ErrorCode.INFERENCE_ERROR, f"{input_id} was not queued: {exc}")
+        )
+
+    def _lost_to_outage(self, exc: BaseException) -> bool:
+        """Whether a chunk's write failed because Redis went away, within the outage grace
+        (the input link holds what it had not sent yet: ``streaming/input_link.py``)."""
+        outage = self.gateway.inputs.link.outage
+        return (
+            is_outage(exc)
+            and not isinstance(exc, InputBacklogFull)
+            and outage.grace_s > 0
+            and outage.lasted() <= outage.grace_s
         )
 
     def _begin_init(self) -> None:
