@@ -363,10 +363,10 @@ class OutputBus:
                 )
                 failing = False
                 loop = asyncio.get_running_loop()
-                for out in self.sessions.values():
-                    out.resubscribed()
+                for reader in self.sessions.values():
+                    reader.resubscribed()
                     # and once more, for what was published as the subscription was renewed
-                    loop.call_later(RESUBSCRIBED_REREAD_S, out.resubscribed)
+                    loop.call_later(RESUBSCRIBED_REREAD_S, reader.resubscribed)
             if msg is None or msg.get("type") != "message":
                 continue
             self.messages += 1
