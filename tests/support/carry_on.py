@@ -32,6 +32,7 @@ class PacedSession:
     unanswered: int = 0  # chunks whose answer never came (lost input)
     ended: str | None = None  # why it ended, when it did: the close reason or an error code
     answered_at: list[float] = field(default_factory=list)  # monotonic time of each answer
+    stopping: bool = False  # ``close`` was called: no more steps
     _task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -46,7 +47,7 @@ class PacedSession:
         from websockets.exceptions import ConnectionClosed
 
         try:
-            while self.ended is None:
+            while self.ended is None and not self.stopping:
                 audio = speech() if self.steps % 4 == 0 else silence(0.5)
                 try:
                     got = await self.client.step(audio, timeout=STEP_TIMEOUT_S)
@@ -101,12 +102,15 @@ class PacedSession:
         )
 
     async def close(self) -> None:
+        """Stop stepping and close the connection (a cancel alone can be lost in a receive that
+        completes as it comes, on Python 3.11)."""
+        self.stopping = True
+        with contextlib.suppress(Exception):
+            await self.client.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
-                await self._task
-        with contextlib.suppress(Exception):
-            await self.client.close()
+                await asyncio.wait_for(self._task, 15)
 
 
 def tally(sessions: list[PacedSession], since: float) -> tuple[int, int]:
