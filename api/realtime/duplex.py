@@ -30,6 +30,7 @@ import logging
 import time
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette import status
 from starlette.websockets import WebSocket
 
@@ -62,7 +63,6 @@ from streaming.input import AudioChunk
 from streaming.input_link import InputBacklogFull
 from streaming.jobs import DuplexJob, claim_id
 from streaming.keys import slot_worker
-from streaming.outage import is_outage
 from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
@@ -178,11 +178,12 @@ class RealtimeDuplex(Resumable):
         )
 
     def _lost_to_outage(self, exc: BaseException) -> bool:
-        """Whether a chunk's write failed because Redis went away, within the outage grace
-        (the input link holds what it had not sent yet: ``streaming/input_link.py``)."""
+        """Whether a chunk's write failed because the connection to Redis was lost, within the
+        outage grace (the input link holds what it had not sent yet: ``streaming/input_link.py``).
+        A write that timed out (Redis stalls, holding the connection) is told as before."""
         outage = self.gateway.inputs.link.outage
         return (
-            is_outage(exc)
+            isinstance(exc, RedisConnectionError)
             and not isinstance(exc, InputBacklogFull)
             and outage.grace_s > 0
             and outage.lasted() <= outage.grace_s
