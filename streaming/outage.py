@@ -42,6 +42,7 @@ class Outage:
         self._since: float | None = None  # monotonic time of the first failure, None: no outage
         self._lock = threading.Lock()
         self.outages = 0  # how many began (for logs and tests)
+        self.began_at: float | None = None  # monotonic: when the latest one began
 
     def failed(self) -> bool:
         """Redis could not be reached: True while the caller may wait and try again, False
@@ -49,7 +50,7 @@ class Outage:
         now = time.monotonic()
         with self._lock:
             if self._since is None:
-                self._since = now
+                self._since = self.began_at = now
                 self.outages += 1
             return self.grace_s > 0 and now - self._since <= self.grace_s
 

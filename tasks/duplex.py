@@ -267,6 +267,7 @@ class DuplexRunner:
                 prompt_length=int(prompt_length), metrics=metrics, recovered=history is not None
             )
         )
+        self.presence.created()
         return False
 
     # ------------------------------------------------------------------ steps
