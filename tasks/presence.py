@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("omniserve.worker")
 
 DETACHED_CHECK_S = 0.5  # a resumable session notices its client's return within this
-RECORD_DUE_S = 1.0  # after ``Created``, by when the gateway has written the record and a check
-# has seen it
+RECORD_DUE_S = 0.6  # after ``Created``, by when the gateway has written the record and a check
+# (the first comes 0.2 s after it, ``tasks/duplex.py``) has seen it
 
 
 class Presence(StrEnum):
@@ -53,7 +53,7 @@ class PresenceWatch:
         self._away_since: float | None = None  # when this worker first saw its gateway dead
         # the live gateway relaying the session at the last check (None: detached, or not seen)
         self._relaying: str | None = None
-        self._record_lost = False  # the record vanished (Redis restarted empty); told once
+        self._record_lost_at: float | None = None  # monotonic: when the record was found gone
 
     def created(self) -> None:
         """The session's ``Created`` went out: with resume on, its gateway writes the record
@@ -91,21 +91,25 @@ class PresenceWatch:
             # ever): the session goes on with it; with no live gateway nobody can resume it and
             # its slot must not wait on a client that is not coming back
             relaying = self._relaying
-            if relaying is not None and rt.gateway_alive(relaying):
-                if not self._record_lost:
+            if relaying is not None:
+                lost = self._record_lost_at
+                if lost is None:
                     log.warning(
-                        "session %s: its resume record is gone; gateway %s still relays it",
+                        "session %s: its resume record is gone; gateway %s relayed it",
                         self.ctx.session_id,
                         relaying,
                     )
-                    self._record_lost = True
-                return Presence.ATTACHED
+                    lost = self._record_lost_at = time.monotonic()
+                # the gateway renews its lease on the new server within its own TTL
+                waiting = time.monotonic() - lost < rt.settings.gateway_lease_ttl_s
+                if waiting or rt.gateway_alive(relaying):
+                    return Presence.ATTACHED
             log.warning("session %s: its resume record is gone; ending it", self.ctx.session_id)
             return Presence.GONE
         if att is None:
             alive = rt.gateway_alive(self.ctx.gateway_id)
             return Presence.ATTACHED if alive else Presence.GONE
-        self._record_lost = False
+        self._record_lost_at = None
         self._relaying = None  # (set again below while a live gateway relays it)
         self.resumable = True
         if att.ended:

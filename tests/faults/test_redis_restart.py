@@ -60,7 +60,7 @@ async def test_redis_restart_empty_while_sessions_run(
     queued = await waiting.until("session.queued", timeout=15)
     assert queued["position"] == 1
     try:
-        await await_for(lambda: all(p.steps >= 2 for p in sessions), 30, "first answers")
+        await await_for(lambda: all(p.steps >= 5 for p in sessions), 30, "first answers")
         t_back = await restart_empty(own_redis, stack)
         # every live session carries on: each is answered again after the restart
         await await_for(
