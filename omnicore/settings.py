@@ -380,8 +380,8 @@ class Settings(BaseSettings):
         description="How long a session carries on while Redis cannot be reached (a Sentinel "
         "failover, a restart): the worker holds its output and retries its reads and lease "
         "renewals, the gateway reads leases as held and keeps its client. Leases are judged "
-        "again once Redis has answered for `lease_ttl_s`. Longer outages end the sessions "
-        "(`backend_error`). `0`: a lost connection ends them at once.",
+        "again once Redis has answered for `lease_ttl_s`. Longer outages end the sessions, "
+        "each with an error and a reason. `0`: a lost connection ends them at once.",
     )
     capacity_wait_s: float = Field(
         300.0,
