@@ -397,6 +397,15 @@ class Settings(BaseSettings):
         description="How often gateways and workers renew their leases (and rewrite what they "
         "own in Redis).",
     )
+    redis_outage_grace_s: float = Field(
+        8.0,
+        ge=0,
+        description="How long a session carries on while Redis cannot be reached (a Sentinel "
+        "failover, a restart): the worker holds its output and retries its reads and lease "
+        "renewals, the gateway reads leases as held and keeps its client. Leases are judged "
+        "again once Redis has answered for `lease_ttl_s`. Longer outages end the sessions, "
+        "each with an error and a reason. `0`: a lost connection ends them at once.",
+    )
     capacity_wait_s: float = Field(
         300.0,
         description="A client queued while workers are registered but none is ready (models "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -28,6 +29,7 @@ from streaming.controls import (
 )
 from streaming.input_link import Command, InputLink
 from streaming.keys import Keys
+from streaming.outage import Outage, is_outage
 from streaming.redis_connection import unblocked
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 CONTROL_MAXLEN = 100_000  # a memory bound only; a 10-minute session sends far fewer controls
 SAMPLES_PER_SECOND = 16_000  # input audio: 16 kHz float32
 MAX_PENDING_CHUNKS = 256  # however tiny the chunks, no longer a stream than this
+OUTAGE_RETRY_MS = 100  # while Redis is away, a read is tried again this often
 
 
 @dataclass(slots=True)
@@ -60,8 +63,9 @@ class InputWriter:
         max_pending: int,
         ttl_s: float,
         name: str = "omniserve-input",
+        outage_grace_s: float = 0.0,
     ) -> None:
-        self.link = InputLink(redis_client.connection_pool, name)
+        self.link = InputLink(redis_client.connection_pool, name, outage_grace_s=outage_grace_s)
         self.keys = keys
         self.max_pending = max_pending
         self.ttl_s = int(ttl_s)
@@ -128,10 +132,15 @@ class InputBatch:
 
 
 class InputReader:
-    """Worker side (synchronous client)."""
+    """Worker side (synchronous client). ``outage_grace_s``: how long a read may find Redis
+    away (a failover, a restart) and read as no input before it raises (``streaming/outage.py``).
+    """
 
-    def __init__(self, client: redis.Redis, keys: Keys, session_id: str) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys, session_id: str, outage_grace_s: float = 0.0
+    ) -> None:
         self.client = client
+        self.outage = Outage(outage_grace_s)
         self.audio_key = keys.input_audio(session_id)
         self.control_key = keys.input_control(session_id)
         self.last_audio = "0-0"
@@ -145,8 +154,10 @@ class InputReader:
         A Redis that holds the connection but does not answer (a stall past the client's
         retries) reads as no input: the session waits for it, as its gateway does (a 15 s
         stall failed every session); its deadline and other checks still run. A refused or
-        closed connection still raises: Redis restarted, most likely empty, and the gateway
-        ends its side of the session (docs/ARCHITECTURE.md, failures).
+        closed connection, or a node that is no primary now, reads the same while the outage
+        lasts no longer than ``outage_grace_s`` (a Sentinel failover, a restart: the gateway
+        keeps the client meanwhile and writes its input to whichever Redis answers next);
+        past it the error is raised and the session ends.
         """
         try:
             reply = self.client.xread(
@@ -158,8 +169,11 @@ class InputReader:
             return InputBatch(controls=[], chunks=[], dropped=0)
         except redis.ResponseError as exc:
             if not unblocked(exc):
-                raise
+                self._away(exc, block_ms)
             return InputBatch(controls=[], chunks=[], dropped=0)  # read again at the next step
+        except redis.RedisError as exc:
+            self._away(exc, block_ms)
+            return InputBatch(controls=[], chunks=[], dropped=0)
         self._answered()
         got = _stream_reply(reply)
         controls: list[Control] = []
@@ -191,6 +205,9 @@ class InputReader:
         except redis.TimeoutError as exc:
             self._stalled(exc)
             return []
+        except redis.RedisError as exc:
+            self._away(exc, 0)
+            return []
         self._answered()
         got = _stream_reply(reply)
         controls: list[Control] = []
@@ -207,9 +224,20 @@ class InputReader:
             log.warning("input read: Redis does not answer (%s); waiting for it", exc)
         self.unanswered = True
 
+    def _away(self, exc: redis.RedisError, block_ms: int) -> None:
+        """A read failed: raise unless Redis is away and the grace is not over yet (then wait
+        a little, as the blocking read would have, and read again)."""
+        if not is_outage(exc) or not self.outage.failed():
+            raise exc
+        if not self.unanswered:
+            log.warning("input read: Redis is away (%s); waiting for it", exc)
+        self.unanswered = True
+        time.sleep(min(block_ms, OUTAGE_RETRY_MS) / 1000)
+
     def _answered(self) -> None:
+        lasted = self.outage.answered()
         if self.unanswered:
-            log.info("input read: Redis answers again")
+            log.info("input read: Redis answers again (after %.1f s)", lasted or 0.0)
             self.unanswered = False
 
     def discard(self) -> None:

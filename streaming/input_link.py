@@ -25,6 +25,12 @@ after it failed. A failure fails every write still waiting for its reply (and th
 connection that could not be opened); an error reply fails only its own write. With a
 ``socket_timeout`` on the URL, a write not answered within it drops the connection, as a command
 of the shared client would time out.
+
+While Redis is away (a Sentinel failover, a restart; ``streaming/outage.py``) for up to
+``outage_grace_s``, the link keeps what it has not written yet and opens a connection again and
+again; once one opens, the commands go out in their order, so a session's input carries on
+across the outage. Only writes already sent on the lost connection fail (Redis may or may not
+have taken them: sent again, a chunk could be taken twice).
 """
 
 from __future__ import annotations
@@ -45,10 +51,13 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
+from streaming.outage import Outage, is_outage
+
 log = logging.getLogger(__name__)
 
 Command = Sequence[EncodableT]
 MAX_OUTBOX_BYTES = 16 * 2**20  # ~250 one-second chunks queued unwritten: writes fail beyond it
+REOPEN_S = 0.1  # while Redis is away, a connection is tried this often
 
 
 class InputBacklogFull(RedisConnectionError):
@@ -73,6 +82,7 @@ class InputLink:
         pool: aioredis.ConnectionPool,
         name: str = "omniserve-input",
         max_outbox_bytes: int = MAX_OUTBOX_BYTES,
+        outage_grace_s: float = 0.0,
     ) -> None:
         self.pool = pool
         self.name = name  # its CLIENT SETNAME: an operator's CLIENT LIST tells it apart
@@ -85,6 +95,8 @@ class InputLink:
         self._pending: collections.deque[_Write] = collections.deque()  # queued or written
         self._outbox: list[bytes] = []  # packed commands the writer has yet to send
         self._outbox_bytes = 0
+        self._unsent = 0  # writes at the end of ``_pending`` whose commands are in the outbox
+        self.outage = Outage(outage_grace_s)
         self._wake = asyncio.Event()  # the writer has something to send
         self._closed = False
 
@@ -110,6 +122,7 @@ class InputLink:
             packed = conn.pack_commands(commands)
         # registered as it is queued, in the same step: replies come back in this order
         self._pending.append(write)
+        self._unsent += 1
         self._outbox += packed
         self._outbox_bytes += sum(len(piece) for piece in packed)
         self._wake.set()
@@ -135,13 +148,14 @@ class InputLink:
         return self._conn.is_connected and self._running()
 
     def _open(self) -> AbstractConnection:
-        """Replace the connection: what waited on the old one fails; the new one is opened in
-        the background, and what is queued meanwhile goes out once it is."""
+        """Replace the connection: what was sent on the old one and waits for its reply fails;
+        the new one is opened in the background, and what is queued (before or meanwhile)
+        goes out once it is."""
         for task in (self._opening, self._reader, self._writer):
             if task is not None:
                 task.cancel()
         self._reader = self._writer = None
-        self._fail_all(RedisConnectionError("the input connection was lost"))
+        self._fail_sent(RedisConnectionError("the input connection was lost"))
         old = self._conn
         conn = self._conn = cast(AbstractConnection, self.pool.make_connection())  # type: ignore[no-untyped-call]
         self._opening = asyncio.create_task(self._connect(conn, old), name="input-link-connect")
@@ -153,19 +167,30 @@ class InputLink:
     async def _connect(self, conn: AbstractConnection, old: AbstractConnection | None) -> None:
         if old is not None:
             await old.disconnect(nowait=True)
-        try:
-            await conn.connect()  # type: ignore[no-untyped-call]
-            await conn.send_command("CLIENT", "SETNAME", self.name, check_health=False)
-            await conn.read_response()
-        except asyncio.CancelledError:
-            await conn.disconnect(nowait=True)
-            raise
-        except Exception as exc:  # noqa: BLE001 - Redis unreachable: what was queued fails
-            log.warning("input link: connecting to Redis failed: %s", exc)
-            if self._conn is conn:
-                self._fail_all(exc)
-            await conn.disconnect(nowait=True)
-            return
+        while True:
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                await conn.send_command("CLIENT", "SETNAME", self.name, check_health=False)
+                await conn.read_response()
+                break
+            except asyncio.CancelledError:
+                await conn.disconnect(nowait=True)
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis unreachable: what was queued fails
+                await conn.disconnect(nowait=True)
+                began = not self.outage.away
+                if is_outage(exc) and self.outage.failed() and self._conn is conn:
+                    if began:
+                        log.warning("input link: Redis is away (%s); holding the input", exc)
+                    await asyncio.sleep(REOPEN_S)  # (what is queued meanwhile waits)
+                    continue
+                log.warning("input link: connecting to Redis failed: %s", exc)
+                if self._conn is conn:
+                    self._fail_all(exc)
+                return
+        lasted = self.outage.answered()
+        if lasted is not None:
+            log.warning("input link: Redis answers again after %.1f s; held input sent", lasted)
         self._reader = asyncio.create_task(self._read(conn), name="input-link-reader")
         self._writer = asyncio.create_task(self._write(conn), name="input-link-writer")
 
@@ -178,6 +203,7 @@ class InputLink:
             await self._wake.wait()
             self._wake.clear()
             batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+            self._unsent = 0
             if not batch:
                 continue
             try:
@@ -185,9 +211,9 @@ class InputLink:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - redis-py dropped the connection
-                if self._conn is conn:  # (not a connection already replaced)
-                    self._fail_all(exc)
                 log.warning("input link: writing to Redis failed: %s", exc)
+                if self._conn is conn:  # (not a connection already replaced)
+                    self._lost(exc)
                 return
 
     async def _read(self, conn: AbstractConnection) -> None:
@@ -202,10 +228,10 @@ class InputLink:
             except asyncio.CancelledError:  # closed or replaced: whoever did it fails the rest
                 raise
             except Exception as exc:  # noqa: BLE001 - whatever it was, the connection is done
-                if self._conn is conn:  # (not a connection already replaced)
-                    self._fail_all(exc)
                 log.warning("input link to Redis lost: %s", exc)
                 await conn.disconnect(nowait=True)
+                if self._conn is conn:  # (not a connection already replaced)
+                    self._lost(exc)
                 return
             if not self._pending:  # a reply nobody waits for: the stream is out of step
                 log.error("input link: a reply without a command; reconnecting")
@@ -222,6 +248,8 @@ class InputLink:
         """Drop the connection when the oldest write waits longer than ``socket_timeout``."""
         while not self._closed:
             await asyncio.sleep(min(1.0, limit_s / 2))
+            if self.outage.away:  # reconnecting within the outage grace, which bounds the wait
+                continue
             if self._pending and time.monotonic() - self._pending[0].sent_at > limit_s:
                 conn, opening, self._opening = self._conn, self._opening, None
                 log.warning("input link: no reply from Redis within %.1f s; reconnecting", limit_s)
@@ -231,8 +259,26 @@ class InputLink:
                 if conn is not None:
                     await conn.disconnect(nowait=True)
 
+    def _lost(self, exc: BaseException) -> None:
+        """The connection failed: what was sent on it fails; what was not, waits for the next
+        one, opened now when Redis may be away (else at the next ``send``)."""
+        self._fail_sent(exc)
+        if self._pending and is_outage(exc) and not self._closed:
+            self._open()
+
+    def _fail_sent(self, exc: BaseException) -> None:
+        """Fail the writes already sent (their replies will never come); keep the others,
+        unless an outage has lasted past its grace (then all fail)."""
+        if self.outage.away and not self.outage.failed():
+            self._fail_all(exc)
+            return
+        while len(self._pending) > self._unsent:
+            write = self._pending.popleft()
+            write.error = write.error or exc
+            _resolve(write)
+
     def _fail_all(self, exc: BaseException) -> None:
-        self._outbox, self._outbox_bytes = [], 0  # (those commands' writes fail below)
+        self._outbox, self._outbox_bytes, self._unsent = [], 0, 0  # (their writes fail below)
         while self._pending:
             write = self._pending.popleft()
             write.error = write.error or exc

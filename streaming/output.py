@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -22,6 +23,10 @@ from streaming.events import BadEvent, Event, Gap, decode_event
 from streaming.keys import Keys
 
 log = logging.getLogger(__name__)
+
+BUS_FAILING_LOG_S = 5.0  # a bus that cannot read says so again this often
+RESUBSCRIBED_REREAD_S = 1.0  # after the bus subscribed again, its sessions read their logs again
+REREAD_RETRY_S = 0.2  # a failed read of the log is made again this soon
 
 Deliver = Callable[[Event], Awaitable[bool]]
 """``SessionOutput.direct``: take one in-order event now (True), or decline it (False, having done
@@ -78,6 +83,7 @@ class SessionOutput:
         # ``arrive``)
         self.direct: Deliver | None = None
         self.direct_count = 0  # events ``direct`` took
+        self.reread = False  # the bus lost its subscription meanwhile: read the log (``get``)
 
     async def arrive(self, event: Event, size: int = 0) -> None:
         """An event arrived on the live channel (called by the bus's reader).
@@ -137,6 +143,14 @@ class SessionOutput:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def resubscribed(self) -> None:
+        """The bus subscribed again after losing its connection (Redis away: a failover, a
+        restart): what the worker published meanwhile reached nobody, and a worker that held
+        its output through the outage published it before the bus was back. The reader's next
+        ``get`` reads the log from the next expected event on."""
+        self.reread = True
+        self.wake()
+
     def wake(self) -> None:
         """End the reader's wait now with [] (or its next wait at once): something other than an
         event needs its attention (the client closed, its worker's lease lapsed, ...). A relay
@@ -158,6 +172,18 @@ class SessionOutput:
         timeout covers only the wait, not the log catch-up (a caller's cancel scope around
         that would lose the event already taken).
         """
+        if self.reread:
+            self.reread = self.woken = False
+            try:
+                found = await self.catch_up()
+            except (redis.RedisError, OSError) as exc:  # (a pooled connection of the outage)
+                log.warning(
+                    "session %s: reading the log failed (%s); again soon", self.session_id, exc
+                )
+                asyncio.get_running_loop().call_later(REREAD_RETRY_S, self.resubscribed)
+                found = []
+            if found:
+                return found
         if not self.items:
             if self.woken:
                 self.woken = False
@@ -313,6 +339,7 @@ class OutputBus:
     async def _reader(self) -> None:
         queue_channel = self.keys.queue_events
         failing = False
+        failing_since = 0.0
         while True:
             try:
                 if not self._queue_subscribed:
@@ -323,12 +350,23 @@ class OutputBus:
             except Exception as exc:  # noqa: BLE001 - lost connection: retry; seq finds gaps
                 if not failing:  # once per outage, not five times a second
                     log.warning("output bus read failed (%s); reconnecting", exc)
+                    failing_since = time.monotonic()
+                elif time.monotonic() - failing_since > BUS_FAILING_LOG_S:
+                    log.warning("output bus read still fails (%r); reconnecting", exc)
+                    failing_since = time.monotonic()
                 failing = True
                 await asyncio.sleep(0.2)
                 continue
             if failing:
-                log.warning("output bus reads again")
+                log.warning(
+                    "output bus reads again; %d session(s) read their logs", len(self.sessions)
+                )
                 failing = False
+                loop = asyncio.get_running_loop()
+                for reader in self.sessions.values():
+                    reader.resubscribed()
+                    # and once more, for what was published as the subscription was renewed
+                    loop.call_later(RESUBSCRIBED_REREAD_S, reader.resubscribed)
             if msg is None or msg.get("type") != "message":
                 continue
             self.messages += 1

@@ -15,12 +15,14 @@ from redis.exceptions import ResponseError
 
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
+from streaming.outage import Outage, is_outage
 from streaming.output_writer import OutputWriter
 
 log = logging.getLogger(__name__)
 
 # XADD's answer to an entry id at or below the stream's last one (this event is logged already)
 LOGGED_ALREADY = "equal or smaller"
+OUTAGE_RETRY_S = 0.1  # while Redis is away, a batch is tried again this often
 
 
 class OutputPublisher:
@@ -30,6 +32,12 @@ class OutputPublisher:
     one of its own) writes them to Redis in order, several per round trip when they come faster
     than Redis answers, so a model generating tokens never waits on the network. Events emitted
     ``together`` go in one round trip. ``finish`` flushes everything.
+
+    While Redis is away (a failover, a restart; ``streaming/outage.py``) for up to
+    ``outage_grace_s``, a batch is tried again and what is emitted meanwhile waits behind it, in
+    order: once Redis answers, the session's output goes on from where it was, nothing lost.
+    A batch that could not be written in time is dropped with a warning; the gateway finds its
+    sequence numbers missing and tells its client the gap.
     """
 
     def __init__(
@@ -41,6 +49,7 @@ class OutputPublisher:
         ttl_s: float,
         start_seq: int = 0,
         writer: OutputWriter | None = None,
+        outage_grace_s: float = 0.0,
     ) -> None:
         self.client = client
         self.session_id = session_id
@@ -54,6 +63,8 @@ class OutputPublisher:
         self.writer = writer or OutputWriter(f"out-{session_id}")
         self.writer.start()
         self._held: list[tuple[int, bytes]] | None = None  # inside ``together``
+        self.outage = Outage(outage_grace_s)
+        self._expire_again = False  # after an outage: Redis may have restarted empty
 
     def emit(self, event: Event) -> int:
         """Number, stamp and queue one event for publication; returns its sequence number."""
@@ -103,20 +114,43 @@ class OutputPublisher:
             log.warning("could not set the expiry of %s", self.log_key)
 
     def write(self, batch: list[tuple[int, bytes]]) -> None:
-        """(The writer thread) publish and log ``batch`` in one round trip, retried twice."""
-        for attempt in range(3):
+        """(The writer thread) publish and log ``batch`` in one round trip: retried twice, and
+        while Redis is away for up to the outage grace (see the class docstring)."""
+        attempt = 0
+        while True:
             try:
                 self._write_once(batch)
-                return
-            except redis.RedisError:
+            except redis.RedisError as exc:
+                self._expire_again = True  # (the log's TTL, should Redis have lost it)
+                if is_outage(exc) and self.outage.failed():
+                    if self.outage.lasted() < OUTAGE_RETRY_S:
+                        log.warning(
+                            "publishing %s: Redis is away (%s); holding its output",
+                            self.session_id,
+                            exc,
+                        )
+                    time.sleep(OUTAGE_RETRY_S)
+                    continue
+                attempt += 1
                 log.warning(
                     "publishing %d event(s) of %s failed (try %d)",
                     len(batch),
                     self.session_id,
-                    attempt + 1,
-                    exc_info=attempt == 2,
+                    attempt,
+                    exc_info=attempt == 3,
                 )
-                time.sleep(0.1 * (attempt + 1))
+                if attempt == 3:
+                    return
+                time.sleep(0.1 * attempt)
+                continue
+            lasted = self.outage.answered()
+            if lasted is not None:
+                log.warning(
+                    "publishing %s: Redis answers again after %.1f s; held output sent",
+                    self.session_id,
+                    lasted,
+                )
+            return
 
     def _write_once(self, batch: list[tuple[int, bytes]]) -> None:
         """One pipeline: each event's ``PUBLISH``, then its ``XADD`` to the replay log.
@@ -139,8 +173,9 @@ class OutputPublisher:
                     maxlen=self.log_maxlen,
                     approximate=True,
                 )
-                if seq == self._first:
+                if seq == self._first or self._expire_again:
                     pipe.expire(self.log_key, self.ttl_s)
+                    self._expire_again = False
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, ResponseError) and LOGGED_ALREADY in str(reply):

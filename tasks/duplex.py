@@ -47,6 +47,7 @@ log = logging.getLogger("omniserve.worker")
 MAX_CONSECUTIVE_FAILURES = 3
 POLL_MS = 250
 GATEWAY_CHECK_S = 2.0
+FIRST_RECORD_CHECK_S = 0.2  # after Created, the first check of the client's presence
 
 
 def backend_config(
@@ -104,11 +105,12 @@ class DuplexRunner:
         self.rollovers = 0
         self.expiry: ExpiryNotice | None = None  # with a client that opted in to it
         self.step_worker_s = 0.0  # the compute time of the step being emitted (usage)
+        self.next_presence_check = 0.0  # monotonic (set by ``run``)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
         ctx = self.ctx
-        next_presence_check = time.monotonic() + GATEWAY_CHECK_S
+        self.next_presence_check = time.monotonic() + GATEWAY_CHECK_S
         paused = False
         try:
             if self.recover and self.restart():
@@ -124,8 +126,9 @@ class DuplexRunner:
                     notice = self.expiry.duration(time.time())
                     if notice is not None:
                         ctx.emit(notice)
-                if paused or time.monotonic() >= next_presence_check:
-                    next_presence_check = time.monotonic() + self.presence.interval(GATEWAY_CHECK_S)
+                if paused or time.monotonic() >= self.next_presence_check:
+                    interval = self.presence.interval(GATEWAY_CHECK_S)
+                    self.next_presence_check = time.monotonic() + interval
                     state = self.presence.check()
                     if state is Presence.GONE:
                         log.info("session %s: client gone", ctx.session_id)
@@ -272,6 +275,9 @@ class DuplexRunner:
                 prompt_length=int(prompt_length), metrics=metrics, recovered=history is not None
             )
         )
+        self.presence.created()
+        # soon: the record its gateway writes now is seen before anything can lose it
+        self.next_presence_check = time.monotonic() + FIRST_RECORD_CHECK_S
         return False
 
     # ------------------------------------------------------------------ steps

@@ -16,6 +16,7 @@ from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming import lua
 from streaming.keys import Keys, worker_queue
+from streaming.outage import is_outage
 from streaming.output_writer import OutputWriter
 from streaming.redis_connection import worker_client
 from streaming.session_claim import Claimed, SessionClaimer
@@ -371,14 +372,20 @@ class WorkerRuntime:
         """Whether the gateway relaying a session still holds its lease.
 
         A session ends when its gateway is gone, so a gone lease is believed only when Redis
-        answers on time: a read that was slow or timed out, or one just after Redis stalled
-        (``streaming/stalls.py``), says nothing about the gateway and reads as held."""
+        answers on time: a read that was slow or timed out, one that found Redis away
+        (``streaming/outage.py``), or one just after Redis stalled or came back
+        (``streaming/stalls.py``), says nothing about the gateway and reads as held. (A session
+        whose Redis stays away ends by its own reads and writes, past their outage grace.)"""
         began = time.monotonic()
         try:
             if self.redis.exists(self.keys.gateway_alive(gateway_id)):
                 return True
         except redis.TimeoutError:
-            return True  # Redis stalls: nothing can be told (a refused connection still raises)
+            return True  # Redis stalls: nothing can be told
+        except redis.RedisError as exc:
+            if is_outage(exc):  # Redis away (a failover, a restart): nothing can be told either
+                return True
+            raise
         return time.monotonic() - began > STALL_S or not self.stalls.settled()
 
     def owns_slot(self, slot_id: str) -> bool:

@@ -165,6 +165,7 @@ def running_session(
         s.session_ttl_s,
         start_seq=start,
         writer=rt.writer(slot_id),
+        outage_grace_s=s.redis_outage_grace_s,
     )
     ctx = SessionContext(
         runtime=rt,
@@ -173,7 +174,7 @@ def running_session(
         gateway_id=gateway_id,
         deadline_ts=deadline_ts,
         out=out,
-        inputs=InputReader(rt.redis, rt.keys, session_id),
+        inputs=InputReader(rt.redis, rt.keys, session_id, s.redis_outage_grace_s),
         kind=kind,
         request=claimed.request,
     )

@@ -19,10 +19,14 @@ was made.
 A lease or a presence key read as gone right after Redis itself stalled says nothing about its
 worker (``streaming/stalls.py``): until Redis has answered this loop's reads on time for
 ``settle_s`` (the lease TTL), such a key reads as held, and a dead worker's clients are told
-that much later. A read that timed out (Redis stalls still) reads as held too; a refused or
-lost connection is the watches' error (Redis restarted: its sessions end). Redis's clock in
-each answer tells such a stall from one of this gateway itself, after which the leases are news
-as usual (a session that ended meanwhile).
+that much later. A read that timed out (Redis stalls still) reads as held too, and so does one
+that finds Redis away (a refused or lost connection, no primary: a Sentinel failover, a restart;
+``streaming/outage.py``) for up to ``outage_grace_s``: the gateway cannot tell a dead worker
+then, and a failover's two seconds outlast every lease. Once Redis answers again the leases
+settle as after a stall (a restarted Redis has none until the workers' next beats), and a lease
+still gone then is believed. Past the grace, the failed read is the watches' error (the sessions
+end). Redis's clock in each answer tells a stall from one of this gateway itself, after which
+the leases are news as usual (a session that ended meanwhile).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from omnicore.aio import cancel_and_wait
 from streaming import lua
 from streaming.keys import Keys
+from streaming.outage import Outage, is_outage
 from streaming.stalls import StallWatch
 
 log = logging.getLogger("omniserve.gateway")
@@ -57,12 +62,18 @@ class Liveness:
     """Batched lease and resume-owner reads; see the module docstring."""
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, tick_s: float = TICK_S, settle_s: float = 0.0
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        tick_s: float = TICK_S,
+        settle_s: float = 0.0,
+        outage_grace_s: float = 0.0,
     ) -> None:
         self.redis = redis
         self.keys = keys
         self.tick_s = tick_s
         self.stalls = StallWatch(tick_s, settle_s)  # 0: every gone key is believed at once
+        self.outage = Outage(outage_grace_s)  # Redis unreachable: how long, and whether to wait
         self._server_s: float | None = None  # Redis's clock at the last read (``lua.LIVENESS``)
         self.leases: list[tuple[str, Watch]] = []
         self.replaced: list[tuple[str, str, Watch]] = []
@@ -126,23 +137,41 @@ class Liveness:
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
             answers = [flag == ord("1") for flag in flags[:m]]
             answers += [DETACHED if flag == ord("2") else flag == ord("1") for flag in flags[m:]]
+            away = self.outage.answered()
             stalled = timed and self.stalls.answered(began, self._server_s)
             if stalled and self.stalls.settle_s > 0:
                 log.warning(
-                    "liveness: Redis answered after a stall; leases settle for %.1f s",
+                    "liveness: Redis answered after %s; leases settle for %.1f s",
+                    "a stall" if away is None else f"{away:.1f} s away",
                     self.stalls.settle_s,
                 )
         except Exception as exc:  # noqa: BLE001 - each watch decides, as with its own command
-            log.warning("liveness check failed: %s", exc)
             answers = [exc] * len(keys)
             if isinstance(exc, RedisTimeoutError):  # Redis stalls: no news of any worker
+                log.warning("liveness check failed: %s", exc)
                 answers[:m] = [True] * m
+            elif self._away(exc):  # no news of anyone: no lease lapsed, nobody replaced
+                answers = [i < m for i in range(len(keys))]
+            else:
+                log.warning("liveness check failed: %s", exc)
             self.stalls.failed()
         if timed and not self.stalls.settled():  # a gone lease or presence reads as held
             answers[:m] = [True if a is False else a for a in answers[:m]]
         self.leases += [w for w, a in zip(leases, answers[:n], strict=True) if _tell(w[1], a)]
         self.workers += [w for w, a in zip(workers, answers[n:m], strict=True) if _tell(w[1], a)]
         self.replaced += [w for w, a in zip(replaced, answers[m:], strict=True) if _tell(w[2], a)]
+
+    def _away(self, exc: Exception) -> bool:
+        """Whether a failed read found Redis away within the outage grace (logged once)."""
+        if not is_outage(exc):
+            return False
+        began = not self.outage.away
+        waiting = self.outage.failed()
+        if began and waiting:
+            log.warning("liveness: Redis is away (%s); leases read as held meanwhile", exc)
+        elif not waiting and self.outage.lasted() < self.outage.grace_s + self.tick_s:
+            log.warning("liveness: Redis away past %.1f s; its sessions end", self.outage.grace_s)
+        return waiting
 
     async def _read(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
         """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys;

@@ -92,7 +92,12 @@ class Gateway:
         )
         self.resumes = ResumeStore(self.redis, self.keys)
         # the sessions' checks, one read a tick
-        self.liveness = Liveness(self.redis, self.keys, settle_s=settings.lease_ttl_s)
+        self.liveness = Liveness(
+            self.redis,
+            self.keys,
+            settle_s=settings.lease_ttl_s,
+            outage_grace_s=settings.redis_outage_grace_s,
+        )
         self.bus = OutputBus(
             self.redis,
             self.keys,
@@ -106,6 +111,7 @@ class Gateway:
             settings.input_max_pending,
             settings.session_ttl_s,
             name=f"omniserve-input-{self.gateway_id}",  # its own connection (CLIENT LIST)
+            outage_grace_s=settings.redis_outage_grace_s,
         )
         self.recorder = Recorder(settings, self.gateway_id)  # recordings of every session
         self.sessions: dict[str, LiveSession] = {}  # session_id -> live session handler

@@ -32,6 +32,7 @@ import logging
 import time
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette import status
 from starlette.websockets import WebSocket
 
@@ -68,6 +69,7 @@ from streaming.events import (
     Speak,
 )
 from streaming.input import AudioChunk
+from streaming.input_link import InputBacklogFull
 from streaming.jobs import DuplexJob, claim_id
 from streaming.keys import slot_worker
 from streaming.output import SessionOutput
@@ -171,6 +173,14 @@ class RealtimeDuplex(RealtimeSession):
         once for a run of such chunks (a Redis stall fails every chunk sent meanwhile; a full
         Redis refuses each one) that ends with the next chunk Redis takes."""
         exc = None if written.cancelled() else written.exception()
+        if exc is not None and self._lost_to_outage(exc):
+            # sent as Redis went away (a failover, a restart): it may or may not have been
+            # taken, and sent again it could be taken twice; the worker counts a chunk that
+            # never came as dropped (``dropped_chunks``), as the protocol's silent drop
+            log.warning(
+                "session %s: %s lost as Redis went away: %s", self.session_id, input_id, exc
+            )
+            return
         if exc is None:
             if self.unqueued:
                 log.warning(
@@ -187,6 +197,18 @@ class RealtimeDuplex(RealtimeSession):
         log.error("session %s: %s was not queued: %s", self.session_id, input_id, exc)
         self.input_failure = asyncio.create_task(
             self.send_error(ErrorCode.INFERENCE_ERROR, f"{input_id} was not queued: {exc}")
+        )
+
+    def _lost_to_outage(self, exc: BaseException) -> bool:
+        """Whether a chunk's write failed because the connection to Redis was lost, within the
+        outage grace (the input link holds what it had not sent yet: ``streaming/input_link.py``).
+        A write that timed out (Redis stalls, holding the connection) is told as before."""
+        outage = self.gateway.inputs.link.outage
+        return (
+            isinstance(exc, RedisConnectionError)
+            and not isinstance(exc, InputBacklogFull)
+            and outage.grace_s > 0
+            and outage.lasted() <= outage.grace_s
         )
 
     def _begin_init(self) -> None:

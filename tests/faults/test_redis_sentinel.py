@@ -2,14 +2,17 @@
 
 Gateways and workers are given only the Sentinel's address (``redis+sentinel://``). Before,
 every process kept the primary's one address, and after a failover nothing reached the new
-primary. Now each pool asks the Sentinel where the primary is: sessions in flight go on or end
-with a reason, the workers' slots come back on the new primary, and a new session (a duplex one
-and a chat turn) is served soon after the promotion, with nobody stepping in; the old primary
-that comes back (empty) is demoted by the Sentinel and never written to.
+primary. Now each pool asks the Sentinel where the primary is: live duplex sessions (paced by
+their answers) carry on across the promotion, with no error, no ``session.recovering`` and
+their ``seq`` whole or its gaps told; a chat turn sent as the primary dies is answered once; the
+workers' slots come back on the new primary, and a new session (a duplex one and a chat turn)
+is served soon after the promotion, with nobody stepping in; the old primary that comes back
+(empty) is demoted by the Sentinel and never written to.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -17,8 +20,9 @@ import httpx
 import pytest
 import redis
 
+from tests.support.carry_on import PacedSession, tally
 from tests.support.client import Client
-from tests.support.fault_harness import DuplexProbe, all_slots_back, await_for, served_end_to_end
+from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
 from tests.support.redis_sentinel import SentinelSet
 from tests.support.stack import Stack
 
@@ -44,18 +48,41 @@ def sentinel_stack(sentinels: SentinelSet) -> Iterator[Stack]:
         stack.stop()
 
 
-async def chat_turn(url: str, timeout: float) -> str:
-    """One chat turn's answer through a new connection."""
+LONG_ANSWER = "moved across the failover one word at a time"
+TOKEN_DELAY_S = "0.3"  # per word of a chat answer: the long one takes about 2.4 s
+
+
+async def chat_turn(
+    url: str,
+    timeout: float,
+    answers: list[int] | None = None,
+    streaming: asyncio.Event | None = None,
+    answer: str = "moved",
+) -> str:
+    """One chat turn's answer through a new connection (``answers``: gets how many
+    ``response.done`` the turn brought, counted a moment after the first; ``streaming``: set
+    at the answer's first delta)."""
     client = await Client.connect(url, query="?mode=chat")
     try:
         await client.init()
         await client.send(
             {
                 "type": "input.append",
-                "input": {"messages": [{"role": "user", "content": "Reply with exactly: moved"}]},
+                "input": {
+                    "messages": [{"role": "user", "content": f"Reply with exactly: {answer}"}]
+                },
             }
         )
+        if streaming is not None:
+            await client.until("response.output.delta", timeout=timeout)
+            streaming.set()
         done = await client.until("response.done", timeout=timeout)
+        if answers is not None:
+            try:
+                await client.until("response.done", timeout=2)
+            except TimeoutError:
+                pass
+            answers.append(sum(1 for f in client.received if f["type"] == "response.done"))
         return str(done.get("text") or "")
     finally:
         await client.close()
@@ -66,20 +93,46 @@ async def test_a_sentinel_failover_is_followed(
     sentinels: SentinelSet, sentinel_stack: Stack
 ) -> None:
     stack = sentinel_stack
-    threads = stack.start_worker(slots=2)
-    prefork = stack.start_worker()
+    threads = stack.start_worker(slots=3, OMNISERVE_SCRIPTED_TOKEN_DELAY_S=TOKEN_DELAY_S)
+    prefork = stack.start_worker(OMNISERVE_SCRIPTED_TOKEN_DELAY_S=TOKEN_DELAY_S)
     port = stack.start_gateway()
     assert await chat_turn(stack.url(), 30) == "moved"
-    probes = [await DuplexProbe.open(stack.url()) for _ in range(2)]
+    sessions = [await PacedSession.open(stack.url()) for _ in range(2)]
     try:
-        await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "first deltas")
+        await await_for(lambda: all(p.steps >= 2 for p in sessions), 30, "first answers")
         primary, replica = sentinels.ports
+        answers: list[int] = []
+        streaming = asyncio.Event()
+        in_flight = asyncio.create_task(
+            chat_turn(stack.url(), 60, answers, streaming, answer=LONG_ANSWER)
+        )
+        await asyncio.wait_for(streaming.wait(), 30)  # a chat turn in flight: its answer begun
+        t_kill = time.monotonic()
         sentinels.kill(primary)
-        promoted_in = sentinels.wait_primary(replica, 30)
+        promoted_in = await asyncio.to_thread(sentinels.wait_primary, replica, 30)
         t_promoted = time.monotonic()
-        # the workers' slots come back on the new primary (as after a Redis restart, a client
-        # that arrives before they do is told service_unavailable), then new sessions are served
-        await await_for(lambda: stack.live_slots() == 3, RESTORED_S, "the slots on the new primary")
+        # every live session carries on: each is answered again after the promotion
+        await await_for(
+            lambda: all(p.answers_after(t_promoted) >= 3 or p.ended for p in sessions),
+            60,
+            "each live session to go on or end",
+        )
+        on, ended = tally(sessions, t_promoted)
+        for p in sessions:
+            print("in flight:", p.report(t_promoted))
+        print(f"sentinel failover: {on} carried on, {ended} ended (of {len(sessions)})")
+        answered = await in_flight
+        print(f"chat turn in flight: {answered!r}, response.done x{answers}")
+        assert answered == LONG_ANSWER and answers == [1], answers
+        for p in sessions:
+            assert p.carried_on(t_promoted), p.report(t_promoted)
+            assert p.count("session.recovering") <= 1 and p.count("session.recovered") <= 1
+            missing, told, duplicated = p.seq_report()
+            assert duplicated == 0 and told == missing, p.report(t_promoted)
+            stall = max(b - a for a, b in zip(p.answered_at, p.answered_at[1:], strict=False))
+            print(f"longest wait for an answer {stall:.1f} s ({t_promoted - t_kill:.1f} s outage)")
+        # the workers' slots come back on the new primary, then new sessions are served
+        await await_for(lambda: stack.live_slots() == 4, RESTORED_S, "the slots on the new primary")
         back_in = time.monotonic() - t_promoted
         frames = await served_end_to_end(stack.url(), timeout=RESTORED_S)
         served_in = time.monotonic() - t_promoted
@@ -90,24 +143,14 @@ async def test_a_sentinel_failover_is_followed(
             f" session served {served_in:.1f} s after the promotion"
         )
         assert served_in <= RESTORED_S
-        # each session in flight went on streaming, or ended with an error and a reason
-        t_check = time.monotonic()
-        await await_for(
-            lambda: all(p.closed_at is not None or p.deltas_after(t_check) > 0 for p in probes),
-            30,
-            "each session in flight to go on or end",
-        )
-        for p in probes:
-            errors = [f["error"]["code"] for _, f in p.frames if f["type"] == "error"]
-            print("in flight:", p.closed_reason() or "streams on", errors)
-            if p.closed_at is not None:  # as after a Redis restart: its lease lapsed meanwhile
-                assert errors and errors[-1] in ("backend_error", "output_gap"), p.frames[-3:]
-                assert p.closed_reason() is not None
+        t_later = time.monotonic()  # and they still do
+        await await_for(lambda: all(p.answers_after(t_later) > 0 for p in sessions), 30, "more")
+        assert all(p.carried_on(t_later) for p in sessions), [p.report(t_later) for p in sessions]
     finally:
-        for p in probes:
+        for p in sessions:
             await p.close()
     # every slot back and idle on the new primary (the data nodes are found through Sentinel)
-    all_slots_back(stack, 3, timeout=30)
+    all_slots_back(stack, 4, timeout=30)
     assert sentinels.primary_port() == replica
     # the old primary comes back empty, a primary of nothing until the Sentinel demotes it: no
     # connection goes there, and the service goes on as it was
@@ -124,7 +167,7 @@ async def test_a_sentinel_failover_is_followed(
     assert keys_while_primary and not any(keys_while_primary), keys_while_primary
     assert await chat_turn(stack.url(), 30) == "moved"
     await served_end_to_end(stack.url(), timeout=RESTORED_S)
-    all_slots_back(stack, 3)
+    all_slots_back(stack, 4)
     assert threads.alive() and prefork.alive()
     health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
     assert health["status"] == "ok", health

@@ -207,3 +207,40 @@ async def test_a_redis_that_cannot_be_reached_fails_the_writes_queued_for_it() -
         await client.aclose()
         if server is not None:
             server.stop()
+
+
+async def test_with_an_outage_grace_writes_wait_for_a_redis_that_comes_back() -> None:
+    """Redis away (killed, started again empty on its port: a restart, a failover's gap) within
+    ``outage_grace_s``: writes sent meanwhile are held, in order, and go out once it answers;
+    past the grace they fail as without one."""
+    port = free_port()
+    server = start_embedded(port)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    link = InputLink(client.connection_pool, outage_grace_s=10.0)
+    try:
+        await answered(link.send(["PING"]))
+        server.process.kill()
+        server.process.wait(timeout=10)
+        server.stop()
+        await asyncio.sleep(0.2)  # (the link's reader finds the connection gone)
+        written = [link.send(["XADD", KEY, "*", "n", n]) for n in range(5)]
+        await asyncio.sleep(1.0)
+        assert not any(w.done() for w in written)  # held while Redis is away
+        server = start_embedded(port)
+        await answered(*written)
+        sync = redis.Redis(port=port)
+        assert [int(f[b"n"]) for _, f in sync.xrange(KEY)] == list(range(5))
+        sync.close()
+        assert link.outage.outages == 1 and not link.outage.away
+    finally:
+        await link.aclose()
+        await client.aclose()
+        server.stop()
+    short = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    gone = InputLink(short.connection_pool, outage_grace_s=0.5)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(gone.send(["PING"]), 10)
+    finally:
+        await gone.aclose()
+        await short.aclose()

@@ -1,0 +1,71 @@
+"""Whether Redis is away for a while, and whether a session may still wait for it.
+
+A Sentinel failover leaves no primary for a second or two; a restarted Redis refuses
+connections until it listens again. Neither says anything about the workers or the gateways,
+and the sessions they hold can carry on once Redis answers: the worker keeps its model session
+and the gateway its client. So each reader and writer of a session keeps one ``Outage``: a lost
+or refused connection starts it, each failure after that asks whether the session may still
+wait (``redis_outage_grace_s`` from the first one), and an answer ends it. Past the grace the
+failure is the caller's to report as before (the session ends).
+
+An error that is an answer (a script error, a wrong type) is no outage; ``MISCONF`` and
+``READONLY`` refusals are (Redis cannot take writes now, a replica promoted soon), and so is a
+blocked read ended by a role change (``UNBLOCKED``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+from redis.exceptions import ReadOnlyError
+
+REFUSALS = ("READONLY", "MISCONF", "UNBLOCKED", "LOADING", "MASTERDOWN")  # error replies' codes
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis is away (unreachable, starting, or not a primary now) rather
+    than that a command was wrong. (redis-py raises ``READONLY`` as ``ReadOnlyError`` without
+    its code, ``LOADING`` as a connection error.)"""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ReadOnlyError | OSError):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(REFUSALS)
+
+
+class Outage:
+    """One reader's (or writer's) view of a Redis outage; thread-safe (the clock is read and
+    written under a lock)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._since: float | None = None  # monotonic time of the first failure, None: no outage
+        self._lock = threading.Lock()
+        self.outages = 0  # how many began (for logs and tests)
+        self.began_at: float | None = None  # monotonic: when the latest one began
+
+    def failed(self) -> bool:
+        """Redis could not be reached: True while the caller may wait and try again, False
+        once the outage has lasted longer than the grace."""
+        now = time.monotonic()
+        with self._lock:
+            if self._since is None:
+                self._since = self.began_at = now
+                self.outages += 1
+            return self.grace_s > 0 and now - self._since <= self.grace_s
+
+    def answered(self) -> float | None:
+        """Redis answered: the outage (if any) is over; returns how long it lasted."""
+        with self._lock:
+            since, self._since = self._since, None
+        return None if since is None else time.monotonic() - since
+
+    @property
+    def away(self) -> bool:
+        """Whether an outage is going on (the last attempt failed)."""
+        return self._since is not None
+
+    def lasted(self) -> float:
+        """Seconds since the outage began (0 when none is going on)."""
+        since = self._since
+        return 0.0 if since is None else time.monotonic() - since

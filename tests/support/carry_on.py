@@ -1,0 +1,119 @@
+"""Live duplex sessions driven across a fault, each counted: carried on or ended, output lost
+(told as a gap or not) and duplicated.
+
+Each ``PacedSession`` is a real WebSocket client that sends one input chunk at a time and waits
+for the worker's answer to it (``Client.step``), so its output does not depend on how loaded
+the machine is. ``carried_on`` holds for a session still streaming after the fault with no
+``error`` and no ``session.closed``; its ``seq`` numbers are checked for holes (an ``output_gap``
+error must tell each one) and for copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.support.client import Client, silence, speech
+
+STEP_TIMEOUT_S = 4.0  # an answer not come by then: its chunk was lost (sent as Redis went
+# away), and the next one goes (before the gateway's client_idle_s)
+
+
+@dataclass
+class PacedSession:
+    """One duplex session paced by its answers; see the module docstring."""
+
+    client: Client
+    steps: int = 0  # chunks answered
+    unanswered: int = 0  # chunks whose answer never came (lost input)
+    ended: str | None = None  # why it ended, when it did: the close reason or an error code
+    answered_at: list[float] = field(default_factory=list)  # monotonic time of each answer
+    stopping: bool = False  # ``close`` was called: no more steps
+    _task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, url: str) -> PacedSession:
+        client = await Client.connect(url, query="?mode=audio")
+        await client.init()
+        session = cls(client)
+        session._task = asyncio.create_task(session._run())
+        return session
+
+    async def _run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while self.ended is None and not self.stopping:
+                audio = speech() if self.steps % 4 == 0 else silence(0.5)
+                try:
+                    got = await self.client.step(audio, timeout=STEP_TIMEOUT_S)
+                except TimeoutError:
+                    self.unanswered += 1
+                    continue
+                for frame in got:
+                    if frame["type"] == "session.closed":
+                        self.ended = str(frame.get("reason"))
+                    elif frame["type"] == "error" and frame["error"]["code"] != "output_gap":
+                        self.ended = self.ended or str(frame["error"]["code"])
+                if self.ended is None:
+                    self.steps += 1
+                    self.answered_at.append(time.monotonic())
+        except ConnectionClosed:
+            self.ended = self.ended or "connection closed"
+
+    def answers_after(self, since: float) -> int:
+        return sum(1 for t in self.answered_at if t > since)
+
+    @property
+    def frames(self) -> list[dict[str, Any]]:
+        return self.client.received
+
+    def errors(self) -> list[str]:
+        return [f["error"]["code"] for f in self.frames if f["type"] == "error"]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for f in self.frames if f["type"] == kind)
+
+    def seq_report(self) -> tuple[int, int, int]:
+        """(events missing, of them told by an ``output_gap`` error, events duplicated) in the
+        session's ``seq`` numbers."""
+        seqs = [int(f["seq"]) for f in self.frames if isinstance(f.get("seq"), int)]
+        duplicated = len(seqs) - len(set(seqs))
+        missing = sum(b - a - 1 for a, b in itertools.pairwise(seqs) if b > a + 1)
+        told = self.errors().count("output_gap")
+        return missing, told if missing else 0, duplicated
+
+    def carried_on(self, since: float) -> bool:
+        """Still streaming after ``since``, never ended, no error but a told gap."""
+        others = [e for e in self.errors() if e != "output_gap"]
+        return self.ended is None and not others and self.answers_after(since) > 0
+
+    def report(self, since: float) -> str:
+        missing, told, duplicated = self.seq_report()
+        state = "carried on" if self.carried_on(since) else f"ended ({self.ended})"
+        return (
+            f"{state}: {self.steps} steps ({self.answers_after(since)} after), "
+            f"{self.unanswered} unanswered, recovering={self.count('session.recovering')} "
+            f"errors={self.errors()} seq missing={missing} told={told} duplicated={duplicated}"
+        )
+
+    async def close(self) -> None:
+        """Stop stepping and close the connection (a cancel alone can be lost in a receive that
+        completes as it comes, on Python 3.11)."""
+        self.stopping = True
+        with contextlib.suppress(Exception):
+            await self.client.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._task, 15)
+
+
+def tally(sessions: list[PacedSession], since: float) -> tuple[int, int]:
+    """(carried on, ended) over ``sessions``."""
+    on = sum(1 for s in sessions if s.carried_on(since))
+    return on, len(sessions) - on
