@@ -16,6 +16,7 @@ from typing import Any
 from starlette import status
 from starlette.websockets import WebSocket
 
+from api.gateway.metering import request_usage
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
@@ -27,6 +28,7 @@ from api.realtime.chat_turn import ChatTurn
 from api.realtime.connection import ClientSocket, parse_json
 from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
+from api.security.key_check import identity_of
 from omnicore.logs import session_context
 from streaming.controls import CloseControl
 from streaming.events import CloseReason, ErrorCode
@@ -53,6 +55,8 @@ class LegacyChat(ClientSocket):
         self.worker_id: str | None = None
         self.ended_reason: str | None = None
         self.clock = telemetry.ResponseClock("chat")
+        self.identity = identity_of(ws)
+        self.meter = gateway.metering.open(self.identity, self.connected_at)
         self.request: asyncio.Future[dict[str, Any] | ProtocolError] = (
             asyncio.get_running_loop().create_future()
         )
@@ -70,6 +74,12 @@ class LegacyChat(ClientSocket):
         """A turn ends with its connection."""
         return False
 
+    def recording_info(self) -> dict[str, Any]:
+        return {
+            "key": self.identity.name,
+            "usage": self.meter.session_usage(ended=True).as_dict(),
+        }
+
     async def serve(self) -> None:
         """The turn, its log lines naming it, and its session-end line."""
         with session_context(self.turn_id):
@@ -77,6 +87,7 @@ class LegacyChat(ClientSocket):
                 await super().serve()
             finally:
                 telemetry.session_ended(self.gateway.metrics, self)
+                await self.meter.close(False)
 
     async def fail(self, message: str, code: int = status.WS_1000_NORMAL_CLOSURE) -> None:
         """Send the endpoint's error frame and close."""
@@ -127,6 +138,13 @@ class LegacyChat(ClientSocket):
 
     async def answer(self, request: dict[str, Any]) -> None:
         """Queue for a slot, run the turn, relay it; then close."""
+        refused = await self.meter.admit(self.session_id)
+        if refused is not None:  # the key's quota: told before any slot is asked for
+            telemetry.rejected(self.gateway.metrics, ErrorCode.QUOTA_EXCEEDED)
+            self.ended_reason = "quota_exceeded"
+            message = self.meter.refusal_message(refused)
+            return await self.fail(message, status.WS_1008_POLICY_VIOLATION)
+        asked = time.time()
         got = await wait_for_slot(self, self.deadline, task=WaitingTask(self.turn_id, ChatJob.task))
         if got is None:
             if not self.gone.is_set():
@@ -137,6 +155,8 @@ class LegacyChat(ClientSocket):
             message = "Queue full" if full else f"service unavailable: {got.detail}"
             return await self.fail(message, status.WS_1013_TRY_AGAIN_LATER)
         self.admitted_at, self.worker_id = time.time(), slot_worker(got.slot_id)
+        self.meter.queue_wait(self.admitted_at - asked)
+        self.meter.add(request_usage(request))
         self.clock.input_sent(self.turn_id)
         if got.waited:
             await self.send(queue_done())
@@ -154,6 +174,7 @@ class LegacyChat(ClientSocket):
         try:
             async with aclosing(turn.events(self.stopping, (self.gone,))) as events:
                 async for ev in events:
+                    self.meter.event(ev)
                     for frame in mapper.frames(ev):
                         await self.send(frame)
                         if frame["type"] in mapper.ENDING:

@@ -385,3 +385,41 @@ async def test_a_failed_over_session_is_counted_once(stack: Stack) -> None:
 
     assert (await eventually(usage))["sessions"] == 1
     assert stack.redis().zcard(stack.keys.key_sessions("zeta")) == 0
+
+
+async def legacy_turn(stack: Stack, key: str, text: str) -> list[dict[str, Any]]:
+    """One ``/ws/chat`` request under ``key``: every frame until the socket closes."""
+    c = await Client.connect(stack.url(), path="/ws/chat", query=f"?api_key={key}")
+    await c.send({"messages": [{"role": "user", "content": text}]})
+    frames: list[dict[str, Any]] = []
+    while True:
+        try:
+            frames.append(await c.recv(20))
+        except Exception:
+            return frames
+
+
+async def test_ws_chat_is_metered_and_its_quota_refuses(stack: Stack) -> None:
+    stack.start_worker(slots=1)
+    stack.start_gateway(OMNISERVE_USAGE_FLUSH_S="0.5")
+    key = create_key(stack, "legacy", max_sessions=1)
+    frames = await legacy_turn(stack, key, "Reply with exactly: one two three")
+    assert frames[-1]["type"] == "done", frames
+
+    def usage() -> dict[str, Any] | None:
+        r = httpx.get(f"{http(stack)}/v1/admin/usage", params={"key": "legacy"}, timeout=10)
+        total: dict[str, Any] = r.json()["keys"].get("legacy", {}).get("total", {})
+        return total if total.get("responses") == 1 and total.get("sessions") == 1 else None
+
+    total = await eventually(usage)
+    assert total["text_tokens_out"] > 0 and total["text_tokens_in"] > 0, total
+    stack.wait_free(1)
+    assert stack.redis().zcard(stack.keys.key_sessions("legacy")) == 0  # the place given back
+    # a second connection of the key while one is open: refused before any slot is asked for
+    held = await Client.connect(stack.url(), query=f"?mode=audio&api_key={key}")
+    await held.init()
+    frames = await legacy_turn(stack, key, "hello")
+    assert frames[-1]["type"] == "error" and "quota exceeded" in frames[-1]["error"], frames
+    assert stack.redis().zcard(stack.keys.queue) == 0
+    await held.send({"type": "session.close"})
+    await held.until("session.closed")
