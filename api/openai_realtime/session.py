@@ -138,9 +138,10 @@ class ConversationItem:
     content: list[dict[str, Any]]
     audio_samples: int = 0  # an assistant item's speech, 24 kHz samples
     spoken_by_duplex: bool = False  # the duplex model's response (in its conversation)
+    status: str = "completed"  # a response's item ends ``incomplete`` when it was cut short
 
-    def frame(self, status: str = "completed") -> dict[str, Any]:
-        return message_item(self.id, self.role, self.content, status)
+    def frame(self) -> dict[str, Any]:
+        return message_item(self.id, self.role, self.content, self.status)
 
 
 class OpenAIError(ProtocolError):
@@ -575,13 +576,16 @@ class OpenAIRealtime(RealtimeDuplex):
         await self.emit(
             "response.created", response=response_object(reply.id, "in_progress", modalities, [])
         )
-        item = message_item(reply.item_id, "assistant", [], "in_progress")
-        previous = self.items[-1].id if self.items else None
-        self.items.append(
-            ConversationItem(
-                reply.item_id, "assistant", [], spoken_by_duplex=internal_id is not None
-            )
+        assistant = ConversationItem(
+            reply.item_id,
+            "assistant",
+            [],
+            spoken_by_duplex=internal_id is not None,
+            status="in_progress",
         )
+        item = assistant.frame()
+        previous = self.items[-1].id if self.items else None
+        self.items.append(assistant)
         await self.emit(
             "response.output_item.added", response_id=reply.id, output_index=0, item=item
         )
@@ -654,7 +658,8 @@ class OpenAIRealtime(RealtimeDuplex):
             if it.id == reply.item_id:
                 it.content = [content]
                 it.audio_samples = reply.audio_samples
-                item = it.frame(item_status)
+                it.status = item_status
+                item = it.frame()
                 break
         else:  # deleted by the client meanwhile
             item = message_item(reply.item_id, "assistant", [content], item_status)

@@ -18,9 +18,11 @@ pytest.importorskip("agents.realtime")
 from agents import function_tool
 from agents.realtime import (
     RealtimeAgent,
+    RealtimeRunConfig,
     RealtimeRunner,
     RealtimeSession,
     RealtimeSessionEvent,
+    RealtimeSessionModelSettings,
 )
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -119,8 +121,11 @@ class Watcher:
 async def watcher(agents_service: Stack, request: pytest.FixtureRequest) -> AsyncIterator[Watcher]:
     """A running ``RealtimeSession``; ``model_settings`` for the runner come as the param."""
     port = agents_service.gateways[0][1]
-    settings = getattr(request, "param", {})
-    runner = RealtimeRunner(starting_agent=AGENT, config={"model_settings": settings})
+    settings: RealtimeSessionModelSettings = getattr(
+        request, "param", RealtimeSessionModelSettings()
+    )
+    config: RealtimeRunConfig = {"model_settings": settings}
+    runner = RealtimeRunner(starting_agent=AGENT, config=config)
     session = await runner.run(
         model_config={
             "url": f"ws://127.0.0.1:{port}/v1/realtime?model=minicpm-o-4.5",
@@ -136,14 +141,24 @@ async def watcher(agents_service: Stack, request: pytest.FixtureRequest) -> Asyn
     assert not w.errors(), w.errors()
 
 
-def assistant_transcript(w: Watcher) -> str:
-    """The assistant's last message in the library's history, as its transcript or text."""
+def assistant_message(w: Watcher) -> Any:
+    """The assistant's last message in the library's history (None before one)."""
     updates = w.of("history_updated")
     history = updates[-1].history if updates else []
     messages = [i for i in history if i.type == "message" and i.role == "assistant"]
-    if not messages or not messages[-1].content:
+    return messages[-1] if messages else None
+
+
+def status(message: Any) -> str | None:
+    return getattr(message, "status", None)
+
+
+def assistant_transcript(w: Watcher) -> str:
+    """The assistant's last message in the library's history, as its transcript or text."""
+    message = assistant_message(w)
+    if message is None or not message.content:
         return ""
-    part = messages[-1].content[0]
+    part = message.content[0]
     return (getattr(part, "transcript", None) or getattr(part, "text", None)) or ""
 
 
@@ -222,4 +237,9 @@ async def test_interrupt_stops_the_audio(watcher: Watcher) -> None:
     assert len(watcher.audio()) == heard  # nothing of the cancelled answer comes after
     assert heard < 8 * RATE * 2  # less than the whole answer
     assert watcher.of("audio_interrupted")
+    # the library retrieves the truncated item: its history keeps it as cut short
+    await watcher.wait_raw("conversation.item.retrieved")
+    await watcher.until(
+        lambda: getattr(assistant_message(watcher), "status", None) == "incomplete", 30
+    )
     assert not watcher.errors()
