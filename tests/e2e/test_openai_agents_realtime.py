@@ -210,6 +210,9 @@ async def test_spoken_question_answered_in_speech(watcher: Watcher) -> None:
     pcm = np.frombuffer(watcher.audio(), dtype="<i2")
     assert pcm.size >= 8 * RATE // 2 and np.abs(pcm).max() > 1000
     await watcher.until(lambda: assistant_transcript(watcher) == REPLY, 30)
+    history = watcher.of("history_updated")[-1].history
+    user = [i for i in history if i.type == "message" and i.role == "user"]
+    assert user and user[0].content[0].type == "input_audio"  # the question, as its item
     assert not watcher.errors()
 
 
