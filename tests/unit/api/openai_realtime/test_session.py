@@ -1,6 +1,6 @@
-"""omniserve's server events go through the OpenAI Agents SDK's own parsing
-(``OpenAIRealtimeWebSocketModel``'s event handler) without a validation error, and become the
-model events its ``RealtimeSession`` is built on."""
+"""What a session sends goes through the OpenAI Agents SDK's own parsing
+(``OpenAIRealtimeWebSocketModel``'s event handler) without a validation error, and becomes the
+model events its ``RealtimeSession`` is built on; a session's items keep their status."""
 
 from __future__ import annotations
 
