@@ -138,9 +138,10 @@ class ConversationItem:
     content: list[dict[str, Any]]
     audio_samples: int = 0  # an assistant item's speech, 24 kHz samples
     spoken_by_duplex: bool = False  # the duplex model's response (in its conversation)
+    status: str = "completed"  # a response's item ends ``incomplete`` when it was cut short
 
-    def frame(self, status: str = "completed") -> dict[str, Any]:
-        return message_item(self.id, self.role, self.content, status)
+    def frame(self) -> dict[str, Any]:
+        return message_item(self.id, self.role, self.content, self.status)
 
 
 class OpenAIError(ProtocolError):
@@ -183,6 +184,9 @@ class OpenAIRealtime(RealtimeDuplex):
         }
         self.items: list[ConversationItem] = []
         self.reply: Reply | None = None
+        # the response a client's truncate ended, until the next one starts: the
+        # ``response.cancel`` a client sends right after its truncate finds it already done
+        self.truncated_reply: str | None = None
         self.dropped: set[str] = set()  # duplex responses cancelled: their output is not sent
         self.audio_wanted = asyncio.Event()
         self.held: list[np.ndarray] = []  # 16 kHz input while the duplex session starts
@@ -567,17 +571,21 @@ class OpenAIRealtime(RealtimeDuplex):
     async def _start_reply(self, modality: str, internal_id: str | None = None) -> Reply:
         reply = Reply(new_id("resp"), new_id("item"), modality, internal_id)
         self.reply = reply
+        self.truncated_reply = None
         modalities = [modality]
         await self.emit(
             "response.created", response=response_object(reply.id, "in_progress", modalities, [])
         )
-        item = message_item(reply.item_id, "assistant", [], "in_progress")
-        previous = self.items[-1].id if self.items else None
-        self.items.append(
-            ConversationItem(
-                reply.item_id, "assistant", [], spoken_by_duplex=internal_id is not None
-            )
+        assistant = ConversationItem(
+            reply.item_id,
+            "assistant",
+            [],
+            spoken_by_duplex=internal_id is not None,
+            status="in_progress",
         )
+        item = assistant.frame()
+        previous = self.items[-1].id if self.items else None
+        self.items.append(assistant)
         await self.emit(
             "response.output_item.added", response_id=reply.id, output_index=0, item=item
         )
@@ -650,7 +658,8 @@ class OpenAIRealtime(RealtimeDuplex):
             if it.id == reply.item_id:
                 it.content = [content]
                 it.audio_samples = reply.audio_samples
-                item = it.frame(item_status)
+                it.status = item_status
+                item = it.frame()
                 break
         else:  # deleted by the client meanwhile
             item = message_item(reply.item_id, "assistant", [content], item_status)
@@ -672,6 +681,11 @@ class OpenAIRealtime(RealtimeDuplex):
     async def _cancel(self, response_id: str | None) -> None:
         """``response.cancel``: the response ends now; the worker stops producing it."""
         reply = self.reply
+        ended = self.truncated_reply
+        if reply is None and ended is not None and response_id in (None, ended):
+            # ended by the client's own truncate (an interruption sends both): already done
+            self.truncated_reply = None
+            return
         if reply is None or (response_id is not None and response_id != reply.id):
             raise OpenAIError(
                 "response_cancel_not_active", "Cancellation failed: no active response found."
@@ -898,7 +912,8 @@ class OpenAIRealtime(RealtimeDuplex):
                 f"audio_end_ms {t.audio_end_ms} is longer than the item's audio ({ms} ms)",
                 "audio_end_ms",
             )
-        if live:  # the user cut the response short while it played: it ends here
+        if live and self.reply is not None:  # the user cut it short while it played: it ends
+            self.truncated_reply = self.reply.id
             await self._stop_reply("turn_detected")
         for c in item.content:
             transcript = c.get("transcript")
