@@ -197,7 +197,7 @@ class SecurityPolicy:
             log.warning("API key look-up failed", exc_info=True)
             return EntryDenied(
                 ErrorCode.SERVICE_UNAVAILABLE,
-                "service unavailable: Redis is not reachable",
+                "service unavailable: the gateway cannot reach Redis",
                 WS_1013_TRY_AGAIN_LATER,
             )
         conn.scope[IDENTITY_SCOPE] = identity
@@ -323,7 +323,7 @@ async def _counted(
         why = (
             f"Redis refuses writes: {exc}"
             if isinstance(exc, ResponseError)
-            else "Redis is not reachable"
+            else "the gateway cannot reach Redis"
         )
         yield EntryDenied(
             ErrorCode.SERVICE_UNAVAILABLE, f"service unavailable: {why}", WS_1013_TRY_AGAIN_LATER

@@ -531,12 +531,14 @@ async def test_inference_error_is_recoverable(stack: Stack) -> None:
     await c.close()
 
 
-async def test_a_chunk_lost_on_its_way_into_redis_is_an_inference_error_and_the_session_goes_on(
+async def test_a_chunk_lost_with_its_connection_to_redis_is_counted_dropped_and_the_session_goes_on(
     stack: Stack,
 ) -> None:
     """The gateway writes each chunk without waiting for Redis's answer
-    (streaming/input_link.py); a chunk whose write fails is reported all the same. Here its
-    connection is killed while Redis holds the chunk unanswered (CLIENT PAUSE WRITE)."""
+    (streaming/input_link.py). A chunk whose connection to Redis is lost under it may or may not
+    have been taken (as in a failover), so it is not sent again; the worker sees the gap in the
+    input's seq and counts it in ``metrics.dropped_chunks``, as the protocol's silent drop. Here
+    the connection is killed while Redis holds the chunk unanswered (CLIENT PAUSE WRITE)."""
     stack.start_worker()
     port = stack.start_gateway()
     gateway_id = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["gateway_id"]
@@ -553,10 +555,11 @@ async def test_a_chunk_lost_on_its_way_into_redis_is_an_inference_error_and_the_
         r.client_kill_filter(_id=links[0]["id"])
     finally:
         r.client_unpause()
-    err = await c.until("error")
-    assert err["error"]["code"] == "inference_error" and err["error"]["type"] == "server_error"
-    ev = (await c.step(silence()))[-1]  # a fresh connection takes the next chunk
+    frames = await c.step(silence())  # a fresh connection takes the next chunk
+    assert not [f for f in frames if f["type"] == "error"], frames
+    ev = frames[-1]
     assert ev["kind"] == "listen" and ev["input_id"] == "input_3"
+    assert ev["metrics"]["dropped_chunks"] == 1, ev
     await c.close()
 
 
