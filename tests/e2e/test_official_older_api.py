@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+import websockets
 
 from tests.support.client import Client, jpeg_b64, silence, speech
 from tests.support.stack import Stack
@@ -300,6 +301,22 @@ async def test_duplex_needs_the_api_key_where_one_is_set(stack: Stack) -> None:
     assert (await admitted(keyed))["type"] == "prepared"
     await keyed.send({"type": "stop"})
     await keyed.until("stopped")
+    stack.wait_free(1)
+
+
+@pytest.mark.parametrize("path", ["/ws/streaming/s1", "/ws/half_duplex/h1"])
+async def test_sockets_the_official_gateway_no_longer_serves_are_refused_at_once(
+    stack: Stack, path: str
+) -> None:
+    """A client of the removed endpoints (the demo's own streaming tests) is refused at the
+    handshake, as by the official gateway, and takes no slot: chat and duplex go on."""
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        async with websockets.connect(stack.url() + path, open_timeout=30):
+            pass
+    assert refused.value.response.status_code == 403
+    stack.wait_free(1)
+    r = await chat(stack, {"messages": [{"role": "user", "content": "still there?"}]})
+    assert r.status_code == 200 and r.json()["success"] is True
     stack.wait_free(1)
 
 
