@@ -27,6 +27,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from api.gateway.metering import request_usage
 from api.gateway.state import Gateway
 from api.gateway.waiting_events import WaitingTask
 from api.metrics import telemetry
@@ -37,6 +38,7 @@ from api.protocol.events import LegacyChatEvent
 from api.realtime.chat_turn import ChatTurn
 from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, WorkerLost
+from api.security.key_check import identity_of
 from omnicore.audio import OUTPUT_RATE
 from omnicore.logs import session_context
 from streaming.events import Done, Error, ErrorCode, Gap, Prefill
@@ -103,6 +105,8 @@ class HttpChat:
         self.estimated_wait_s = 0.0  # the last estimate the queue gave (0: never queued)
         self.clock = telemetry.ResponseClock("chat")
         self.recording = gateway.recorder.open(self.turn_id, "legacy_chat", endpoint="/api/chat")
+        self.identity = identity_of(request)
+        self.meter = gateway.metering.open(self.identity, self.connected_at)
 
     def session_goes_on(self) -> bool:
         """A turn ends with its request."""
@@ -132,8 +136,14 @@ class HttpChat:
                 return await self._answer(body)
             finally:
                 watch.cancel()
-                self.recording.finish(session_id=self.turn_id, close_reason=self.ended_reason)
+                self.recording.finish(
+                    session_id=self.turn_id,
+                    close_reason=self.ended_reason,
+                    key=self.identity.name,
+                    usage=self.meter.session_usage(ended=True).as_dict(),
+                )
                 telemetry.session_ended(self.gateway.metrics, self)
+                await self.meter.close(False)
 
     def _fail(self, status: int, message: str, reason: str = "error") -> JSONResponse:
         self.ended_reason = self.ended_reason or reason
@@ -151,6 +161,10 @@ class HttpChat:
             self.ended_reason = "invalid_request"
             return invalid(exc)
         request["streaming"] = False  # the whole speech in one answer
+        refused = await self.meter.admit(self.session_id)
+        if refused is not None:  # the key's quota: told before any slot is asked for
+            telemetry.rejected(gateway.metrics, ErrorCode.QUOTA_EXCEEDED)
+            return self._fail(429, self.meter.refusal_message(refused), "quota_exceeded")
         queued_at = time.monotonic()
         got = await wait_for_slot(
             self,
@@ -171,6 +185,8 @@ class HttpChat:
             return self._fail(503, message, got.code.value)
         self.admitted_at, self.worker_id = time.time(), slot_worker(got.slot_id)
         queue_wait_ms = round((time.monotonic() - queued_at) * 1000)
+        self.meter.queue_wait(queue_wait_ms / 1000)
+        self.meter.add(request_usage(request))
         if got.waited:
             telemetry.handed_off(gateway.metrics, got.assigned_at)
         self.clock.input_sent(self.turn_id)
@@ -181,6 +197,7 @@ class HttpChat:
             async with aclosing(turn.events(self.stopping, (self.gone,))) as events:
                 async for ev in events:
                     telemetry.relayed(gateway.metrics, self.clock, ev, self.turn_id)
+                    self.meter.event(ev)
                     match ev:
                         case Prefill():
                             input_tokens = ev.input_tokens

@@ -47,6 +47,7 @@ from api.protocol.events import ClientEvent, OfficialClientEvent, OfficialEvent
 from api.realtime.connection import ClientSocket, Flag, NotJSON, new_session_id, parse_json
 from api.realtime.slot_wait import NoSlot, wait_for_slot
 from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
+from api.security.key_check import identity_of
 from omnicore.logs import session_context
 from streaming.controls import InitControl
 from streaming.events import Closed, CloseReason, Created, Error, ErrorCode, Listen, Speak
@@ -94,6 +95,8 @@ class OfficialDuplex(ClientSocket):
             self.session_id, self.public_mode, endpoint="/ws/duplex"
         )
         self.mapper = ResultMapper(self.recording.id)
+        self.identity = identity_of(ws)
+        self.meter = gateway.metering.open(self.identity, self.connected_at)
         self._error_sends: set[asyncio.Future[None]] = set()
 
     # ------------------------------------------------------------------ what others read
@@ -106,6 +109,8 @@ class OfficialDuplex(ClientSocket):
             "client_session_id": self.client_session_id,
             "dialect": self.dialect,
             "close_reason": self.ended_reason,
+            "key": self.identity.name,
+            "usage": self.meter.session_usage(ended=True).as_dict(),
         }
 
     def set_state(self, state: str) -> None:
@@ -132,6 +137,7 @@ class OfficialDuplex(ClientSocket):
             finally:
                 self.gateway.sessions.pop(self.session_id, None)
                 telemetry.session_ended(self.gateway.metrics, self)
+                await self.meter.close(False)
 
     async def shutdown(self) -> None:
         self.stop_reason = CloseReason.SERVER_SHUTDOWN
@@ -158,7 +164,15 @@ class OfficialDuplex(ClientSocket):
 
     async def run(self) -> None:
         gateway = self.gateway
+        refused = await self.meter.admit(self.session_id)
+        if refused is not None:  # the key's quota: told before any slot is asked for
+            telemetry.rejected(gateway.metrics, ErrorCode.QUOTA_EXCEEDED)
+            self.ended_reason = ErrorCode.QUOTA_EXCEEDED.value
+            message = self.meter.refusal_message(refused)
+            await self.send(official_error(message))
+            return await self.close(status.WS_1008_POLICY_VIOLATION, "quota exceeded")
         task = WaitingTask(claim_id(self.session_id, 0), DuplexJob.task)
+        asked = time.time()
         got = await wait_for_slot(
             self, self.deadline, self.stop_wanted, notify=self.queue_frame, task=task
         )
@@ -178,6 +192,7 @@ class OfficialDuplex(ClientSocket):
             return await self.close(status.WS_1013_TRY_AGAIN_LATER, message[:120])
         self.slot_id = got.slot_id
         self.slot_since = self.admitted_at = time.time()
+        self.meter.queue_wait(self.admitted_at - asked)
         self.worker_id = slot_worker(got.slot_id)
         out = await gateway.bus.open(self.session_id, on_overflow=self.output_overflow)
         relay = TaskRelay(gateway, out, self.session_id, got.slot_id, "session")
@@ -255,6 +270,7 @@ class OfficialDuplex(ClientSocket):
                 self.set_state("ACTIVE")
             case Error(code=ErrorCode.INVALID_PAYLOAD) if self.state == "PREPARING":
                 self.set_state("CONNECTED")  # the prepare was refused; the client may retry
+        self.meter.event(ev)
         received = self.received.pop(ev.input_id, None) if isinstance(ev, Listen | Speak) else None
         for frame in self.mapper.frames(ev, received):
             await self.send(frame)
@@ -387,6 +403,8 @@ class OfficialDuplex(ClientSocket):
         if self.paused_until is not None:
             raise ProtocolError(ErrorCode.NOT_READY, "Worker is paused")
         chunk = audio_chunk(event, self.default_slices)
+        frames = chunk.frames[: self.gateway.settings.max_video_frames]
+        self.meter.input(len(chunk.audio) // 4, len(frames))
         self.input_seq += 1
         input_id = f"input_{self.input_seq}"
         self.received[input_id] = time.monotonic()
@@ -397,7 +415,7 @@ class OfficialDuplex(ClientSocket):
                 seq=self.input_seq,
                 input_id=input_id,
                 audio=chunk.audio,
-                frames=chunk.frames[: self.gateway.settings.max_video_frames],
+                frames=frames,
                 force_listen=chunk.force_listen,
                 max_slice_nums=chunk.max_slice_nums,
             ),

@@ -423,3 +423,49 @@ async def test_ws_chat_is_metered_and_its_quota_refuses(stack: Stack) -> None:
     assert stack.redis().zcard(stack.keys.queue) == 0
     await held.send({"type": "session.close"})
     await held.until("session.closed")
+
+
+async def test_the_official_older_api_is_metered_and_its_quota_refuses(stack: Stack) -> None:
+    stack.start_worker(slots=2)
+    stack.start_gateway(OMNISERVE_USAGE_FLUSH_S="0.5")
+    key = create_key(stack, "older", max_sessions=1)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=http(stack), timeout=60) as h:
+        r = await h.post(
+            "/api/chat",
+            json={"messages": [{"role": "user", "content": "Reply with exactly: one two"}]},
+            headers=headers,
+        )
+        assert r.status_code == 200, r.text
+    d = await Client.connect(stack.url(), f"/ws/duplex/adx_metered?api_key={key}")
+    await d.until("queue_done")
+    await d.send({"type": "prepare", "system_prompt": "Be brief."})
+    assert (await d.until("prepared", "error"))["type"] == "prepared"
+    for _ in range(3):
+        await d.send({"type": "audio_chunk", "audio_base64": silence(1.0)})
+        assert (await d.recv())["type"] == "result"
+    # the key's one session is open: both older endpoints refuse before asking for a slot
+    async with httpx.AsyncClient(base_url=http(stack), timeout=60) as h:
+        r = await h.post(
+            "/api/chat", json={"messages": [{"role": "user", "content": "hi"}]}, headers=headers
+        )
+        assert r.status_code == 429 and "quota exceeded" in r.json()["detail"], r.text
+    over = await Client.connect(stack.url(), f"/ws/duplex/adx_over?api_key={key}")
+    frame = await over.recv(timeout=20)
+    assert frame["type"] == "error" and "quota exceeded" in frame["error"], frame
+    assert await over.closed() == 1008
+    assert stack.redis().zcard(stack.keys.queue) == 0
+    await d.send({"type": "stop"})
+    await d.until("stopped")
+    await d.close()
+
+    def usage() -> dict[str, Any] | None:
+        r = httpx.get(f"{http(stack)}/v1/admin/usage", params={"key": "older"}, timeout=10)
+        total: dict[str, Any] = r.json()["keys"].get("older", {}).get("total", {})
+        return total if total.get("sessions") == 2 else None
+
+    total = await eventually(usage)
+    assert total["audio_in_s"] == pytest.approx(3.0, abs=0.01), total
+    assert total["text_tokens_out"] > 0 and total["responses"] >= 1, total
+    stack.wait_free(2)
+    assert stack.redis().zcard(stack.keys.key_sessions("older")) == 0
