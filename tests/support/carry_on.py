@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.client import Client, silence, speech
+from tests.support.fault_harness import await_for
 
 STEP_TIMEOUT_S = 4.0  # an answer not come by then: its chunk was lost (sent as Redis went
 # away), and the next one goes (before the gateway's client_idle_s)
@@ -117,3 +118,23 @@ def tally(sessions: list[PacedSession], since: float) -> tuple[int, int]:
     """(carried on, ended) over ``sessions``."""
     on = sum(1 for s in sessions if s.carried_on(since))
     return on, len(sessions) - on
+
+
+async def all_carry_on(sessions: list[PacedSession], since: float, fault: str) -> None:
+    """Wait until each session is answered again after ``since`` (or ended), print the tally,
+    and check that every one carried on: at most one recovering/recovered pair, no output seq
+    duplicated, every missing one told as a gap."""
+    await await_for(
+        lambda: all(p.answers_after(since) >= 3 or p.ended for p in sessions),
+        60,
+        "each live session to go on or end",
+    )
+    on, ended = tally(sessions, since)
+    for p in sessions:
+        print("in flight:", p.report(since))
+    print(f"{fault}: {on} carried on, {ended} ended (of {len(sessions)})")
+    for p in sessions:
+        assert p.carried_on(since), p.report(since)
+        assert p.count("session.recovering") <= 1 and p.count("session.recovered") <= 1
+        missing, told, duplicated = p.seq_report()
+        assert duplicated == 0 and told == missing, p.report(since)

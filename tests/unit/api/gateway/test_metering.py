@@ -112,7 +112,7 @@ async def test_admission_holds_one_place_per_session(
     assert await second.admit("s2") is not None  # over quota: nothing held for it
     assert await second.admit("s1", claim=True) is None  # a resume of s1 keeps s1's place
     assert await async_redis.zcard(keys.key_sessions("gamma")) == 1
-    await first.close(session_goes_on=True)  # the connection that lost it no longer renews it
+    await first.close(session_goes_on=True)  # the connection that lost it stops renewing it
     await second.close(session_goes_on=False)
     assert await async_redis.zcard(keys.key_sessions("gamma")) == 0
 

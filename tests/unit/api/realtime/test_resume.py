@@ -106,7 +106,7 @@ async def test_a_take_over_moves_the_session_and_the_old_connection_closes_repla
     assert old.sent == [{"type": "session.closed", "session_id": SID, "reason": "replaced"}]
     assert old.close_codes == [1000] and old.closed_sent and old.state is SessionState.CLOSED
     assert first.replaced and first.goes_on()
-    # the token rotated: the first one no longer resumes the session
+    # the token rotated: the first one cannot resume the session
     third = SessionResume(gateway, late := Host("rt_3_late", gateway=gateway))
     assert await third.take_over(ResumeRequest(SID, token, 0)) is None
     assert late.sent[0]["error"]["code"] == "session_not_found"
