@@ -6,7 +6,7 @@ Redis runs commands on one thread, so what one admission or one beat costs that 
 caps a deployment once sessions are spread over shards: the admission queue and the registry
 live on one slot. Each figure is read from the server itself over a window: its main thread's
 CPU time (``INFO cpu``, ``used_cpu_{user,sys}_main_thread``: parsing, commands, replies, the
-sockets), the time inside commands (``INFO commandstats``, ``usec``) and the commands run.
+sockets) and the commands run (``INFO commandstats``; a script's own calls count too).
 
 - **admission**: a real gateway and one scripted worker with ``--slots`` slots; ``--clients``
   WebSocket clients each connect, wait (queued while every slot is taken) for
@@ -86,7 +86,6 @@ class Window:
 
     def summary(self, idle: Window | None = None) -> dict[str, Any]:
         idle_cpu = idle.cpu_s / idle.seconds if idle else 0.0
-        idle_usec = idle.usec / idle.seconds if idle else 0.0
         idle_calls = idle.calls / idle.seconds if idle else 0.0
         per = self.per_op_us(idle_cpu)
         ops = max(self.ops, 1)
@@ -96,7 +95,6 @@ class Window:
             "ops_per_s": round(self.ops / self.seconds, 1),
             "redis_cpu_pct": round(self.cpu_s * 100 / self.seconds, 1),
             "redis_cpu_us_per_op": None if per is None else round(per, 1),
-            "in_commands_us_per_op": round((self.usec - idle_usec * self.seconds) / ops, 1),
             "commands_per_op": round((self.calls - idle_calls * self.seconds) / ops, 2),
             "ceiling_per_core_s": None if not per else int(1e6 / per),
         }
@@ -284,20 +282,18 @@ def render(out: dict[str, Any]) -> str:
         f"idle stack ({out['idle_stack']['what']}): {out['idle_stack']['redis_cpu_pct']} % "
         f"of a core, {out['idle_stack']['commands_per_s']} commands/s",
         "",
-        f"{'operation':<34} {'ops/s':>8} {'µs CPU/op':>10} {'µs in cmds':>11} "
-        f"{'cmds/op':>8} {'ceiling/s/core':>15}",
+        f"{'operation':<34} {'ops/s':>8} {'µs CPU/op':>10} {'cmds/op':>8} {'ceiling/s/core':>15}",
     ]
 
     def row(name: str, s: dict[str, Any]) -> str:
         return (
             f"{name:<34} {s['ops_per_s']:>8} {s['redis_cpu_us_per_op']!s:>10} "
-            f"{s['in_commands_us_per_op']:>11} {s['commands_per_op']:>8} "
-            f"{s['ceiling_per_core_s']!s:>15}"
+            f"{s['commands_per_op']:>8} {s['ceiling_per_core_s']!s:>15}"
         )
 
     lines.append(row(f"admission ({a['clients']} clients, {a['slots']} slots)", a))
     top = ", ".join(f"{k} {v}" for k, v in a["commands_per_op_by_time"].items())
-    lines.append(f"{'  by time in commands, calls/op':<34} {top}")
+    lines.append(f"  its commands by time spent, calls per admission: {top}")
     for name, s in h.items():
         if isinstance(s, dict):
             lines.append(row(name.replace("_", " "), s))
