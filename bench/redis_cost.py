@@ -13,12 +13,13 @@ sockets) and the commands run (``INFO commandstats``; a script's own calls count
   ``session.queue_done``, close the session and leave, and again: a ticket queued, given a slot,
   the slot released. The stack's idle rate, measured on the same stack just before, is taken
   off (its heartbeats, lease loop and queue updates).
-- **heartbeat**: the worker's own beat (``WorkerRuntime.beat_once``: the drain flag, the alive
-  key, the registry entry, each running session's lease and slot hold, the idle slots offered)
-  called back to back in this process for the window: a worker with ``--slots`` idle slots,
-  and one running ``--sessions`` sessions, whose difference from a bare beat is one session's
-  lease renewal. The gateway's side of a session's liveness is its share of the once-a-tick
-  ``lua.LIVENESS`` call over ``--sessions`` leases (``api/gateway/liveness.py``).
+- **heartbeat**: what a worker's beat sends (``WorkerRuntime.beat_once``: the drain flag, then
+  ``WorkerRegistry.heartbeat``: the alive key, the registry entry, each running session's
+  lease and slot hold, the idle slots offered) back to back from this process for the window:
+  a bare beat, a worker with ``--slots`` idle slots, and one running ``--sessions`` sessions,
+  whose difference from the bare beat is ``--sessions`` lease renewals. The gateway's side of
+  a session's liveness is its share of the once-a-tick ``lua.LIVENESS`` call over
+  ``--sessions`` leases (``api/gateway/liveness.py``).
 - **idle stack**: the real gateway and worker with no client, per second: what a deployment
   costs Redis before any session.
 
@@ -43,6 +44,11 @@ import websockets
 
 from api.protocol.events import ClientEvent, ServerEvent
 from bench.stack import Stack, install_cleanup, kill_all, shared_redis
+from streaming.keys import Keys
+from streaming.redis_connection import worker_client
+from streaming.slots import WorkerRegistry
+
+LEASE_TTL_S = 1.5  # the setting's default (``lease_ttl_s``)
 
 
 @dataclass(frozen=True)
@@ -190,17 +196,31 @@ def admission(stack: Stack, clients: int, seconds: float) -> tuple[Window, Windo
 # --------------------------------------------------------------------------- heartbeats
 
 
-def _runtime(url: str, slots: int) -> Any:
-    """A worker process's runtime as the worker runs it (scripted backend, not loaded): its
-    registry entry written, ready, nothing else started."""
-    from omnicore.settings import Settings
-    from tasks.runtime import WorkerRuntime
+@dataclass
+class Beat:
+    """What one worker process's heartbeat sends Redis (``WorkerRuntime.beat_once``: its drain
+    flag read, then ``WorkerRegistry.heartbeat``), on the worker's own heartbeat client."""
 
-    settings = Settings(redis_url=url, key_prefix="brc" + uuid.uuid4().hex[:6], backend="scripted")
-    rt = WorkerRuntime(f"bench-{uuid.uuid4().hex[:6]}@redis-cost", slots, settings)
-    rt.registry.register({"state": "ready", "slots": slots, "node": rt.node_name})
-    rt.ready.set()
-    return rt
+    registry: WorkerRegistry
+    node: str
+    idle: list[str]
+    active: dict[str, str]
+
+    @classmethod
+    def of(cls, url: str, slots: int, offered: bool = True, running: bool = False) -> Beat:
+        """A registered ready worker of ``slots`` slots: each offered when idle (``offered``),
+        or each running a session (``running``)."""
+        keys = Keys("brc" + uuid.uuid4().hex[:6])
+        node = f"bench-{uuid.uuid4().hex[:6]}@redis-cost"
+        registry = WorkerRegistry(worker_client(url, None), keys, f"{node}#1", LEASE_TTL_S)
+        registry.register({"state": "ready", "slots": slots, "node": node})
+        ids = registry.slot_ids(slots)
+        active = {slot: f"bench_{i}" for i, slot in enumerate(ids)} if running else {}
+        return cls(registry, node, ids if offered and not running else [], active)
+
+    def once(self) -> None:
+        self.registry.client.get(self.registry.keys.drain(self.node))
+        self.registry.heartbeat(self.idle, self.active)
 
 
 def heartbeats(url: str, slots: int, sessions: int, seconds: float) -> dict[str, Window]:
@@ -210,19 +230,17 @@ def heartbeats(url: str, slots: int, sessions: int, seconds: float) -> dict[str,
 
     r = redis.Redis.from_url(url)
     out: dict[str, Window] = {}
-    bare = _runtime(url, 1)
-    bare.ready.clear()  # offers nothing
-    out["bare"] = measure(r, seconds, bare.beat_once)
-    idle = _runtime(url, slots)
-    out["idle_slots"] = measure(r, seconds, idle.beat_once)
-    busy = _runtime(url, sessions)
-    busy.active = {slot: f"bench_{i}" for i, slot in enumerate(busy.slot_ids)}
-    out["sessions"] = measure(r, seconds, busy.beat_once)
+    bare = Beat.of(url, 1, offered=False)
+    out["bare"] = measure(r, seconds, bare.once)
+    idle = Beat.of(url, slots)
+    out["idle_slots"] = measure(r, seconds, idle.once)
+    busy = Beat.of(url, sessions, running=True)
+    out["sessions"] = measure(r, seconds, busy.once)
     live = r.register_script(lua.LIVENESS)
-    leases = [busy.keys.session_lease(sid) for sid in busy.active.values()]
+    leases = [busy.registry.keys.session_lease(sid) for sid in busy.active.values()]
     out["liveness"] = measure(r, seconds, lambda: live(keys=leases, args=[len(leases)]))
-    for rt in (bare, idle, busy):
-        keys = list(r.scan_iter(f"{rt.keys.prefix}:*", count=1000))
+    for beat in (bare, idle, busy):
+        keys = list(r.scan_iter(f"{beat.registry.keys.prefix}:*", count=1000))
         if keys:
             r.delete(*keys)
     return out

@@ -13,6 +13,9 @@ told (an ``error`` such as ``inference_error`` for input its gateway could not q
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -20,7 +23,7 @@ import httpx
 import pytest
 
 from tests.support.fault_harness import DuplexProbe, all_slots_back, await_for, served_end_to_end
-from tests.support.host_redis import start_redis
+from tests.support.host_redis import CLUSTER_SLOTS, start_cluster, start_redis
 from tests.support.netns import Host, NetnsUnavailable, Network, check_available, network
 from tests.support.stack import Stack
 
@@ -143,9 +146,6 @@ async def test_a_gateway_cut_from_redis_on_a_network_of_hosts(hosts: Network) ->
 
 def test_a_cut_drops_only_what_passes_between_its_two_hosts(hosts: Network) -> None:
     """Three hosts: a cut between two leaves each reaching the third; a restore heals it."""
-    import subprocess
-    import sys
-
     a, b, c = (hosts.host(n) for n in "abc")
     server = start_redis(b)
     try:
@@ -167,6 +167,52 @@ def test_a_cut_drops_only_what_passes_between_its_two_hosts(hosts: Network) -> N
     finally:
         server.stop()
 
+
+def test_a_shard_cut_off_from_one_host_and_no_other(hosts: Network) -> None:
+    """A Redis Cluster of three primaries, each a host of its own: a cluster client on a fourth
+    host finds every node at its own address; with one shard cut off from that host, only the
+    keys of that shard fail there, while the root namespace still reaches all three."""
+    nodes = [hosts.host(f"shard{i}") for i in range(3)]
+    client = hosts.host("client")
+    cluster = start_cluster(nodes)
+    try:
+        probe = [sys.executable, "-c", _SHARDS.format(host=nodes[0].address, slots=CLUSTER_SLOTS)]
+
+        def reached(h: Host) -> list[bool]:
+            return [bool(x) for x in json.loads(h.run(probe).stdout.strip().splitlines()[-1])]
+
+        assert reached(client) == [True, True, True]
+        with hosts.apart(client, nodes[2]):
+            assert reached(client) == [True, True, False]
+            assert reached(hosts.root) == [True, True, True]
+        assert reached(client) == [True, True, True]
+    finally:
+        for node in cluster:
+            node.stop()
+
+
+# each shard's key written through a cluster client that starts from the first node; the
+# shards that took it, in slot order
+_SHARDS = """
+import json, redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+rc = RedisCluster(host="{host}", port=6379, socket_timeout=1, socket_connect_timeout=1)
+third = {slots} // 3
+keys = {{}}
+for n in range(10000):
+    keys.setdefault(min(2, key_slot(f"k{{n}}".encode()) // third), f"k{{n}}")
+    if len(keys) == 3:
+        break
+took = []
+for shard in range(3):
+    node = rc.get_node_from_key(keys[shard])
+    try:
+        took.append(bool(rc.get_redis_connection(node).set(keys[shard], shard)))
+    except (redis.ConnectionError, redis.TimeoutError):
+        took.append(False)
+print(json.dumps(took))
+"""
 
 _PING = (
     "import redis, sys; "

@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
+
 from omniserve.children import dies_with_parent
 from omniserve.redis_server import reachable, redis_binary
 from tests.support.netns import Host
@@ -68,3 +70,48 @@ def start_redis(
         time.sleep(0.05)
     server.stop()
     raise RuntimeError(f"redis-server on {host.name} did not start within 10 s")
+
+
+CLUSTER_SLOTS = 16384
+
+
+def start_cluster(
+    hosts: Sequence[Host], port: int = 6379, binary: str | None = None
+) -> list[HostRedis]:
+    """A Redis Cluster of one primary on each of ``hosts`` (the slots split evenly, in order),
+    each node announcing its host's own address (what clients are sent to by ``MOVED`` and
+    ``CLUSTER SLOTS``); returned once every node says ``cluster_state:ok``."""
+    nodes: list[HostRedis] = []
+    try:
+        for h in hosts:
+            node = start_redis(h, port, binary, _cluster_args(h))
+            nodes.append(node)
+        clients = [redis.Redis(n.host.address, n.port, socket_timeout=5) for n in nodes]
+        share = CLUSTER_SLOTS // len(nodes)
+        for i, client in enumerate(clients):
+            last = CLUSTER_SLOTS if i == len(nodes) - 1 else (i + 1) * share
+            client.execute_command("CLUSTER ADDSLOTS", *range(i * share, last))
+            if i:
+                client.execute_command("CLUSTER MEET", nodes[0].host.address, nodes[0].port)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [c.execute_command("CLUSTER INFO") for c in clients]  # (parsed: a dict)
+            if all(
+                i.get("cluster_state") == "ok"
+                and int(i.get("cluster_known_nodes", 0)) == len(nodes)
+                for i in infos
+            ):
+                return nodes
+            time.sleep(0.1)
+        raise RuntimeError(f"the cluster on {[h.name for h in hosts]} did not form within 30 s")
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        raise
+
+
+def _cluster_args(h: Host) -> tuple[str, ...]:
+    return (
+        *("--cluster-enabled", "yes", "--cluster-node-timeout", "3000"),
+        *("--cluster-config-file", "nodes.conf", "--cluster-announce-ip", h.address),
+    )

@@ -22,12 +22,15 @@ import contextlib
 import fcntl
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support.apt import apt_lock
 
 PREFIX = "omni"  # namespace names: omni-<pid>-<tag>-<host>
 SUBNET = "10.201"  # networks are 10.201.N.0/24
@@ -155,7 +158,14 @@ class Network:
 
 
 def check_available() -> None:
-    """Raise ``NetnsUnavailable`` (saying why) unless namespaces and veth links can be made."""
+    """Raise ``NetnsUnavailable`` (saying why) unless namespaces and veth links can be made
+    (``ip``, from Debian's ``iproute2``, is installed first where apt can and it is missing)."""
+    if shutil.which("ip") is None and shutil.which("apt-get") is not None and os.geteuid() == 0:
+        with apt_lock():
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", "iproute2"], capture_output=True, timeout=600
+            )
     probe = f"{PREFIX}-{os.getpid()}-probe{secrets.token_hex(2)}"
     try:
         made = _ip("netns", "add", probe, check=False)
