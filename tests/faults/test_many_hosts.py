@@ -219,3 +219,24 @@ _PING = (
     "r = redis.Redis.from_url('{url}', socket_connect_timeout=1, socket_timeout=1); "
     "sys.exit(0 if r.ping() else 1)"
 )
+
+
+def test_what_a_killed_test_process_left_is_removed_by_the_next(hosts: Network) -> None:
+    """A namespace and a bridge named for a test process that is gone are removed when the next
+    network is made; those of a live process are left."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left_ns = f"omni-{gone.pid}-dead00-x"
+    subprocess.run(["ip", "netns", "add", left_ns], check=True)
+    subprocess.run(["ip", "link", "add", "osbdead00", "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "set", "osbdead00", "alias", f"omni-{gone.pid}"], check=True)
+    try:
+        with network() as other:
+            listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+            assert left_ns not in listed.stdout
+            bridges = subprocess.run(["ip", "link", "show"], capture_output=True, text=True)
+            assert "osbdead00" not in bridges.stdout
+            assert hosts.bridge in bridges.stdout and other.bridge in bridges.stdout
+    finally:
+        subprocess.run(["ip", "netns", "del", left_ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", "osbdead00"], capture_output=True)
