@@ -6,6 +6,7 @@
     python -m bench soak [--minutes N] many sessions under random faults (bench/soak.py)
     python -m bench queue-estimate     wait estimates against actual waits (bench/queue_estimate.py)
     python -m bench rollover [--minutes N]  a call longer than the context (bench/rollover.py)
+    python -m bench redis-cost         Redis CPU per admission, per heartbeat (bench/redis_cost.py)
 
 Starts a private redis-server, gateways, scripted workers, a pub/sub tap and the bare baseline
 server, all on 127.0.0.1; every process is killed when the run ends (also on Ctrl-C or error).
@@ -241,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import rollover
 
         return rollover.main(argv[1:])
+    if argv and argv[0] == "redis-cost":
+        from bench import redis_cost
+
+        return redis_cost.main(argv[1:])
     args = parse(argv)
     from bench import pinning, report
     from bench.stack import install_cleanup

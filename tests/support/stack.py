@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,7 @@ class Stack:
     prefix: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:8])
     env: dict[str, str] = field(default_factory=dict)
     gateways: list[tuple[Proc, int]] = field(default_factory=list)
+    gateway_hosts: list[str] = field(default_factory=list)  # the address each gateway binds
     workers: list[Proc] = field(default_factory=list)
 
     @property
@@ -97,9 +99,15 @@ class Stack:
         return env
 
     def _spawn(
-        self, name: str, args: list[str], env: dict[str, str], nofile: tuple[int, int] | None = None
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        nofile: tuple[int, int] | None = None,
+        wrap: Sequence[str] = (),
     ) -> Proc:
-        """``omniserve ARGS``; ``nofile``: its open-files limit (soft, hard) from the start."""
+        """``omniserve ARGS``; ``nofile``: its open-files limit (soft, hard) from the start;
+        ``wrap``: a command that execs it (``ip netns exec NS``: on another host)."""
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log = LOG_DIR / f"{self.prefix}-{name}.log"
         dies = dies_with_parent(signal.SIGKILL)  # a killed pytest leaves nothing
@@ -112,7 +120,7 @@ class Stack:
 
         with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
             popen = subprocess.Popen(
-                [sys.executable, "-m", "omniserve", *args],
+                [*wrap, sys.executable, "-m", "omniserve", *args],
                 env=env,
                 cwd=ROOT,
                 stdout=fh,
@@ -124,25 +132,35 @@ class Stack:
 
     # ------------------------------------------------------------------ parts
     def start_gateway(
-        self, ready_path: str = "/health", nofile: tuple[int, int] | None = None, **env: str
+        self,
+        ready_path: str = "/health",
+        nofile: tuple[int, int] | None = None,
+        host: str = "127.0.0.1",
+        wrap: Sequence[str] = (),
+        **env: str,
     ) -> int:
         """Start a gateway on a free port; returns the port once ``ready_path`` answers 200
         (``/healthz``: the process serves, whether or not Redis does). ``nofile``: its
-        open-files limit (soft, hard)."""
+        open-files limit (soft, hard); ``host``: the address it binds (and is reached at);
+        ``wrap``: a command that execs it (``Host.argv([])`` of ``tests/support/netns.py``)."""
         port = free_port()
+        bind = env.pop("OMNISERVE_GATEWAY_HOST", host)
+        host = "127.0.0.1" if bind in ("0.0.0.0", "") else bind  # (every address: loopback too)
         proc = self._spawn(
             f"gateway{len(self.gateways)}",
             ["gateway", "--port", str(port)],
-            self.base_env(**env),
+            self.base_env(OMNISERVE_GATEWAY_HOST=bind, **env),
             nofile,
+            wrap,
         )
         self.gateways.append((proc, port))
+        self.gateway_hosts.append(host)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if not proc.alive():
                 raise RuntimeError(f"gateway exited:\n{proc.tail()}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
+                if httpx.get(f"http://{host}:{port}{ready_path}", timeout=1).status_code == 200:
                     return port
             except httpx.HTTPError:
                 pass
@@ -150,16 +168,22 @@ class Stack:
         raise RuntimeError(f"gateway did not start:\n{proc.tail()}")
 
     def start_worker(
-        self, backend: str = "scripted", slots: int = 1, wait: bool = True, **env: str
+        self,
+        backend: str = "scripted",
+        slots: int = 1,
+        wait: bool = True,
+        wrap: Sequence[str] = (),
+        **env: str,
     ) -> Proc:
         """Start a worker node; waits until its slots are registered (a model backend may
         convert its model on a first load, or wait for another process converting it: minutes
-        on a busy 2-core machine, not seconds)."""
+        on a busy 2-core machine, not seconds). ``wrap``: as for ``start_gateway``."""
         before = self.live_slots()
         proc = self._spawn(
             f"worker{len(self.workers)}",
             ["worker", "--backend", backend, "--slots", str(slots)],
             self.base_env(**env),
+            wrap=wrap,
         )
         self.workers.append(proc)
         if wait:
@@ -206,7 +230,7 @@ class Stack:
         raise AssertionError(f"expected {n} free slots, have {self.free_slots()}")
 
     def url(self, i: int = 0) -> str:
-        return f"ws://127.0.0.1:{self.gateways[i][1]}"
+        return f"ws://{self.gateway_hosts[i]}:{self.gateways[i][1]}"
 
     def stop(self) -> None:
         for proc, _ in self.gateways:
