@@ -84,7 +84,7 @@ class WorkerRegistry:
         if idle_slots:
             self._offer(
                 keys=[k.busy_slots, k.free_slots, k.queue_events, k.running_slots],
-                args=[k.prefix, *idle_slots],
+                args=[k.admission, *idle_slots],
             )
         renewed = results[2::2]
         taken = [slot for slot, ok in zip(active, renewed, strict=True) if not ok]
@@ -96,7 +96,9 @@ class WorkerRegistry:
         (measured from the dispatch when Redis knows it, else ``held_s``)."""
         k = self.keys
         record: list[str | float] = [] if held_s is None else [f"{held_s:.3f}", HOLD_EMA_ALPHA]
-        return bool(self._release(keys=k.release_keys(slot_id), args=[slot_id, k.prefix, *record]))
+        return bool(
+            self._release(keys=k.release_keys(slot_id), args=[slot_id, k.admission, *record])
+        )
 
     def withdraw(self, slot_ids: list[str]) -> None:
         """Take slots out of the pool (idle or being released) without leaving the registry."""

@@ -66,6 +66,7 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     gateways: list[tuple[Proc, int]] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
+    broker_url: str | None = None  # Celery's broker when it is not ``redis_url`` (a cluster's)
 
     @property
     def keys(self) -> Keys:
@@ -92,6 +93,8 @@ class Stack:
                 "PYTHONPATH": str(ROOT),
             }
         )
+        if self.broker_url:
+            env["OMNISERVE_BROKER_URL"] = self.broker_url
         env.update(self.env)
         env.update(overrides)
         return env
@@ -217,6 +220,6 @@ class Stack:
             r = self.redis()
             keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
             if keys:
-                r.delete(*keys)
-        except redis.RedisError:
+                r.delete(*keys)  # (a cluster client deletes them slot by slot)
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
             pass
