@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError
 from streaming import lua
 from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
-from streaming.redis_url import pipe_time
+from streaming.redis_url import pipe_evalsha, pipe_time
 from streaming.wait_estimate import (
     FALLBACK_HOLD_S,
     HoldTimes,
@@ -215,7 +215,7 @@ class Admission:
             # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT EXISTS
             # round trip on every execute
             keys = self._dispatch_keys()
-            pipe.evalsha(self._dispatch.sha, len(keys), *keys, *self._dispatch_args(by))
+            pipe_evalsha(pipe, self._dispatch.sha, keys, self._dispatch_args(by))
             self._snapshot_reads(pipe)
             flat, *replies = await pipe.execute(raise_on_error=False)
         if isinstance(flat, NoScriptError):  # Redis lost its script cache (a restart)

@@ -169,6 +169,13 @@ def pipe_time(pipe: Any, key: str) -> None:
         pipe.time()
 
 
+def pipe_evalsha(pipe: Any, sha: str, keys: list[str], args: list[Any]) -> None:
+    """Queue a call of the loaded script ``sha`` on ``pipe`` as a plain ``EVALSHA`` command
+    (redis-py's cluster pipelines refuse their ``evalsha`` method, not the command, which they
+    route by its keys). A reply of ``NoScriptError`` means the shard has not loaded it."""
+    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+
 def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` as the cluster clients take them: their pools are per node, opened by the
     client (no pool class to choose, no wait for a free connection)."""

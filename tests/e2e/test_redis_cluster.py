@@ -128,6 +128,11 @@ async def test_sessions_spread_over_the_shards_of_a_cluster(
             await p.close()
     # every slot given back once the sessions ended
     await await_for(lambda: stack.free_slots() == 8, 30, "all slots free")
+    # and nothing failed on the way: no beat, liveness read, bus read or script call
+    for proc in [*stack.workers, *(gateway for gateway, _ in stack.gateways)]:
+        log = proc.log.read_text(errors="replace")
+        for failure in ("heartbeat failed", "check failed", "read failed", "Traceback"):
+            assert failure not in log, f"{proc.name}: {failure}\n{proc.tail()}"
 
 
 def start_refused(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
