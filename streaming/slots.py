@@ -75,6 +75,7 @@ class WorkerRegistry:
         """
         k = self.keys
         results = self._beat(active)
+        rewritten = results[1] == 1  # (the entry written again by this beat, whatever follows)
         if any(isinstance(r, NoScriptError) for r in results):  # Redis lost its scripts
             self.client.script_load(lua.TAKE_LEASE)  # (on a cluster: on every primary)
             results = self._beat(active)
@@ -88,7 +89,7 @@ class WorkerRegistry:
             )
         renewed = results[2::2]
         taken = [slot for slot, ok in zip(active, renewed, strict=True) if not ok]
-        return bool(results[1]), taken
+        return rewritten or results[1] == 1, taken
 
     def _beat(self, active: dict[str, str]) -> list[Any]:
         """``heartbeat``'s writes in one pipeline; the replies, errors among them."""
