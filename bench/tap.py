@@ -51,11 +51,12 @@ def run(url: str, prefix: str, outfile: Path) -> None:
     # 128 KB audio events that delayed each stamp and took CPU from the workers' core)
     ps = client.pubsub(ignore_subscribe_messages=True, push_handler_func=lambda m: m)  # type: ignore[no-untyped-call]
     keys = Keys(prefix)
-    sessions = keys.output_channel("*")
+    # every session's and turn's channel: ``PREFIX:s:{SESSION}[_t<n>]:out``
+    sessions = keys.output_channel("*").replace("{*}", "*")
     ps.psubscribe(sessions)
     ps.subscribe(keys.queue_events)
     head, _, tail = sessions.partition("*")
-    out_head, out_tail = head.encode(), tail.encode()  # around a session id
+    out_head, out_tail = head.encode(), tail.encode()  # around a session id (its tag's braces)
     rows: list[bytes] = []
     Path(str(outfile) + ".ready").write_text("1")
     with open(outfile, "wb") as fh:
@@ -67,7 +68,8 @@ def run(url: str, prefix: str, outfile: Path) -> None:
             channel: bytes = msg["channel"]
             data: bytes = msg["data"]
             if channel.startswith(out_head) and channel.endswith(out_tail):
-                sid = channel[len(out_head) : len(channel) - len(out_tail)].decode()
+                tagged = channel[len(out_head) : len(channel) - len(out_tail)]
+                sid = tagged.replace(b"{", b"").replace(b"}", b"").decode()
                 ev = _head(data)
                 rows.append(
                     orjson.dumps(

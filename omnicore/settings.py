@@ -56,11 +56,19 @@ class Settings(BaseSettings):
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("OMNISERVE_REDIS_URL", "REDIS_URL"),
         description="The shared Redis (queue, registry, streams) and the Celery broker; "
-        "`redis+sentinel://…` names the primary that Redis Sentinel watches "
+        "`redis+sentinel://…` names the primary that Redis Sentinel watches, "
+        "`redis+cluster://HOST:PORT,HOST:PORT/` a Redis Cluster (then set `broker_url`) "
         "([Redis requirements](OPERATIONS.md#redis-requirements)). The gateway's commands time "
         "out after 5 s; its connections, the workers' and their Celery consumers' are dropped "
         "and reopened when nothing is acknowledged for 10 s (a dead host, a network dropping "
         "packets). redis-py options in the URL win (`?socket_timeout=2`).",
+    )
+    broker_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OMNISERVE_BROKER_URL"),
+        description="Celery's broker, when it is not the shared Redis (unset: `redis_url`); "
+        "`redis://…` or `redis+sentinel://…`. Required when `redis_url` is a Redis Cluster "
+        "(`redis+cluster://…`), which kombu cannot use as a broker.",
     )
     key_prefix: str = Field(
         "omni",
@@ -558,7 +566,8 @@ class Settings(BaseSettings):
         """The Redis URL without its password: a settings object printed or logged must not
         show it (API keys and tokens are SecretStr already)."""
         for name, value in super().__repr_args__():
-            yield name, redact_url(value) if name == "redis_url" else value
+            secret = name in ("redis_url", "broker_url") and value
+            yield name, redact_url(value) if secret else value
 
     def secret_values(self) -> list[str]:
         """Every configured secret in clear (API keys, admin token, Redis password): the log
@@ -569,13 +578,19 @@ class Settings(BaseSettings):
             out.append(self.admin_token.get_secret_value())
         if self.flower_basic_auth is not None:
             out.append(self.flower_basic_auth.get_secret_value().partition(":")[2])
-        try:
-            password = urlsplit(self.redis_url).password
-        except ValueError:
-            password = None
-        if password:
-            out.append(password)
+        for url in (self.redis_url, self.broker_url or ""):
+            try:
+                password = urlsplit(url).password
+            except ValueError:
+                password = None
+            if password:
+                out.append(password)
         return [s for s in out if s]
+
+    @property
+    def celery_broker_url(self) -> str:
+        """The Redis Celery's messages go through: ``broker_url``, else the shared Redis."""
+        return self.broker_url or self.redis_url
 
     def duration_limit(self, public_mode: str, api_key: str | None = None) -> float:
         """Total session duration allowed for a public mode (chat, video, audio), for a client

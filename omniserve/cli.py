@@ -9,9 +9,13 @@ import socket
 import sys
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from omniserve import drain
 from omniserve.options import env_from_args
+
+if TYPE_CHECKING:
+    from omnicore.settings import Settings
 
 
 def pocket_installed() -> bool:
@@ -31,6 +35,17 @@ def resolve_backend(name: str) -> str:
 # --------------------------------------------------------------------------- gateway / worker
 
 
+def data_plane_usable(what: str, s: Settings) -> bool:
+    """Whether the Redis of ``s`` can carry this process (a Redis Cluster URL must find a cluster,
+    and a broker of its own: ``streaming/cluster_check.py``); if not, one line says why."""
+    from streaming.cluster_check import data_plane_problem
+
+    problem = data_plane_problem(s.redis_url, s.broker_url)
+    if problem:
+        print(f"omniserve {what}: {problem}", file=sys.stderr, flush=True)
+    return problem is None
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Run the FastAPI gateway under uvicorn."""
     env_from_args(args)
@@ -44,6 +59,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from omnicore.settings import get_settings
 
     s = get_settings()
+    if not data_plane_usable("gateway", s):
+        return 1
     if s.recordings:  # an unusable store URL is a settings error, told before serving
         from api.recordings.store import RecordingStore
 
@@ -87,6 +104,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     s = get_settings()
     setup_logging(s.log_level, s.secret_values(), s.log_format)
+    if not data_plane_usable("worker", s):
+        return 1
     from inference.registry import choose_backend, preflight
 
     backend, note = choose_backend(s.backend)  # `auto`: each pool process resolves it again

@@ -54,18 +54,17 @@ def _quota_options(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[int]]) -> int:
     """Run ``body(settings, redis)`` against the configured Redis; one line on a Redis error."""
     import redis
-    import redis.asyncio as aioredis
 
     from omnicore.redact import redact_url
     from omnicore.settings import get_settings
     from omniserve.options import env_from_args
-    from streaming.redis_url import async_pool
+    from streaming.redis_url import async_client
 
     env_from_args(args)
     s = get_settings()
 
     async def main() -> int:
-        client = aioredis.Redis(connection_pool=async_pool(s.redis_url))
+        client = async_client(s.redis_url)
         try:
             return await body(s, client)
         finally:

@@ -23,8 +23,8 @@ def reachable(url: str, timeout: float = 1.0) -> bool:
     try:
         client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         return bool(client.ping())
-    except (redis.RedisError, OSError, ValueError):
-        return False
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError, ValueError):
+        return False  # (a cluster client that finds no node raises the latter)
 
 
 def free_port() -> int:

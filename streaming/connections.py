@@ -90,7 +90,7 @@ class ClientConnections:
         try:
             total = await self._acquire(
                 keys=[self.keys.client_connections(address)],
-                args=[self.keys.prefix, self.gateway_id, self.limit, KEY_TTL_S],
+                args=[self.keys.admission, self.gateway_id, self.limit, KEY_TTL_S],
             )
         except BaseException:  # Redis error or cancelled: counted or not, the sync will know
             self._forget(address)

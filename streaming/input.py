@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -31,6 +31,7 @@ from streaming.input_link import Command, InputLink
 from streaming.keys import Keys
 from streaming.outage import Outage, is_outage
 from streaming.redis_connection import unblocked
+from streaming.redis_url import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,15 @@ class InputWriter:
         name: str = "omniserve-input",
         outage_grace_s: float = 0.0,
     ) -> None:
-        self.link = InputLink(redis_client.connection_pool, name, outage_grace_s=outage_grace_s)
+        self.redis = redis_client
+        self.name = name
+        self.outage_grace_s = outage_grace_s
+        # on a Redis Cluster: one link per shard (a session's keys share a slot, so its input
+        # keeps its order on its shard's link)
+        self.sharded = is_cluster(redis_client)
+        self.links: dict[str, InputLink] = {}
+        if not self.sharded:
+            self.link = InputLink(redis_client.connection_pool, name, outage_grace_s=outage_grace_s)
         self.keys = keys
         self.max_pending = max_pending
         self.ttl_s = int(ttl_s)
@@ -97,12 +106,25 @@ class InputWriter:
         commands.append(xadd)
         if chunk.seq == 1:
             commands.append(["EXPIRE", key, self.ttl_s])
-        return self.link.send(*commands)
+        return self._link(key).send(*commands)
+
+    def _link(self, key: str) -> InputLink:
+        """The link that carries ``key``'s commands: the one link, or its shard's."""
+        if not self.sharded:
+            return self.link
+        shards: Any = self.redis
+        node = shards.get_node_from_key(key)
+        link = self.links.get(node.name)
+        if link is None:
+            name = f"{self.name}-{node.port}"
+            link = InputLink(_NodeConnections(node), name, outage_grace_s=self.outage_grace_s)  # type: ignore[arg-type]
+            self.links[node.name] = link
+        return link
 
     async def control(self, session_id: str, control: Control) -> None:
         """Send a control event (never dropped); returns once Redis has it."""
         key = self.keys.input_control(session_id)
-        await self.link.send(
+        await self._link(key).send(
             self._control_xadd(session_id, encode_control(control)),
             ["EXPIRE", key, self.ttl_s],
         )
@@ -111,7 +133,7 @@ class InputWriter:
         """Delete both input streams (a failover starts the next worker on what comes next);
         on the link, so that no chunk written before lands after the delete."""
         keys = (self.keys.input_audio(session_id), self.keys.input_control(session_id))
-        await self.link.send(["DEL", *keys])
+        await self._link(keys[0]).send(["DEL", *keys])
 
     def _control_xadd(self, session_id: str, encoded: bytes) -> Command:
         key = self.keys.input_control(session_id)
@@ -119,7 +141,21 @@ class InputWriter:
 
     async def aclose(self) -> None:
         """Close the input link (the gateway stops)."""
-        await self.link.aclose()
+        if not self.sharded:
+            await self.link.aclose()
+        for link in self.links.values():
+            await link.aclose()
+
+
+class _NodeConnections:
+    """What ``InputLink`` takes of a pool, for one cluster node: a new connection of the node's
+    own class and options (its TCP options, timeouts, credentials)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def make_connection(self) -> Any:
+        return self.node.connection_class(**self.node.connection_kwargs)
 
 
 @dataclass(slots=True)

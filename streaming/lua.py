@@ -1,7 +1,10 @@
 """Lua scripts: the admission queue, the slot pool, a session's claim, a lease's release, an
 output event's write and the gateway's liveness read. Each runs as one atomic Redis step.
 
-Keys are built inside the scripts from a prefix, so the scripts assume one Redis (not a cluster).
+Every script touches the keys of one Redis Cluster slot (``streaming/keys.py``): a session's, or
+the admission tag's. The admission scripts build some names themselves (a ticket's assignment, a
+slot's hold, a worker's or gateway's presence) from ``Keys.admission``, so those carry the same
+tag as the keys they are given (the tests check every call: tests/support/script_slots.py).
 Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n>``.
 """
 
@@ -223,19 +226,19 @@ return out
 )
 
 CLAIM_SESSION = """
--- KEYS: session_claim, slot_hold, session_lease[, chat_request]
--- ARGV: worker_id, claim_ttl_s, session_id, lease_ttl_ms, slot_id (the lease's holder)
+-- KEYS: session_claim, session_lease[, chat_request]
+-- ARGV: worker_id, claim_ttl_s, lease_ttl_ms, slot_id (the lease's holder)
 -- A worker starts a session in one step: the claim (SET NX: a session never runs twice), then the
--- slot hold and the session lease, then (a chat turn) its request, read once. A failed claim
--- changes nothing: no hold, no lease, the request left for nobody. Returns false when the claim
--- failed, else {1} or {1, request} (the request is false when it expired or Redis lost it).
+-- session lease, then (a chat turn) its request, read once. A failed claim changes nothing: no
+-- lease, the request left for nobody. Returns false when the claim failed, else {1} or
+-- {1, request} (the request is false when it expired or Redis lost it). (The slot's hold, an
+-- admission key, is the caller's next command: streaming/session_claim.py.)
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return false
 end
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
-if KEYS[4] then
-  return {1, redis.call('GETDEL', KEYS[4])}
+redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
+if KEYS[3] then
+  return {1, redis.call('GETDEL', KEYS[3])}
 end
 return {1}
 """

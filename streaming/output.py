@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from omnicore.aio import cancel_and_wait
 from streaming.events import BadEvent, Event, Gap, decode_event
 from streaming.keys import Keys
+from streaming.redis_url import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,11 @@ async def _pass_push(response: object) -> object:
 class OutputBus:
     """One pub/sub connection per gateway process, shared by every session it relays.
 
-    Also carries the queue-event channel, handed to ``on_queue_event``.
+    Also carries the queue-event channel, handed to ``on_queue_event``. On a Redis Cluster a
+    session's channel is a sharded one (``SSUBSCRIBE``: it lives on the shard of the session's
+    slot, where a classic channel's messages go to every node): redis-py's cluster pub/sub keeps
+    one connection per shard that has a channel of this gateway's, each read by a task of its
+    own (``_shard_reader``); the queue events stay a classic channel, read on one node.
     """
 
     def __init__(
@@ -269,6 +274,7 @@ class OutputBus:
         self.max_events = max_events  # undelivered output of one session (see SessionOutput)
         self.max_bytes = max_bytes
         self.on_queue_event = on_queue_event
+        self.sharded = is_cluster(redis_client)
         # Our own push handler: redis-py's default (RESP3) one builds ``str(message)`` for a
         # debug log line on every message, even with debug logging off; for a 128 KB audio
         # event that repr was the largest single cost of the gateway (docs/BENCHMARKS.md).
@@ -277,6 +283,7 @@ class OutputBus:
         )
         self.sessions: dict[str, SessionOutput] = {}
         self._task: asyncio.Task[None] | None = None
+        self._shard_tasks: dict[str, asyncio.Task[None]] = {}  # node name -> its reader
         self._queue_subscribed = False
         # held by each subscribe: the first one opens the connection, and two at once would
         # open two, one of them read by nobody (a gateway started while Redis was away)
@@ -297,13 +304,17 @@ class OutputBus:
         # a first subscribe that failed left none (nor a connection to read from)
         async with self._first_subscribe:
             if not self._queue_subscribed:
+                if self.sharded:  # (the cluster pub/sub needs the slot map the client reads)
+                    await self.redis.initialize()
                 await self.pubsub.subscribe(self.keys.queue_events)
                 self._queue_subscribed = True
 
     async def stop(self) -> None:
-        """Stop the reader and close the connection."""
-        if self._task:  # (its read has a timeout: a single cancel can be absorbed)
-            await cancel_and_wait(self._task)
+        """Stop the readers and close the connections."""
+        for task in [self._task, *self._shard_tasks.values()]:
+            if task:  # (its read has a timeout: a single cancel can be absorbed)
+                await cancel_and_wait(task)
+        self._shard_tasks.clear()
         await self.pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
     async def open(
@@ -315,9 +326,15 @@ class OutputBus:
         ``on_overflow``: called once when the session's undelivered output passes the caps.
         """
         out = SessionOutput(self, session_id, after, on_overflow)
-        self.sessions[self.keys.output_channel(session_id)] = out
+        channel = self.keys.output_channel(session_id)
+        self.sessions[channel] = out
+        if self.sharded:
+            await self.redis.initialize()  # (once: see above)
+            await self.pubsub.ssubscribe(channel)
+            self._read_shards()
+            return out
         async with self._first_subscribe:
-            await self.pubsub.subscribe(self.keys.output_channel(session_id))
+            await self.pubsub.subscribe(channel)
         return out
 
     async def close(self, session_id: str, reader: SessionOutput | None = None) -> None:
@@ -332,34 +349,80 @@ class OutputBus:
         if gone is not None:
             gone.closed = True
         try:
-            await self.pubsub.unsubscribe(channel)
+            if self.sharded:
+                await self.pubsub.sunsubscribe(channel)
+            else:
+                await self.pubsub.unsubscribe(channel)
         except (redis.RedisError, OSError):
             log.debug("unsubscribe %s failed", channel, exc_info=True)
 
+    def _read_shards(self) -> None:
+        """A reader task for each shard connection the cluster pub/sub holds now (one opens
+        with the first channel of a shard, and moves when a slot does)."""
+        mapping: dict[str, object] = getattr(self.pubsub, "node_pubsub_mapping", {})
+        for name in mapping:
+            task = self._shard_tasks.get(name)
+            if task is None or task.done():
+                self._shard_tasks[name] = asyncio.create_task(
+                    self._shard_reader(name), name=f"output-bus-{name}"
+                )
+
+    async def _shard_reader(self, name: str) -> None:
+        """Read one shard's sharded channels until the cluster pub/sub drops that shard's
+        connection (no channel of this gateway's lives there any more)."""
+        shards: Any = self.pubsub
+
+        async def read() -> dict[str, Any] | None:
+            node = self.redis.get_node(node_name=name)  # type: ignore[attr-defined]
+            if node is None or name not in shards.node_pubsub_mapping:
+                raise _ShardGone
+            message: dict[str, Any] | None = await shards.get_sharded_message(
+                target_node=node, timeout=1.0
+            )
+            return message
+
+        try:
+            await self._read_messages(read, f"output bus (shard {name})")
+        except _ShardGone:
+            return
+
     async def _reader(self) -> None:
+        async def read() -> dict[str, Any] | None:
+            if not self._queue_subscribed:
+                await self._subscribe_queue()
+            if self.sharded:
+                self._read_shards()  # (a slot moved: its channels' new shard)
+            message: dict[str, Any] | None = await self.pubsub.get_message(timeout=1.0)
+            return message
+
+        await self._read_messages(read, "output bus")
+
+    async def _read_messages(
+        self, read: Callable[[], Awaitable[dict[str, Any] | None]], what: str
+    ) -> None:
+        """Take each message ``read`` returns to its session (or to ``on_queue_event``); a read
+        that fails is retried, and once reads go through again every session reads its log."""
         queue_channel = self.keys.queue_events
         failing = False
         failing_since = 0.0
         while True:
             try:
-                if not self._queue_subscribed:
-                    await self._subscribe_queue()
-                msg = await self.pubsub.get_message(timeout=1.0)
-            except asyncio.CancelledError:
+                msg = await read()
+            except (asyncio.CancelledError, _ShardGone):
                 raise
             except Exception as exc:  # noqa: BLE001 - lost connection: retry; seq finds gaps
                 if not failing:  # once per outage, not five times a second
-                    log.warning("output bus read failed (%s); reconnecting", exc)
+                    log.warning("%s read failed (%s); reconnecting", what, exc)
                     failing_since = time.monotonic()
                 elif time.monotonic() - failing_since > BUS_FAILING_LOG_S:
-                    log.warning("output bus read still fails (%r); reconnecting", exc)
+                    log.warning("%s read still fails (%r); reconnecting", what, exc)
                     failing_since = time.monotonic()
                 failing = True
                 await asyncio.sleep(0.2)
                 continue
             if failing:
                 log.warning(
-                    "output bus reads again; %d session(s) read their logs", len(self.sessions)
+                    "%s reads again; %d session(s) read their logs", what, len(self.sessions)
                 )
                 failing = False
                 loop = asyncio.get_running_loop()
@@ -367,7 +430,12 @@ class OutputBus:
                     reader.resubscribed()
                     # and once more, for what was published as the subscription was renewed
                     loop.call_later(RESUBSCRIBED_REREAD_S, reader.resubscribed)
-            if msg is None or msg.get("type") != "message":
+            if msg is None or msg.get("type") not in (
+                "message",
+                b"message",
+                "smessage",
+                b"smessage",
+            ):
                 continue
             self.messages += 1
             channel = msg["channel"]
@@ -387,3 +455,7 @@ class OutputBus:
                 log.warning("session %s: a message is not an event", out.session_id)
                 continue
             await out.arrive(event, len(data))
+
+
+class _ShardGone(Exception):
+    """A shard reader's connection was dropped by the cluster pub/sub (``_shard_reader``)."""

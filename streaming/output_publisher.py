@@ -17,6 +17,7 @@ from streaming.events import Event, encode_event
 from streaming.keys import Keys
 from streaming.outage import Outage, is_outage
 from streaming.output_writer import OutputWriter
+from streaming.redis_url import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class OutputPublisher:
         outage_grace_s: float = 0.0,
     ) -> None:
         self.client = client
+        self.sharded = is_cluster(client)  # SPUBLISH: the channel lives on its slot's shard
         self.session_id = session_id
         self.channel = keys.output_channel(session_id)
         self.log_key = keys.output_log(session_id)
@@ -153,7 +155,8 @@ class OutputPublisher:
             return
 
     def _write_once(self, batch: list[tuple[int, bytes]]) -> None:
-        """One pipeline: each event's ``PUBLISH``, then its ``XADD`` to the replay log.
+        """One pipeline: each event's ``PUBLISH`` (``SPUBLISH`` on a cluster), then its ``XADD``
+        to the replay log (the channel and the log share the session's slot).
 
         Two plain commands, though a 128 KB audio event crosses the socket twice: one script
         doing both costs Redis more CPU and each audio delta more time, its arguments copied
@@ -165,7 +168,10 @@ class OutputPublisher:
         """
         with self.client.pipeline(transaction=False) as pipe:
             for seq, data in batch:
-                pipe.publish(self.channel, data)
+                if self.sharded:
+                    pipe.spublish(self.channel, data)
+                else:
+                    pipe.publish(self.channel, data)
                 pipe.xadd(
                     self.log_key,
                     {"e": data},

@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -54,7 +54,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 
-from streaming.redis_url import async_pool, sync_pool
+from streaming.redis_url import async_cluster, async_pool, cluster_target, sync_cluster, sync_pool
 
 DEAD_PEER_S = 10  # a connection nothing acknowledges for this long is dropped
 
@@ -220,7 +220,21 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     serve such a command; a Redis that is really away still fails within a fraction of a second.
     Its writes keep their timeout without a task per command, and a dead peer is found by TCP
     and reopened (``tuned``, ``TCP_OPTIONS``). The URL's own options (``?socket_timeout=``) win.
+    On a Redis Cluster (``redis+cluster://``): redis-py's asyncio cluster client, with the same
+    timeouts, retries and TCP options, ``max_connections`` per node (its connections are its
+    own: the writes keep redis-py's timeout).
     """
+    target = cluster_target(url)
+    if target is not None:
+        shards: Any = async_cluster(
+            target,
+            max_connections=max_connections,
+            health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
+            socket_timeout=5,
+            **TCP_OPTIONS,
+        )
+        return cast("aioredis.Redis", shards)  # (it answers the same commands)
     pool = async_pool(
         url,
         max_connections=max_connections,
@@ -244,8 +258,17 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
     waits out a stalled Redis its own way): a pooled connection the kernel dropped during a
     partition (``TCP_OPTIONS``) failed the first command after the heal, its health-check
     ``PING`` (``EPIPE``), and with it the claim of the first session given to the worker.
-    A pipeline goes out in one system call (``GathersWrites``).
+    A pipeline goes out in one system call (``GathersWrites``). On a Redis Cluster: redis-py's
+    synchronous cluster client with the same timeouts, ``max_connections`` per node.
     """
+    target = cluster_target(url)
+    if target is not None:
+        limits: dict[str, Any] = (
+            {} if max_connections is None else {"max_connections": max_connections}
+        )
+        timeout = 5 if max_connections is None else 10
+        nodes: Any = sync_cluster(target, socket_timeout=timeout, **TCP_OPTIONS, **limits)
+        return cast("redis.Redis", nodes)
     if max_connections is None:
         own = sync_pool(
             url,

@@ -1,4 +1,5 @@
-"""Where omniserve's Redis is: one server, or the primary that Redis Sentinel names.
+"""Where omniserve's Redis is: one server, the primary that Redis Sentinel names, or a Redis
+Cluster.
 
 Why: a Redis primary with replicas is made highly available by Sentinel, which promotes a
 replica when the primary fails, at another address. Every gateway and worker kept talking to the
@@ -15,16 +16,28 @@ gives, the database (0). USER and PASSWORD are the data nodes' (as in ``redis://
 sentinels' own, if they ask for one, go in ``sentinel_username`` / ``sentinel_password``.
 Any other option is redis-py's, as in a ``redis://`` URL (``?socket_timeout=3``). TLS to the
 nodes is not supported with Sentinel (``ValueError``).
+
+``redis+cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][/][?OPTIONS]``: some nodes of
+a Redis Cluster (port 6379 unless given; any one that answers tells the client the rest), whose
+slots spread the sessions over its shards (``streaming/keys.py`` gives each session one slot).
+Gateways and workers then use redis-py's cluster clients (``redis.cluster.RedisCluster``,
+``redis.asyncio.cluster.RedisCluster``), and output goes over sharded pub/sub (``SPUBLISH``,
+Redis 7 or later). The path may only name database 0 (``/`` or ``/0``: a cluster has no other).
+Options are redis-py's, as in a ``redis://`` URL. TLS is not supported with a cluster URL
+(``ValueError``). Celery's broker cannot be a cluster (kombu has no cluster transport), so a
+cluster needs ``OMNISERVE_BROKER_URL`` too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.cluster as cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
@@ -37,6 +50,8 @@ SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
 SENTINEL_TIMEOUT_S = 2.0  # a sentinel that does not answer this fast: the next one is asked
 SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+CLUSTER_SCHEME = "redis+cluster"
+CLUSTER_PORT = 6379
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,108 @@ def sentinel_target(url: str) -> SentinelTarget | None:
 def is_sentinel(url: str) -> bool:
     """Whether ``url`` names sentinels rather than one server."""
     return urlsplit(url).scheme == SCHEME
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """A ``redis+cluster://`` URL, parsed."""
+
+    nodes: tuple[tuple[str, int], ...]  # where to find the cluster (any one that answers)
+    options: dict[str, Any]  # for every node's connections (password, timeouts...)
+
+
+def cluster_target(url: str) -> ClusterTarget | None:
+    """The cluster nodes ``url`` names (None: not a cluster URL); ``ValueError`` if malformed."""
+    parts = urlsplit(url)
+    if parts.scheme != CLUSTER_SCHEME:
+        if parts.scheme.endswith("+cluster"):
+            raise ValueError(
+                f"{parts.scheme}:// is not supported (only {CLUSTER_SCHEME}://: no TLS)"
+            )
+        return None
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    nodes = []
+    for item in hosts.split(","):
+        try:
+            where = urlsplit(f"//{item.strip()}")
+            host, port = where.hostname, where.port
+        except ValueError as exc:  # a port that is not a number
+            raise ValueError(f"{CLUSTER_SCHEME}:// URL with a bad node {item!r}: {exc}") from None
+        if not host:
+            raise ValueError(f"{CLUSTER_SCHEME}:// URL without a node host: {item!r}")
+        nodes.append((host, port or CLUSTER_PORT))
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(
+            f"{CLUSTER_SCHEME}:// URL names database {parts.path.strip('/')!r}: "
+            "a cluster has only 0"
+        )
+    auth = f"{userinfo}@" if userinfo else ""
+    options = parse_url(f"redis://{auth}cluster/0?{parts.query}")  # type: ignore[no-untyped-call]
+    for gone in ("host", "port", "db"):
+        options.pop(gone, None)
+    return ClusterTarget(tuple(nodes), options)
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster."""
+    return urlsplit(url).scheme == CLUSTER_SCHEME
+
+
+def topology(url: str) -> str:
+    """What kind of Redis ``url`` names: ``standalone``, ``sentinel`` or ``cluster``."""
+    return "cluster" if is_cluster_url(url) else "sentinel" if is_sentinel(url) else "standalone"
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is one of redis-py's cluster clients (or their pipelines): its keys
+    live on many shards, its output goes over sharded pub/sub."""
+    kinds = (
+        cluster.RedisCluster,
+        cluster.ClusterPipeline,
+        aiocluster.RedisCluster,
+        aiocluster.ClusterPipeline,
+    )
+    return isinstance(client, kinds)
+
+
+def pipe_time(pipe: Any, key: str) -> None:
+    """Queue Redis's clock (``TIME``: seconds, microseconds) on ``pipe``; on a cluster pipeline,
+    which refuses a command without a key, read on the shard of ``key`` by a one-line script
+    (its reply's two numbers as bytes: read them with ``int``)."""
+    if is_cluster(pipe):
+        pipe.eval("return redis.call('TIME')", 1, key)
+    else:
+        pipe.time()
+
+
+def pipe_evalsha(pipe: Any, sha: str, keys: list[str], args: list[Any]) -> None:
+    """Queue a call of the loaded script ``sha`` on ``pipe`` as a plain ``EVALSHA`` command
+    (redis-py's cluster pipelines refuse their ``evalsha`` method, not the command, which they
+    route by its keys). A reply of ``NoScriptError`` means the shard has not loaded it."""
+    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+
+def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` as the cluster clients take them: their pools are per node, opened by the
+    client (no pool class to choose, no wait for a free connection)."""
+    return {k: v for k, v in options.items() if k not in ("timeout", "connection_class")}
+
+
+def sync_cluster(target: ClusterTarget, **options: Any) -> cluster.RedisCluster:
+    """A synchronous cluster client (it reads the slot map from the first node that answers,
+    raising ``RedisClusterException`` when none does)."""
+    nodes = [cluster.ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
+    return cluster.RedisCluster(
+        startup_nodes=nodes, **{**_cluster_options(options), **target.options}
+    )
+
+
+def async_cluster(target: ClusterTarget, **options: Any) -> aiocluster.RedisCluster:
+    """An asyncio cluster client (it reads the slot map at its first command)."""
+    nodes = [aiocluster.ClusterNode(host, port) for host, port in target.nodes]
+    return aiocluster.RedisCluster(
+        startup_nodes=nodes, **{**_cluster_options(options), **target.options}
+    )
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
@@ -135,8 +252,22 @@ def async_pool(url: str, **options: Any) -> aioredis.ConnectionPool:
 
 
 def sync_client(url: str, **options: Any) -> redis.Redis:
-    """A plain synchronous client for ``url`` (one-off commands: CLI, start-up, shutdown)."""
+    """A plain synchronous client for ``url`` (one-off commands: CLI, start-up, shutdown); on a
+    cluster, redis-py's cluster client, which answers the same commands."""
+    target = cluster_target(url)
+    if target is not None:
+        return cast("redis.Redis", sync_cluster(target, **options))
     return redis.Redis(connection_pool=sync_pool(url, blocking=False, **options))
+
+
+def async_client(url: str, **options: Any) -> aioredis.Redis:
+    """A plain asyncio client for ``url`` (the CLI's); on a cluster, the cluster client."""
+    target = cluster_target(url)
+    if target is not None:
+        return cast("aioredis.Redis", async_cluster(target, **options))
+    client = aioredis.Redis(connection_pool=async_pool(url, **options))
+    client.auto_close_connection_pool = True
+    return client
 
 
 def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
@@ -146,6 +277,8 @@ def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
     the service as the ``master_name`` transport option; the sentinels' own connection options
     (credentials, timeouts, no retries) go in ``sentinel_kwargs``.
     """
+    if is_cluster_url(url):
+        raise ValueError("Celery's broker cannot be a Redis Cluster: set OMNISERVE_BROKER_URL")
     target = sentinel_target(url)
     if target is None:
         return url, {}

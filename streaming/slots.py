@@ -12,10 +12,12 @@ import time
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
 
 from streaming import lua
 from streaming.codec import dumps
 from streaming.keys import Keys, slot_worker
+from streaming.redis_url import pipe_evalsha
 from streaming.wait_estimate import HOLD_EMA_ALPHA
 
 
@@ -72,23 +74,36 @@ class WorkerRegistry:
         there. That lease is left to its holder (a lease names its slot, ``CLAIM_SESSION``).
         """
         k = self.keys
+        results = self._beat(active)
+        rewritten = results[1] == 1  # (the entry written again by this beat, whatever follows)
+        if any(isinstance(r, NoScriptError) for r in results):  # Redis lost its scripts
+            self.client.script_load(lua.TAKE_LEASE)  # (on a cluster: on every primary)
+            results = self._beat(active)
+        for reply in results:
+            if isinstance(reply, Exception):
+                raise reply
+        if idle_slots:
+            self._offer(
+                keys=[k.busy_slots, k.free_slots, k.queue_events, k.running_slots],
+                args=[k.admission, *idle_slots],
+            )
+        renewed = results[2::2]
+        taken = [slot for slot, ok in zip(active, renewed, strict=True) if not ok]
+        return rewritten or results[1] == 1, taken
+
+    def _beat(self, active: dict[str, str]) -> list[Any]:
+        """``heartbeat``'s writes in one pipeline; the replies, errors among them."""
+        k = self.keys
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(k.worker_alive(self.worker_id), b"1", px=self._alive_ttl_ms)
             pipe.hsetnx(k.workers, self.worker_id, dumps(self.info))
             for slot, sid in active.items():
-                self._renew(
-                    keys=[k.session_lease(sid)], args=[slot, self.lease_ttl_ms, ""], client=pipe
-                )
+                # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT
+                # EXISTS round trip on every execute, and a cluster pipeline refuses it
+                renew_args = [slot, self.lease_ttl_ms, ""]
+                pipe_evalsha(pipe, self._renew.sha, [k.session_lease(sid)], renew_args)
                 pipe.set(k.slot_hold(slot), sid, px=self.lease_ttl_ms)
-            results = pipe.execute()
-        if idle_slots:
-            self._offer(
-                keys=[k.busy_slots, k.free_slots, k.queue_events, k.running_slots],
-                args=[k.prefix, *idle_slots],
-            )
-        renewed = results[2::2]
-        taken = [slot for slot, ok in zip(active, renewed, strict=True) if not ok]
-        return bool(results[1]), taken
+            return list(pipe.execute(raise_on_error=False))
 
     def release(self, slot_id: str, held_s: float | None = None) -> bool:
         """Give one slot back to the pool (idempotent). ``held_s``: a session ran on it, and
@@ -96,7 +111,9 @@ class WorkerRegistry:
         (measured from the dispatch when Redis knows it, else ``held_s``)."""
         k = self.keys
         record: list[str | float] = [] if held_s is None else [f"{held_s:.3f}", HOLD_EMA_ALPHA]
-        return bool(self._release(keys=k.release_keys(slot_id), args=[slot_id, k.prefix, *record]))
+        return bool(
+            self._release(keys=k.release_keys(slot_id), args=[slot_id, k.admission, *record])
+        )
 
     def withdraw(self, slot_ids: list[str]) -> None:
         """Take slots out of the pool (idle or being released) without leaving the registry."""

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
+from streaming.redis_url import is_cluster
 
 
 def last_seq(client: redis.Redis, keys: Keys, session_id: str) -> int:
@@ -63,7 +64,10 @@ def finish_output(
             pipe.xadd(log_key, {"e": data}, id=f"{i}-1", maxlen=log_maxlen, approximate=True)
         pipe.expire(log_key, linger_s)
         for data in encoded:
-            pipe.publish(channel, data)
+            if is_cluster(client):
+                pipe.spublish(channel, data)
+            else:
+                pipe.publish(channel, data)
         pipe.execute()
     return seq + len(events)
 
@@ -88,7 +92,10 @@ async def append_output(
             if attempt == 2:
                 raise
             continue
-        await client.publish(channel, data)
+        if is_cluster(client):
+            await client.spublish(channel, data)
+        else:
+            await client.publish(channel, data)
         return event.seq
     raise AssertionError("unreachable")
 

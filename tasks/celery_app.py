@@ -15,7 +15,7 @@ __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 def make_app() -> Celery:
     """A Celery app configured for long pinned sessions (see docs/ARCHITECTURE.md)."""
     s = get_settings()
-    broker, broker_options = celery_broker(s.redis_url)  # kombu's form of a Sentinel URL
+    broker, broker_options = celery_broker(s.celery_broker_url)  # kombu's form of a Sentinel URL
     app = Celery(
         "omniserve",
         broker=broker,

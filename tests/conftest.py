@@ -15,11 +15,20 @@ from streaming.keys import Keys
 from streaming.output import OutputBus
 from tests.support.celery_events import TaskEvents
 from tests.support.file_order import longest_first
+from tests.support.script_slots import one_slot_scripts
 from tests.support.stack import Stack
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     longest_first(items)  # see tests/support/file_order.py
+
+
+@pytest.fixture(autouse=True)
+def _scripts_touch_one_slot(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every script call of an in-process test keeps to one cluster slot
+    (tests/support/script_slots.py)."""
+    with one_slot_scripts(monkeypatch):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ lease (``api/relay/task.py``) and, when resumable, when another connection took 
 worker process of its slot is gone (it will never start). Asked one session at a time that
 was two commands per session every 0.5 s, a few per cent of a busy gateway's time. Here one
 script call (``lua.LIVENESS``) per tick answers all of them with one character each: Redis runs
-one command a tick where a pipeline brought it two per session.
+one command a tick where a pipeline brought it two per session. On Redis Cluster, where one
+tick's keys live on many slots and a script touches one, the same questions go as one pipeline,
+a batch per shard (``Liveness._read_routed``).
 
 A relay registers a watch once (``watch_lease``, ``watch_replaced``, ``watch_worker``); every
 tick's read then calls it with the answer, or with the error of a failed read, until it returns
@@ -44,6 +46,7 @@ from omnicore.aio import cancel_and_wait
 from streaming import lua
 from streaming.keys import Keys
 from streaming.outage import Outage, is_outage
+from streaming.redis_url import is_cluster, pipe_time
 from streaming.stalls import StallWatch
 
 log = logging.getLogger("omniserve.gateway")
@@ -176,6 +179,8 @@ class Liveness:
     async def _read(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
         """One character per key (``lua.LIVENESS``), in calls of at most KEYS_PER_CALL keys;
         the first ``leases`` keys are asked whether they exist (leases, worker presence)."""
+        if is_cluster(self.redis):
+            return await self._read_routed(keys, leases, conns)
         flags = b""
         for i in range(0, len(keys), KEYS_PER_CALL):
             part = keys[i : i + KEYS_PER_CALL]
@@ -187,6 +192,25 @@ class Liveness:
                 self._server_s = int(reply[1]) + int(reply[2]) / 1e6
             flags += _flags(reply[0])
         return flags
+
+    async def _read_routed(self, keys: list[str], leases: int, conns: list[str]) -> bytes:
+        """``_read`` on Redis Cluster, where the keys of one tick live on many slots and a script
+        may touch one: the same questions as plain commands in one pipeline, which the cluster
+        client sends as one batch to each shard, answered as ``lua.LIVENESS`` answers."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys[:leases]:
+                pipe.exists(key)
+            for key in keys[leases:]:
+                pipe.hget(key, "conn")
+            pipe_time(pipe, self.keys.queue)
+            replies = await pipe.execute()
+        now = replies.pop()
+        self._server_s = int(now[0]) + int(now[1]) / 1e6
+        flags = [b"1" if n else b"0" for n in replies[:leases]]
+        for conn, asker in zip(replies[leases:], conns, strict=True):
+            owner = conn.decode() if isinstance(conn, bytes) else conn
+            flags.append(b"2" if owner == "" else b"1" if owner and owner != asker else b"0")
+        return b"".join(flags)
 
 
 def _flags(reply: Any) -> bytes:

@@ -71,7 +71,14 @@ class Gateway:
         self.keys = Keys(settings.key_prefix)
         self.redis = gateway_client(settings.redis_url, settings.redis_max_connections)
         # Submits tasks by name: the gateway never imports worker code.
-        broker, broker_options = celery_broker(settings.redis_url)
+        # the Redis of Celery's queues, which the gateway pushes tasks to (the shared one
+        # unless ``broker_url`` names another: a Redis Cluster cannot be a broker)
+        self.broker_redis = (
+            gateway_client(settings.broker_url, settings.redis_max_connections)
+            if settings.broker_url
+            else self.redis
+        )
+        broker, broker_options = celery_broker(settings.celery_broker_url)
         self.celery = Celery("omniserve-gateway", broker=broker)
         self.celery.conf.update(
             # as the workers' app
@@ -207,6 +214,8 @@ class Gateway:
         except Exception:  # noqa: BLE001 - Redis gone: the key expires by itself
             log.warning("could not delete the alive key of gateway %s", self.gateway_id)
         await self.redis.aclose()
+        if self.broker_redis is not self.redis:
+            await self.broker_redis.aclose()
 
     async def ensure_lease(self) -> None:
         """Take the lease at once when the last renewal failed (raises when it fails again): a
@@ -321,7 +330,12 @@ class Gateway:
         keys the task reads, written with it in one transaction)."""
         # from the event loop, not send_task in a thread (api/gateway/task_submit.py says why)
         await task_submit.submit(
-            self.redis, self.celery, job, worker_queue(slot_worker(job.slot_id)), with_values
+            self.redis,
+            self.celery,
+            job,
+            worker_queue(slot_worker(job.slot_id)),
+            with_values,
+            broker=self.broker_redis,
         )
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:

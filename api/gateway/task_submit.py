@@ -75,13 +75,24 @@ async def submit(
     job: Job,
     queue: str,
     with_values: Mapping[str, tuple[bytes, int]] | None = None,
+    broker: aioredis.Redis | None = None,
 ) -> None:
     """Put ``job`` on the worker queue ``queue`` (a Redis list of priority 0's messages).
 
     ``with_values``: keys the task reads (key -> value, TTL in s), written in the same
     ``MULTI`` before the push: one round trip, and the task never starts without them.
+    ``broker``: the broker's Redis when it is not ``redis_client`` (``broker_url``): the values
+    are written first, then the task pushed, so it still never starts without them.
     """
     message = task_message(app, job, queue)
+    if broker is not None and broker is not redis_client:
+        if with_values:
+            async with redis_client.pipeline(transaction=False) as values:
+                for key, (value, ttl_s) in with_values.items():
+                    values.set(key, value, ex=ttl_s)
+                await values.execute()
+        await broker.lpush(queue, message)
+        return
     if not with_values:
         await redis_client.lpush(queue, message)
         return

@@ -6,11 +6,14 @@ Open to everyone: they tell no more than whether this gateway can take clients.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from api.gateway.state import Gateway
 from omnicore import __version__
+from streaming.redis_url import topology
 
 
 def create_router() -> APIRouter:
@@ -87,8 +90,23 @@ def create_router() -> APIRouter:
             "connections": clients.open,
             "connection_limit": clients.limit,
             "notes": notes,
+            "redis_topology": redis_topology(gateway),
             "version": __version__,
         }
         return JSONResponse(body, status_code=200 if redis_ok and writable else 503)
 
     return router
+
+
+def redis_topology(gateway: Gateway) -> dict[str, Any]:
+    """What the gateway's Redis is: ``standalone``, ``sentinel`` or ``cluster``; a cluster's
+    nodes as its client knows them now (``host:port`` and ``primary`` or ``replica``)."""
+    kind = topology(gateway.settings.redis_url)
+    out: dict[str, Any] = {"kind": kind}
+    if kind == "cluster":
+        shards: Any = gateway.redis
+        nodes = shards.get_nodes()
+        out["nodes"] = sorted(f"{n.host}:{n.port} {n.server_type}" for n in nodes)
+    if gateway.settings.broker_url:
+        out["broker"] = topology(gateway.settings.broker_url)
+    return out

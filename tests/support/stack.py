@@ -68,6 +68,7 @@ class Stack:
     gateways: list[tuple[Proc, int]] = field(default_factory=list)
     gateway_hosts: list[str] = field(default_factory=list)  # the address each gateway binds
     workers: list[Proc] = field(default_factory=list)
+    broker_url: str | None = None  # Celery's broker when it is not ``redis_url`` (a cluster's)
 
     @property
     def keys(self) -> Keys:
@@ -94,6 +95,8 @@ class Stack:
                 "PYTHONPATH": str(ROOT),
             }
         )
+        if self.broker_url:
+            env["OMNISERVE_BROKER_URL"] = self.broker_url
         env.update(self.env)
         env.update(overrides)
         return env
@@ -241,6 +244,6 @@ class Stack:
             r = self.redis()
             keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
             if keys:
-                r.delete(*keys)
-        except redis.RedisError:
+                r.delete(*keys)  # (a cluster client deletes them slot by slot)
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
             pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import itertools
 
 import pytest
 import redis
@@ -13,6 +13,7 @@ from streaming.chat_requests import (
     drop_chat_request,
     store_chat_request,
 )
+from streaming.jobs import claim_id
 from streaming.keys import Keys
 from streaming.session_claim import SessionClaimer
 
@@ -22,10 +23,12 @@ pytestmark = pytest.mark.asyncio
 def take(client: redis.Redis, keys: Keys, turn_id: str) -> dict | None:
     """What a worker's claim of a fresh attempt of the turn reads (each call claims anew)."""
     claimer = SessionClaimer(client, keys, "w#1", claim_ttl_s=60, lease_ttl_s=5)
-    claimed = claimer.claim(f"{turn_id}-{uuid.uuid4().hex}", "w#1|0", turn_id, chat_turn=True)
+    claimed = claimer.claim(claim_id(turn_id, next(ATTEMPTS)), "w#1|0", turn_id, chat_turn=True)
     assert claimed is not None
     return claimed.request
 
+
+ATTEMPTS = itertools.count(1)  # each claim a new attempt's (``<turn id>.r<n>``)
 
 REQUEST = {"messages": [{"role": "user", "content": "hello"}], "tts": {"enabled": False}}
 

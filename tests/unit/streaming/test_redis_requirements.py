@@ -24,7 +24,9 @@ def test_each_unmet_requirement_is_named() -> None:
     assert (
         "maxmemory-policy is allkeys-lru" in unmet({**GOOD, "maxmemory_policy": "allkeys-lru"})[0]
     )
-    assert "cluster mode" in unmet({**GOOD, "cluster_enabled": 1})[0]
+    assert "redis+cluster://" in unmet({**GOOD, "cluster_enabled": 1})[0]
+    assert unmet({**GOOD, "cluster_enabled": 1}, cluster=True) == []
+    assert "no sharded pub/sub" in unmet({**GOOD, "redis_version": "6.2.14"}, cluster=True)[0]
     assert "is a replica" in unmet({**GOOD, "role": "slave"})[0]
     assert len(unmet({"redis_version": "5.0.0", "maxmemory_policy": "volatile-lru"})) == 2
 

@@ -9,12 +9,19 @@ import redis.asyncio as aioredis
 from redis.sentinel import SentinelConnectionPool
 
 from streaming.redis_url import (
+    CLUSTER_PORT,
     SENTINEL_PORT,
+    ClusterTarget,
+    async_client,
     async_pool,
     celery_broker,
+    cluster_target,
+    is_cluster,
+    is_cluster_url,
     is_sentinel,
     sentinel_target,
     sync_pool,
+    topology,
 )
 
 
@@ -88,3 +95,47 @@ def test_celery_gets_kombus_form() -> None:
     for alternate in conn.alt:
         other = Connection(alternate)
         assert (other.virtual_host, other.password) == ("1", "p:w")
+
+
+def test_a_cluster_url_is_read() -> None:
+    url = "redis+cluster://:s3cret@10.0.0.1:7000,node-b,[::1]:7002/?socket_timeout=3"
+    target = cluster_target(url)
+    assert target is not None and is_cluster_url(url) and topology(url) == "cluster"
+    assert target.nodes == (("10.0.0.1", 7000), ("node-b", CLUSTER_PORT), ("::1", 7002))
+    assert target.options == {"password": "s3cret", "socket_timeout": 3.0}
+    assert cluster_target("redis+cluster://h:7000/0") == ClusterTarget((("h", 7000),), {})
+    assert cluster_target("redis+cluster://h:7000") == ClusterTarget((("h", 7000),), {})
+    for other in ("redis://h:6379/0", "redis+sentinel://h/omni"):
+        assert cluster_target(other) is None and not is_cluster_url(other)
+    assert topology("redis://h:6379/0") == "standalone"
+    assert topology("redis+sentinel://h/omni") == "sentinel"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://h:7000/1",  # a cluster has database 0 only
+        "redis+cluster://h:7000/0/x",
+        "redis+cluster://h:7000,,h2:7001/",  # a node without a host
+        "redis+cluster://h:port/",
+        "rediss+cluster://h:7000/",  # no TLS
+    ],
+)
+def test_a_malformed_cluster_url_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="cluster"):
+        cluster_target(url)
+
+
+def test_celery_refuses_a_cluster() -> None:
+    with pytest.raises(ValueError, match="OMNISERVE_BROKER_URL"):
+        celery_broker("redis+cluster://h:7000/")
+
+
+async def test_cluster_clients_carry_the_urls_options() -> None:
+    """Built without a server: the asyncio client reads the slot map at its first command."""
+    client = async_client("redis+cluster://127.0.0.1:1,127.0.0.1:2/?socket_timeout=3")
+    assert is_cluster(client) and not is_cluster(aioredis.Redis())
+    nodes = list(client.nodes_manager.startup_nodes.values())  # (until the slot map is read)
+    assert {(n.host, n.port) for n in nodes} == {("127.0.0.1", 1), ("127.0.0.1", 2)}
+    assert all(n.connection_kwargs["socket_timeout"] == 3 for n in nodes)
+    await client.aclose()

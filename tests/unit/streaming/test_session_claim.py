@@ -16,7 +16,7 @@ def claimer(client: redis.Redis, keys: Keys, worker: str = "w#1") -> SessionClai
     return SessionClaimer(client, keys, worker, claim_ttl_s=60, lease_ttl_s=5)
 
 
-def test_claim_holds_the_slot_and_leases_the_session_in_one_command(
+def test_claim_leases_the_session_in_one_command_then_holds_the_slot(
     sync_redis: redis.Redis, keys: Keys
 ) -> None:
     c = claimer(sync_redis, keys)
@@ -30,9 +30,9 @@ def test_claim_holds_the_slot_and_leases_the_session_in_one_command(
                 continue
             if cmd["client_type"] != "lua":
                 sent.append(cmd["command"].split()[0])
-            elif keys.session_lease("rt_1") in cmd["command"]:
-                break  # the script's last write
-    assert sent == ["EVALSHA"]
+                if keys.slot_hold("w#1|0") in cmd["command"]:
+                    break  # the last command
+    assert sent == ["EVALSHA", "SET"]  # the session's keys, then the slot's hold
     assert sync_redis.get(keys.session_claim("rt_1")) == b"w#1"
     assert 0 < sync_redis.ttl(keys.session_claim("rt_1")) <= 60
     assert sync_redis.get(keys.slot_hold("w#1|0")) == b"rt_1"
@@ -68,6 +68,6 @@ def test_a_failover_attempt_claims_its_own_id(sync_redis: redis.Redis, keys: Key
     """The session's first attempt and a failover's attempt have different claim ids; the
     lease is the session's either way."""
     assert claimer(sync_redis, keys, "w#1").claim("rt_4", "w#1|0", "rt_4") is not None
-    assert claimer(sync_redis, keys, "w#2").claim("rt_4#2", "w#2|0", "rt_4") is not None
+    assert claimer(sync_redis, keys, "w#2").claim("rt_4.r2", "w#2|0", "rt_4") is not None
     assert sync_redis.get(keys.session_lease("rt_4")) == b"w#2|0"
-    assert claimer(sync_redis, keys, "w#3").claim("rt_4#2", "w#3|0", "rt_4") is None
+    assert claimer(sync_redis, keys, "w#3").claim("rt_4.r2", "w#3|0", "rt_4") is None

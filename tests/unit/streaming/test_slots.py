@@ -146,3 +146,24 @@ def test_a_full_redis_still_takes_a_slot_back() -> None:
     finally:
         client.close()
         server.stop()
+
+
+def test_a_beat_after_redis_lost_its_scripts_renews_and_reports(
+    redis_server: str, keys: Keys
+) -> None:
+    """A Redis restarted empty (or a promoted replica: scripts are not replicated) answers the
+    lease renewal NOSCRIPT: the beat loads it and renews all the same, and still reports the
+    registry entry it wrote again."""
+    own = start_embedded(die_with_parent=True)  # (SCRIPT FLUSH would reach every test's)
+    client = redis.Redis.from_url(own.url)
+    try:
+        reg = WorkerRegistry(client, keys, "w#1", lease_ttl_s=30)
+        reg.register({"slots": 1})
+        client.flushall()  # empty, its script cache too
+        client.script_flush()
+        assert reg.heartbeat([], {"w#1|0": "rt_1"}) == (True, [])
+        assert client.get(keys.session_lease("rt_1")) == b"w#1|0"
+        assert client.exists(keys.workers) and client.exists(keys.worker_alive("w#1"))
+    finally:
+        client.close()
+        own.stop()

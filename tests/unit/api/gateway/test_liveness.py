@@ -22,7 +22,10 @@ from api.gateway.liveness import Answer, Liveness
 from omniserve.redis_server import start_embedded
 from streaming import lua
 from streaming.keys import Keys
+from streaming.redis_connection import gateway_client
 from tests.support.liveness_watches import watched
+from tests.support.redis_cluster import RedisClusterSet
+from tests.support.script_slots import slots_of
 
 
 class CountingRedis(aioredis.Redis):
@@ -292,3 +295,39 @@ async def test_a_read_that_times_out_reads_as_held_and_the_resume_watch_is_told(
         await live.stop()
         await client.aclose()
         server.stop()
+
+
+async def test_on_a_cluster_the_same_questions_get_the_same_answers(keys: Keys) -> None:
+    """On a Redis Cluster a tick's keys live on many slots: the same answers come from plain
+    commands the cluster client routes (``Liveness._read_routed``), with Redis's clock."""
+    cluster = RedisClusterSet()
+    cluster.start()
+    client = gateway_client(cluster.url, 20)
+    live = Liveness(client, keys, tick_s=0.05)
+    try:
+        sids = [f"rt_1_{i:02x}" for i in range(12)]  # spread over the shards
+        for sid in sids[::2]:
+            await client.set(keys.session_lease(sid), b"w1")
+            await client.hset(keys.session_resume(sid), "conn", "c1")
+        await client.hset(keys.session_resume(sids[1]), "conn", "")
+        await client.set(keys.worker_alive("w#1"), b"1")
+        leases = [Seen(1) for _ in sids]
+        owners = [Seen(1) for _ in sids]
+        worker = Seen(1)
+        for sid, lease, owner in zip(sids, leases, owners, strict=True):
+            live.watch_lease(sid, lease)
+            live.watch_replaced(sid, "c2", owner)
+        live.watch_worker("w#1", worker)
+        before = time.time()
+        await live.check()
+        assert [w.answers for w in leases] == [[i % 2 == 0] for i in range(12)]
+        expected: list[Answer] = [i % 2 == 0 for i in range(12)]
+        expected[1] = liveness.DETACHED
+        assert [w.answers for w in owners] == [[a] for a in expected]
+        assert worker.answers == [True]
+        assert live._server_s is not None and abs(live._server_s - before) < 60
+        assert len(slots_of([keys.session_lease(s) for s in sids])) > 1
+    finally:
+        await live.stop()
+        await client.aclose()
+        cluster.stop()

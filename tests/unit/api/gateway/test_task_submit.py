@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from api.gateway.task_submit import submit, task_message
+from omniserve.redis_server import start_embedded
 from streaming.jobs import ChatJob, DuplexJob
 
 
@@ -99,3 +100,29 @@ async def test_values_go_with_the_task(redis_server: str) -> None:
         await client.delete(queue, key)
         await client.aclose()
         app.close()
+
+
+async def test_a_broker_of_its_own_gets_the_task_and_the_data_plane_the_values(
+    redis_server: str,
+) -> None:
+    """``OMNISERVE_BROKER_URL``: the values go to the shared Redis first, the task to the
+    broker's queue after (so it never starts without them)."""
+    broker_server = start_embedded(die_with_parent=True)
+    app = _app(broker_server.url)
+    queue = f"omni.w.test-{uuid.uuid4().hex[:8]}"
+    key = f"test:req:{uuid.uuid4().hex[:8]}"
+    data = aioredis.Redis.from_url(redis_server)
+    broker = aioredis.Redis.from_url(broker_server.url)
+    job = ChatJob(turn_id="chat_3", slot_id="n#1|0", gateway_id="g", deadline_ts=3.0)
+    try:
+        await submit(data, app, job, queue, {key: (b"request", 30)}, broker=broker)
+        assert await data.get(key) == b"request" and not await data.exists(queue)
+        assert not await broker.exists(key)
+        raw = await broker.rpop(queue)
+        assert isinstance(raw, bytes) and json.loads(raw)["headers"]["id"] == "chat_3"
+    finally:
+        await data.delete(key)
+        await data.aclose()
+        await broker.aclose()
+        app.close()
+        broker_server.stop()
