@@ -80,6 +80,7 @@ def create_router() -> APIRouter:
             "gateway_id": gateway.gateway_id,
             "redis": redis_ok,
             "redis_writable": writable,
+            "broker": gateway.broker_where,  # scheme and host(s), no credentials
             "worker_slots": ready,
             "loading_slots": loading,
             "queue_length": snap.length if snap else None,

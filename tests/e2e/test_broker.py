@@ -1,0 +1,155 @@
+"""A broker of its own (``OMNISERVE_BROKER_URL``): RabbitMQ or another Redis carries the task
+messages while the shared Redis carries the sessions; a broker that does not answer stops each
+part at start, saying so.
+
+RabbitMQ is a real ``rabbitmq-server`` started by the test (``tests/support/rabbitmq.py``); the
+gateway, the workers (a threads pool and a prefork one) and the clients are real processes and
+WebSockets.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+import pytest
+import redis
+from kombu import Connection
+
+from streaming.keys import worker_queue
+from tests.support.chat_turn import start_chat_turn
+from tests.support.fault_harness import served_end_to_end
+from tests.support.rabbitmq import RabbitMQ
+from tests.support.stack import ROOT, Stack
+
+ANSWER_WORDS = 3
+
+
+@pytest.fixture(scope="module")
+def rabbitmq() -> Iterator[RabbitMQ]:
+    node = RabbitMQ()
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def broker_stack(redis_server: str, rabbitmq: RabbitMQ) -> Iterator[Stack]:
+    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": rabbitmq.url})
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def worker_queues(stack: Stack) -> list[str]:
+    """The Celery queue of each worker node registered in this stack's shared Redis."""
+    nodes = {worker_queue(wid.decode()) for wid in stack.redis().hkeys(stack.keys.workers)}
+    return sorted(nodes)
+
+
+async def serve_duplex_and_chat(stack: Stack) -> None:
+    """A duplex session answered end to end, and a chat turn answered in full."""
+    frames = await served_end_to_end(stack.url())
+    assert any(f.get("kind") == "text" for f in frames if f["type"] == "response.output.delta")
+    assert any(f["type"] == "session.closed" for f in frames)
+    chat = await start_chat_turn(stack.url(), words=ANSWER_WORDS)
+    try:
+        done = await chat.until("response.done", timeout=30)
+        assert str(done.get("text") or "").split() == ["word"] * ANSWER_WORDS, done
+    finally:
+        await chat.close()
+
+
+async def test_rabbitmq_carries_the_tasks(broker_stack: Stack, rabbitmq: RabbitMQ) -> None:
+    stack = broker_stack
+    stack.start_worker(slots=2)  # threads pool
+    stack.start_worker()  # prefork pool
+    port = stack.start_gateway()
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+    assert health["broker"] == f"amqp://127.0.0.1:{rabbitmq.port}"  # named, without the login
+    assert rabbitmq.password not in orjson.dumps(health).decode()
+    await serve_duplex_and_chat(stack)
+    await serve_duplex_and_chat(stack)  # the slots came back for more
+    # the tasks went through RabbitMQ: each worker consumes its queue there
+    queues = worker_queues(stack)
+    assert len(queues) == 2, queues
+    with Connection(rabbitmq.url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        for queue in queues:
+            # passive: raises if RabbitMQ has no such queue
+            _, _, consumers = channel.queue_declare(queue, passive=True)
+            assert consumers == 1, queue
+
+
+async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
+    """A Redis broker that is not the shared Redis (here: another database of the same
+    server): a task's keys go to the shared Redis, its message to the broker's list."""
+    parts = urlsplit(redis_server)
+    broker = parts._replace(path="/7").geturl()
+    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": broker})
+    try:
+        stack.start_worker(slots=2)
+        port = stack.start_gateway()
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+        assert health["broker"] == f"redis://{parts.netloc.rpartition('@')[2]}"
+        await serve_duplex_and_chat(stack)
+        # the worker's consumer waits on the broker's database, so the gateway pushed there
+        waiting = [c for c in stack.redis().client_list() if c.get("cmd") == "brpop"]
+        assert "7" in {c["db"] for c in waiting}, waiting
+        assert redis.Redis.from_url(broker).exists("_kombu.binding.celery.pidbox")
+    finally:
+        stack.stop()
+
+
+# ------------------------------------------------------------------------ a broker that is mute
+
+
+@pytest.fixture
+def mute_port() -> Iterator[int]:
+    """A TCP port that takes connections and never says a word (a broker that hangs)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("scheme", ["amqp", "redis"])
+@pytest.mark.parametrize("part", ["gateway", "worker", "up"])
+def test_a_broker_that_does_not_answer_stops_the_start(
+    part: str, scheme: str, mute_port: int, redis_server: str, tmp_path: object
+) -> None:
+    url = f"{scheme}://omni:hush-pw-123@127.0.0.1:{mute_port}/"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.update(
+        {
+            "OMNISERVE_REDIS_URL": redis_server,
+            "OMNISERVE_BROKER_URL": url,
+            "OMNISERVE_UP_LOG_DIR": str(tmp_path),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    args = {"gateway": ["gateway", "--port", "0"], "worker": ["worker"], "up": ["up"]}[part]
+    args += ["--backend", "scripted"] if part != "gateway" else []
+    # the timeout is a backstop for a hang, which is the failure this test is for
+    done = subprocess.run(
+        [sys.executable, "-m", "omniserve", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    said = done.stderr
+    assert f"the broker at {scheme}://127.0.0.1:{mute_port} does not answer" in said, said
+    assert "OMNISERVE_BROKER_URL" in said
+    assert "hush-pw-123" not in said + done.stdout
