@@ -59,12 +59,19 @@ def rabbitmq_server() -> Path:
 
 
 class RabbitMQ:
-    """One RabbitMQ node on loopback: ``url`` is its AMQP URL (user ``omni``)."""
+    """One RabbitMQ node on loopback: ``url`` is its AMQP URL."""
 
-    user = "omni"
-    password = "omni-test-pw"
-
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        conf: str = "",
+        user: str = "omni",
+        password: str = "omni-test-pw",
+        vhost: str = "/",
+    ) -> None:
+        """``conf``: more rabbitmq.conf lines (a deployment's own file, say); ``user``,
+        ``password``, ``vhost``: the login it is created with."""
+        self.conf = conf
+        self.user, self.password, self.vhost = user, password, vhost
         self.workdir = Path(tempfile.mkdtemp(prefix="omniserve-rabbitmq-"))
         self.port = free_port()
         self.dist_port = free_port()
@@ -75,7 +82,7 @@ class RabbitMQ:
 
     @property
     def url(self) -> str:
-        return f"amqp://{self.user}:{self.password}@127.0.0.1:{self.port}//"
+        return f"amqp://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.vhost}"
 
     @property
     def log(self) -> Path:
@@ -112,10 +119,9 @@ class RabbitMQ:
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
             f"default_user = {self.user}\n"
             f"default_pass = {self.password}\n"
+            f"default_vhost = {self.vhost}\n"
             "loopback_users = none\n"
-            # the production setting (deploy/rabbitmq/rabbitmq.conf): no ack deadline
-            "consumer_timeout = 86400000\n"
-            "log.console = true\nlog.file = false\n"
+            "log.console = true\nlog.file = false\n" + self.conf
         )
         # epmd in the foreground, as a child of ours: one the server started itself would detach
         # (``-daemon``) and outlive the test
@@ -156,6 +162,19 @@ class RabbitMQ:
             except Exception:  # not up yet
                 time.sleep(0.3)
         raise RuntimeError(f"rabbitmq-server did not start:\n{self.tail()}")
+
+    def ctl(self, *args: str) -> str:
+        """``rabbitmqctl ARGS`` against this node (its cookie, epmd and name), its output."""
+        ctl = SERVER.with_name("rabbitmqctl")
+        done = subprocess.run(
+            [str(ctl), "-n", self.node, *args],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
     def tail(self, n: int = 40) -> str:
         try:
