@@ -9,6 +9,7 @@ WebSockets.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -22,9 +23,11 @@ import pytest
 import redis
 from kombu import Connection
 
+from streaming.jobs import CHAT_TASK, DUPLEX_TASK
 from streaming.keys import worker_queue
+from tests.support.celery_events import TaskEvents
 from tests.support.chat_turn import start_chat_turn
-from tests.support.fault_harness import served_end_to_end
+from tests.support.fault_harness import await_for, served_end_to_end
 from tests.support.rabbitmq import RabbitMQ
 from tests.support.stack import ROOT, Stack
 
@@ -71,9 +74,18 @@ async def serve_duplex_and_chat(stack: Stack) -> None:
 
 async def test_rabbitmq_carries_the_tasks(broker_stack: Stack, rabbitmq: RabbitMQ) -> None:
     stack = broker_stack
+    events = TaskEvents(rabbitmq.url)  # as Flower hears them, from RabbitMQ
+    try:
+        await tasks_served_over_rabbitmq(stack, rabbitmq, events)
+    finally:
+        events.stop()
+
+
+async def tasks_served_over_rabbitmq(stack: Stack, rabbitmq: RabbitMQ, events: TaskEvents) -> None:
     stack.start_worker(slots=2)  # threads pool
     stack.start_worker()  # prefork pool
     port = stack.start_gateway()
+    assert await asyncio.to_thread(events.heard_worker.wait, 30)
     health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
     assert health["broker"] == f"amqp://127.0.0.1:{rabbitmq.port}"  # named, without the login
     assert rabbitmq.password not in orjson.dumps(health).decode()
@@ -88,6 +100,9 @@ async def test_rabbitmq_carries_the_tasks(broker_stack: Stack, rabbitmq: RabbitM
             # passive: raises if RabbitMQ has no such queue
             _, _, consumers = channel.queue_declare(queue, passive=True)
             assert consumers == 1, queue
+    # and so did their task events (what Flower shows)
+    for task in (DUPLEX_TASK, CHAT_TASK):
+        await await_for(lambda t=task: events.of_type("task-succeeded", t), 30, f"{task}'s events")
 
 
 async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
