@@ -102,6 +102,7 @@ async def submit(
 
 
 SEND_THREADS = 4  # concurrent publishes to RabbitMQ (each on a connection of Celery's pool)
+SEND_TIMEOUT_S = 10.0  # a publish, and RabbitMQ's confirm of it: a silent broker fails the submit
 
 
 class TaskSender:
@@ -146,7 +147,16 @@ class TaskSender:
 
     def _send_task(self, job: Job, queue: str) -> None:
         self.app.send_task(
-            job.task, kwargs=job.kwargs(), queue=queue, routing_key=queue, task_id=job.task_id
+            job.task,
+            kwargs=job.kwargs(),
+            queue=queue,
+            routing_key=queue,
+            task_id=job.task_id,
+            timeout=SEND_TIMEOUT_S,
+            confirm_timeout=SEND_TIMEOUT_S,
+            # once more on a fresh connection (a pooled one may be a restarted broker's), then
+            # the submit fails: the client is told, its slot freed
+            retry_policy={"max_retries": 1},
         )
 
     async def aclose(self) -> None:

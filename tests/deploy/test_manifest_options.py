@@ -240,6 +240,7 @@ def test_the_nodes_form_a_cluster_that_sends_clients_to_their_names(
             time.sleep(0.2)
         roles = [redis.Redis(port=p, password=password).info("replication")["role"] for p in ports]
         assert sorted(roles) == ["master"] * 3 + ["slave"] * 3
+
         def endpoints() -> set[str]:  # each slot range's primary, then its replicas
             slots = client.execute_command("CLUSTER SLOTS")
             return {str(node[0]) for slot in slots for node in slot[2:]}

@@ -163,6 +163,12 @@ class RabbitMQ:
                 time.sleep(0.3)
         raise RuntimeError(f"rabbitmq-server did not start:\n{self.tail()}")
 
+    def freeze(self, frozen: bool) -> None:
+        """Stop (SIGSTOP) or resume (SIGCONT) the whole node: it keeps its sockets, and answers
+        nothing meanwhile."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
     def ctl(self, *args: str) -> str:
         """``rabbitmqctl ARGS`` against this node (its cookie, epmd and name), its output."""
         ctl = SERVER.with_name("rabbitmqctl")
