@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,6 +26,7 @@ import pytest
 import redis
 from kombu import Connection
 
+from omniserve.redis_server import free_port
 from streaming.jobs import CHAT_TASK, DUPLEX_TASK
 from streaming.keys import worker_queue
 from tests.support.celery_events import TaskEvents
@@ -168,3 +172,66 @@ def test_a_broker_that_does_not_answer_stops_the_start(
     assert f"the broker at {scheme}://127.0.0.1:{mute_port} does not answer" in said, said
     assert "OMNISERVE_BROKER_URL" in said
     assert "hush-pw-123" not in said + done.stdout
+
+
+# ------------------------------------------------------------------------ omniserve up, Flower
+def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
+    """``omniserve up --flower`` given RabbitMQ: the banner names it, a chat turn is answered,
+    and Flower, asking the workers over RabbitMQ (``celery inspect``), lists the worker."""
+    port, flower_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.pop("REDIS_URL", None)
+    env.update(
+        {
+            "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # up embeds one
+            "OMNISERVE_BROKER_URL": rabbitmq.url,
+            "OMNISERVE_UP_LOG_DIR": str(tmp_path / "logs"),
+            "OMNISERVE_RECORDINGS": "false",
+            "OMNISERVE_FLOWER_BASIC_AUTH": "ops:flower-pw-rabbit",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    log = tmp_path / "up.log"
+    argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
+    with open(log, "wb") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "omniserve", *argv, "--flower-port", str(flower_port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "try it" not in log.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        banner = log.read_text()
+        assert f"broker    amqp://127.0.0.1:{rabbitmq.port} (OMNISERVE_BROKER_URL)" in banner
+        assert rabbitmq.password not in banner
+        url = f"ws://127.0.0.1:{port}"
+        probe = subprocess.run(
+            [sys.executable, "-m", "omniserve", "probe", "--url", url, "chat", "Hello"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        workers: dict[str, object] = {}
+        api = f"http://127.0.0.1:{flower_port}/api/workers?refresh=1"
+        while not workers:  # Flower starts beside the rest, then asks the workers
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
+            try:
+                got = httpx.get(api, auth=("ops", "flower-pw-rabbit"), timeout=10)
+                workers = got.json() if got.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        assert any(name.startswith("omni-") for name in workers), workers
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=40)

@@ -26,6 +26,7 @@ LONGEST = (
     "tests/faults/test_redis_full.py",  # 72
     "tests/faults/test_dropped_packets.py",  # 70
     "tests/faults/test_dead_clients.py",  # 63
+    "tests/e2e/test_broker.py",  # 68 (measured alone, 2026-12-03)
     "tests/e2e/test_relay_gap.py",  # 58
     "tests/e2e/test_metering.py",  # 55 (measured alone, 2026-12-02)
     "tests/faults/test_gateway_freeze.py",  # 57
@@ -38,10 +39,13 @@ LONGEST = (
     "tests/e2e/test_official_protocol.py",  # 44
     "tests/unit/inference/pocket/test_llm.py",  # 43
     "tests/e2e/test_resume.py",  # 42
+    "tests/deploy/test_manifest_options.py",  # 45 (measured alone, 2026-12-03)
+    "tests/deploy/test_compose_options.py",  # 40 (measured alone, 2026-12-03)
     "tests/e2e/test_ops.py",  # 41
     "tests/faults/test_hung_step.py",  # 41
     "tests/e2e/test_metrics.py",  # 33
     "tests/faults/test_redis_stall.py",  # 33
+    "tests/faults/test_broker_stall.py",  # 30 (measured alone, 2026-12-03)
     "tests/e2e/test_fuzz_protocol.py",  # 31
     "tests/e2e/test_security_access.py",  # 31
     "tests/e2e/test_recordings.py",  # 30
