@@ -326,8 +326,10 @@ class Gateway:
         self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
     ) -> None:
         """Send a task to the queue of the worker that owns the job's slot (``with_values``:
-        keys the task reads, written with it in one transaction)."""
-        # from the event loop, not send_task in a thread (api/gateway/task_submit.py says why)
+        keys the task reads, written before it: in one transaction with it when the broker is
+        the shared Redis)."""
+        # from the event loop, not send_task in a thread, unless the broker is RabbitMQ
+        # (api/gateway/task_submit.py says why)
         await self.sender.submit(job, worker_queue(slot_worker(job.slot_id)), with_values)
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:
