@@ -24,11 +24,12 @@ import httpx
 import orjson
 import pytest
 import redis
-from kombu import Connection
+from kombu import Connection, Exchange, Producer, Queue
 
 from omniserve.redis_server import free_port
 from streaming.jobs import CHAT_TASK, DUPLEX_TASK
 from streaming.keys import worker_queue
+from tests.support.carry_on import PacedSession
 from tests.support.celery_events import TaskEvents
 from tests.support.chat_turn import start_chat_turn
 from tests.support.fault_harness import await_for, served_end_to_end
@@ -127,6 +128,24 @@ async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
         assert redis.Redis.from_url(broker).exists("_kombu.binding.celery.pidbox")
     finally:
         stack.stop()
+
+
+def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
+    rabbitmq: RabbitMQ, redis_server: str
+) -> None:
+    url = rabbitmq.url.replace(rabbitmq.password, "not-the-password")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
+    env.update(OMNISERVE_REDIS_URL=redis_server, OMNISERVE_BROKER_URL=url, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "omniserve", "gateway", "--port", "0"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "ACCESS_REFUSED" in done.stderr and "not-the-password" not in done.stderr
 
 
 # ------------------------------------------------------------------------ a broker that is mute
@@ -235,3 +254,66 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=40)
+
+
+# ------------------------------------------------------------------- RabbitMQ's ack deadline
+ACK_DEADLINE_MS = 2000  # RabbitMQ's consumer_timeout, made short; checked every half second
+SHORT_DEADLINE = (
+    f"consumer_timeout = {ACK_DEADLINE_MS}\n",
+    "[{rabbit, [{channel_tick_interval, 500}]}].",
+)
+
+
+def held_unacked_past_the_deadline(url: str) -> str:
+    """What RabbitMQ does to a consumer holding a delivery unacknowledged: its error."""
+    with Connection(url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        queue = Queue("deadline-probe", Exchange("deadline-probe"), "deadline-probe")
+        queue(channel).declare()
+        Producer(channel).publish({"x": 1}, exchange="deadline-probe", routing_key="deadline-probe")
+        held: list[object] = []
+        with conn.Consumer([queue], callbacks=[lambda body, message: held.append(message)]):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=1)
+                except TimeoutError:
+                    continue
+                except Exception as exc:  # the channel closed under the consumer
+                    return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize("pool_slots", [1, 2], ids=["prefork", "threads"])
+async def test_a_session_outlives_rabbitmqs_ack_deadline(
+    redis_server: str, pool_slots: int
+) -> None:
+    """A session runs many times longer than RabbitMQ's ``consumer_timeout`` and ends as it
+    should, and its worker goes on consuming: the worker acknowledges each task as it takes it
+    (the deadline, short here, is shown to bite a consumer that does not)."""
+    conf, advanced = SHORT_DEADLINE
+    node = RabbitMQ(conf=conf, advanced=advanced)
+    node.start()
+    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": node.url})
+    try:
+        assert "delivery acknowledgement" in held_unacked_past_the_deadline(node.url)
+        probed = len(node.log.read_bytes())  # what the node logged of the probe
+        stack.start_worker(slots=pool_slots)
+        stack.start_gateway()
+        session = await PacedSession.open(stack.url())
+        try:
+            t0 = time.monotonic()
+            # four deadlines and more, answered all along
+            await await_for(lambda: time.monotonic() - t0 > 4 * ACK_DEADLINE_MS / 1000, 30, "")
+            assert session.carried_on(t0 + 3 * ACK_DEADLINE_MS / 1000), session.report(t0)
+        finally:
+            await session.close()
+        (queue,) = worker_queues(stack)
+        with Connection(node.url, connect_timeout=5) as conn:
+            _, _, consumers = conn.channel().queue_declare(queue, passive=True)
+        assert consumers == 1  # the worker's channel was never closed under it
+        await serve_duplex_and_chat(stack)  # and it takes the next tasks
+        assert b"timed out" not in node.log.read_bytes()[probed:]
+    finally:
+        stack.stop()
+        node.stop()

@@ -64,13 +64,16 @@ class RabbitMQ:
     def __init__(
         self,
         conf: str = "",
+        advanced: str = "[].",
         user: str = "omni",
         password: str = "omni-test-pw",
         vhost: str = "/",
     ) -> None:
-        """``conf``: more rabbitmq.conf lines (a deployment's own file, say); ``user``,
-        ``password``, ``vhost``: the login it is created with."""
+        """``conf``: more rabbitmq.conf lines (a deployment's own file, say); ``advanced``: its
+        advanced.config (Erlang terms); ``user``, ``password``, ``vhost``: the login it is
+        created with."""
         self.conf = conf
+        self.advanced = advanced
         self.user, self.password, self.vhost = user, password, vhost
         self.workdir = Path(tempfile.mkdtemp(prefix="omniserve-rabbitmq-"))
         self.port = free_port()
@@ -114,7 +117,7 @@ class RabbitMQ:
         server = rabbitmq_server()
         (self.workdir / "enabled_plugins").write_text("[].\n")
         (self.workdir / "rabbitmq-env.conf").write_text("")
-        (self.workdir / "advanced.config").write_text("[].\n")
+        (self.workdir / "advanced.config").write_text(self.advanced + "\n")
         (self.workdir / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
             f"default_user = {self.user}\n"
