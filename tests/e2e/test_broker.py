@@ -1,6 +1,7 @@
-"""A broker of its own (``OMNISERVE_BROKER_URL``): RabbitMQ or another Redis carries the task
-messages while the shared Redis carries the sessions; a broker that does not answer stops each
-part at start, saying so.
+"""A broker of its own (``OMNISERVE_BROKER_URL``): RabbitMQ, another Redis or a Redis behind
+Sentinel carries the task messages and task events while the shared Redis carries the sessions;
+RabbitMQ's ack deadline never ends a session; a broker that does not answer, or refuses the
+login, stops each part at start, saying so.
 
 RabbitMQ is a real ``rabbitmq-server`` started by the test (``tests/support/rabbitmq.py``); the
 gateway, the workers (a threads pool and a prefork one) and the clients are real processes and
@@ -34,6 +35,7 @@ from tests.support.celery_events import TaskEvents
 from tests.support.chat_turn import start_chat_turn
 from tests.support.fault_harness import await_for, served_end_to_end
 from tests.support.rabbitmq import RabbitMQ
+from tests.support.redis_sentinel import SentinelSet
 from tests.support.stack import ROOT, Stack
 
 ANSWER_WORDS = 3
@@ -146,6 +148,25 @@ def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
     )
     assert done.returncode == 1, done.stderr
     assert "ACCESS_REFUSED" in done.stderr and "not-the-password" not in done.stderr
+
+
+async def test_a_sentinel_broker_carries_the_tasks(redis_server: str) -> None:
+    """The broker behind Redis Sentinel (a primary, a replica, a sentinel; the first sentinel
+    named is down), the sessions on the run's Redis."""
+    sentinels = SentinelSet()
+    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": sentinels.url})
+    try:
+        sentinels.start()
+        stack.start_worker(slots=2)
+        port = stack.start_gateway()
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+        assert health["broker"].startswith("redis+sentinel://127.0.0.1:")
+        await serve_duplex_and_chat(stack)
+        primary = redis.Redis(port=sentinels.ports[0], db=3)  # the URL's database
+        assert primary.exists("_kombu.binding.celery.pidbox")  # the worker consumes there
+    finally:
+        stack.stop()
+        sentinels.stop()
 
 
 # ------------------------------------------------------------------------ a broker that is mute
@@ -284,16 +305,26 @@ def held_unacked_past_the_deadline(url: str) -> str:
     return ""
 
 
+@pytest.fixture(scope="module")
+def short_deadline() -> Iterator[RabbitMQ]:
+    """RabbitMQ whose ack deadline is ``ACK_DEADLINE_MS``."""
+    conf, advanced = SHORT_DEADLINE
+    node = RabbitMQ(conf=conf, advanced=advanced)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+
+
 @pytest.mark.parametrize("pool_slots", [1, 2], ids=["prefork", "threads"])
 async def test_a_session_outlives_rabbitmqs_ack_deadline(
-    redis_server: str, pool_slots: int
+    redis_server: str, short_deadline: RabbitMQ, pool_slots: int
 ) -> None:
     """A session runs many times longer than RabbitMQ's ``consumer_timeout`` and ends as it
     should, and its worker goes on consuming: the worker acknowledges each task as it takes it
     (the deadline, short here, is shown to bite a consumer that does not)."""
-    conf, advanced = SHORT_DEADLINE
-    node = RabbitMQ(conf=conf, advanced=advanced)
-    node.start()
+    node = short_deadline
     stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": node.url})
     try:
         assert "delivery acknowledgement" in held_unacked_past_the_deadline(node.url)
@@ -316,4 +347,3 @@ async def test_a_session_outlives_rabbitmqs_ack_deadline(
         assert b"timed out" not in node.log.read_bytes()[probed:]
     finally:
         stack.stop()
-        node.stop()

@@ -16,6 +16,7 @@ import pytest
 # after these, the ones with more tests first (xdist's own order). Stale figures cost time, never
 # a result.
 LONGEST = (
+    "tests/e2e/test_broker.py",  # 100 (with test_broker_stall.py beside it, 2026-12-03)
     "tests/faults/test_clients_leaving.py",  # 98
     "tests/bench/test_smoke.py",  # 97
     "tests/e2e/test_service.py",  # 86
@@ -26,7 +27,6 @@ LONGEST = (
     "tests/faults/test_redis_full.py",  # 72
     "tests/faults/test_dropped_packets.py",  # 70
     "tests/faults/test_dead_clients.py",  # 63
-    "tests/e2e/test_broker.py",  # 68 (measured alone, 2026-12-03)
     "tests/e2e/test_relay_gap.py",  # 58
     "tests/e2e/test_metering.py",  # 55 (measured alone, 2026-12-02)
     "tests/faults/test_gateway_freeze.py",  # 57
