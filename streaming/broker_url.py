@@ -124,9 +124,9 @@ def unreachable(url: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
             from kombu import Connection
 
             with Connection(target.kombu_url, connect_timeout=timeout_s) as conn:
-                # one try, no retry loop: kombu's connect() would retry once more
-                conn.transport.establish_connection()
-                conn.close()
+                # one try, no retry loop (kombu's connect() would retry once more)
+                transport = conn.transport
+                transport.close_connection(transport.establish_connection())
             return None
         options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         client = sync_client(url, **options)
