@@ -23,6 +23,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from omnicore.redact import redact_url
 
+BROKER_SCHEMES = ("redis", "rediss", "redis+sentinel", "amqp", "amqps")
+"""The broker URL spellings (``streaming/broker_url.py`` reads each)."""
+
 
 class ApiKeyDuration(BaseModel):
     """One API key's own duration limits (``api_key_durations``); a mode left out keeps the
@@ -55,7 +58,8 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("OMNISERVE_REDIS_URL", "REDIS_URL"),
-        description="The shared Redis (queue, registry, streams) and the Celery broker; "
+        description="The shared Redis (queue, registry, streams), and the Celery broker unless "
+        "`OMNISERVE_BROKER_URL` names another; "
         "`redis+sentinel://…` names the primary that Redis Sentinel watches, "
         "`redis+cluster://HOST:PORT,HOST:PORT/` a Redis Cluster (then set `broker_url`) "
         "([Redis requirements](OPERATIONS.md#redis-requirements)). The gateway's commands time "
@@ -65,10 +69,12 @@ class Settings(BaseSettings):
     )
     broker_url: str | None = Field(
         None,
-        validation_alias=AliasChoices("OMNISERVE_BROKER_URL"),
-        description="Celery's broker, when it is not the shared Redis (unset: `redis_url`); "
-        "`redis://…` or `redis+sentinel://…`. Required when `redis_url` is a Redis Cluster "
-        "(`redis+cluster://…`), which kombu cannot use as a broker.",
+        description="Celery's broker (task messages and task events) when it is not the shared "
+        "Redis: `redis://…`, `redis+sentinel://…` (spelled as for `OMNISERVE_REDIS_URL`) or "
+        "RabbitMQ, `amqp://USER:PASSWORD@HOST:5672/VHOST` (`amqps://` for TLS); unset: the "
+        "shared Redis. A broker that does not answer within 5 s stops the gateway, a worker "
+        "or `omniserve up` at start, saying so (exit 1). Required when the shared state is a "
+        "Redis Cluster, which Celery cannot use ([Broker](OPERATIONS.md#broker)).",
     )
     key_prefix: str = Field(
         "omni",
@@ -562,11 +568,34 @@ class Settings(BaseSettings):
             out.append(origin.rstrip("/"))
         return out
 
+    @field_validator("broker_url")
+    @classmethod
+    def _broker(cls, value: str | None) -> str | None:
+        """Empty is unset; otherwise one of the spellings ``streaming/broker_url.py`` takes."""
+        if value is None or not value.strip():
+            return None
+        scheme = urlsplit(value).scheme
+        if scheme not in BROKER_SCHEMES:
+            taken = ", ".join(f"{s}://" for s in BROKER_SCHEMES)
+            raise ValueError(f"{scheme or '(no scheme)'}:// is not a broker (take {taken})")
+        return value.strip()
+
+    @property
+    def broker(self) -> str:
+        """The broker URL in use: ``broker_url``, else the shared Redis's."""
+        return self.broker_url or self.redis_url
+
+    @property
+    def separate_broker(self) -> bool:
+        """Whether the broker is not the shared Redis (its own start-up check, its own
+        connection for task messages)."""
+        return self.broker_url is not None and self.broker_url != self.redis_url
+
     def __repr_args__(self) -> Any:
-        """The Redis URL without its password: a settings object printed or logged must not
-        show it (API keys and tokens are SecretStr already)."""
+        """The Redis and broker URLs without their passwords: a settings object printed or
+        logged must not show them (API keys and tokens are SecretStr already)."""
         for name, value in super().__repr_args__():
-            secret = name in ("redis_url", "broker_url") and value
+            secret = name in ("redis_url", "broker_url") and value is not None
             yield name, redact_url(value) if secret else value
 
     def secret_values(self) -> list[str]:
@@ -586,11 +615,6 @@ class Settings(BaseSettings):
             if password:
                 out.append(password)
         return [s for s in out if s]
-
-    @property
-    def celery_broker_url(self) -> str:
-        """The Redis Celery's messages go through: ``broker_url``, else the shared Redis."""
-        return self.broker_url or self.redis_url
 
     def duration_limit(self, public_mode: str, api_key: str | None = None) -> float:
         """Total session duration allowed for a public mode (chat, video, audio), for a client

@@ -61,6 +61,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     s = get_settings()
     if not data_plane_usable("gateway", s):
         return 1
+    from omniserve.broker_check import refuse_unless_broker
+
+    if not refuse_unless_broker(s, "omniserve gateway"):
+        return 1
     if s.recordings:  # an unusable store URL is a settings error, told before serving
         from api.recordings.store import RecordingStore
 
@@ -116,6 +120,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - refuse to start, naming what is missing
         print(f"omniserve worker: cannot start backend {backend!r}: {exc}", file=sys.stderr)
         return 2
+    from omniserve.broker_check import refuse_unless_broker
+
+    if not refuse_unless_broker(s, "omniserve worker"):
+        return 1
     from celery.bin.celery import celery as celery_command
 
     import tasks.bootstrap  # noqa: F401 - imported for its side effect: the worker signals
@@ -253,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--workers", type=at_least_one, default=1)
     up.add_argument("--redis-url", dest="redis_url")
+    up.add_argument("--broker-url", dest="broker_url", help="also OMNISERVE_BROKER_URL")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
     up.add_argument(
@@ -274,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--host")
     gw.add_argument("--port", type=int)
     gw.add_argument("--redis-url", dest="redis_url")
+    gw.add_argument("--broker-url", dest="broker_url", help="also OMNISERVE_BROKER_URL")
     gw.set_defaults(func=cmd_gateway)
 
     wk = sub.add_parser("worker", help="run one worker node")
@@ -289,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON object of backend constructor options",
     )
     wk.add_argument("--redis-url", dest="redis_url")
+    wk.add_argument("--broker-url", dest="broker_url", help="also OMNISERVE_BROKER_URL")
     wk.set_defaults(func=cmd_worker)
 
     pr = sub.add_parser("probe", help="try the service from the command line")

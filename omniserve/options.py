@@ -16,6 +16,7 @@ def env_from_args(args: argparse.Namespace) -> None:
     """Command-line options override the environment (they become OMNISERVE_* variables)."""
     mapping = {
         "redis_url": "OMNISERVE_REDIS_URL",
+        "broker_url": "OMNISERVE_BROKER_URL",
         "backend": "OMNISERVE_BACKEND",
         "model": "OMNISERVE_MODEL_PATH",
         "backend_url": "OMNISERVE_BACKEND_URL",

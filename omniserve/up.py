@@ -280,9 +280,19 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    from omniserve.broker_check import broker_problem
+
+    problem = broker_problem(s)  # before any Redis is started for the run
+    if problem is not None:
+        print(f"omniserve up: {problem}", file=sys.stderr, flush=True)
+        return 1
     redis_url, embedded = start_redis(s.redis_url, logs / "redis.log")
     if not redis_url:
         return 1
+    if s.separate_broker:
+        from streaming.broker_url import where
+
+        print(f"broker    {where(s.broker)} (OMNISERVE_BROKER_URL)", flush=True)
     backend, note = choose_backend(requested)
     # on for the whole-stack command unless --no-recordings or OMNISERVE_RECORDINGS says off
     recordings = args.recordings

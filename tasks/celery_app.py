@@ -5,9 +5,8 @@ from __future__ import annotations
 from celery import Celery
 
 from omnicore.settings import get_settings
+from streaming.broker_url import AMQP_HEARTBEAT_S, broker_target, worker_transport_options
 from streaming.jobs import CHAT_TASK, DUPLEX_TASK
-from streaming.redis_connection import TCP_OPTIONS
-from streaming.redis_url import celery_broker
 
 __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 
@@ -15,17 +14,20 @@ __all__ = ["CHAT_TASK", "DUPLEX_TASK", "app", "make_app"]
 def make_app() -> Celery:
     """A Celery app configured for long pinned sessions (see docs/ARCHITECTURE.md)."""
     s = get_settings()
-    broker, broker_options = celery_broker(s.celery_broker_url)  # kombu's form of a Sentinel URL
+    # the shared Redis, another Redis, Sentinel or RabbitMQ (streaming/broker_url.py)
+    broker = broker_target(s.broker)
     app = Celery(
         "omniserve",
-        broker=broker,
+        broker=broker.kombu_url,
         include=["tasks.duplex", "tasks.chat"],
         amqp="tasks.broker:WorkerAMQP",  # reconnect every 0.5-2 s after a Redis restart
     )
     app.conf.update(
         task_ignore_result=True,
         result_backend=None,
-        # A session must never run twice: ack on receipt, never re-deliver.
+        # A session must never run twice: ack on receipt, never re-deliver. (On RabbitMQ this
+        # also keeps an hour-long session clear of consumer_timeout: no delivery stays unacked
+        # while it runs.)
         task_acks_late=False,
         task_reject_on_worker_lost=False,
         # Admission puts at most one task per slot in a worker's queue; reserve nothing more.
@@ -38,7 +40,9 @@ def make_app() -> Celery:
         # BRPOP, cut off by a network dropping packets, stays silent long after the heal, and
         # meanwhile every session handed to this worker's free slots fails to start
         # (tests/faults/test_dropped_packets.py, streaming/redis_connection.py).
-        broker_transport_options={"ack_emulation": False, **TCP_OPTIONS, **broker_options},
+        # (on RabbitMQ, heartbeats find a dead peer instead: broker_heartbeat)
+        broker_transport_options=worker_transport_options(broker),
+        broker_heartbeat=AMQP_HEARTBEAT_S,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives any Redis outage
         # ... and any error reply to the consumer's own commands: kombu counts Redis's

@@ -12,11 +12,11 @@ from typing import Protocol
 from celery import Celery
 from redis.exceptions import RedisError, ResponseError
 
-from api.gateway import task_submit
 from api.gateway.client_watch import ClientWatch
 from api.gateway.liveness import Liveness
 from api.gateway.metering import Metering
 from api.gateway.queueing import QueueManager
+from api.gateway.task_submit import TaskSender
 from api.gateway.waiting_events import WaitingEvents
 from api.gateway.worker_stops import WorkerStops
 from api.metrics.registry import GatewayMetrics
@@ -25,13 +25,13 @@ from omnicore.redact import redact_url
 from omnicore.settings import Settings
 from streaming import redis_requirements
 from streaming.admission import Admission
+from streaming.broker_url import broker_target, gateway_transport_options, where
 from streaming.input import InputWriter
 from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.keystore import KeyStore
 from streaming.output import OutputBus
 from streaming.redis_connection import gateway_client
-from streaming.redis_url import celery_broker
 from streaming.resume import ResumeStore
 
 log = logging.getLogger("omniserve.gateway")
@@ -71,21 +71,21 @@ class Gateway:
         self.keys = Keys(settings.key_prefix)
         self.redis = gateway_client(settings.redis_url, settings.redis_max_connections)
         # Submits tasks by name: the gateway never imports worker code.
-        # the Redis of Celery's queues, which the gateway pushes tasks to (the shared one
-        # unless ``broker_url`` names another: a Redis Cluster cannot be a broker)
-        self.broker_redis = (
-            gateway_client(settings.broker_url, settings.redis_max_connections)
-            if settings.broker_url
-            else self.redis
-        )
-        broker, broker_options = celery_broker(settings.celery_broker_url)
-        self.celery = Celery("omniserve-gateway", broker=broker)
+        self.broker = broker_target(settings.broker)
+        self.broker_where = where(settings.broker)  # what /health names
+        self.celery = Celery("omniserve-gateway", broker=self.broker.kombu_url)
         self.celery.conf.update(
-            # as the workers' app
-            broker_transport_options={"ack_emulation": False, **broker_options},
+            broker_transport_options=gateway_transport_options(self.broker),
             task_serializer="json",
             broker_connection_retry_on_startup=True,
+            # the gateway only publishes and never drives an AMQP heartbeat: with one agreed,
+            # RabbitMQ would close its idle connections
+            broker_heartbeat=0,
         )
+        broker_redis = None
+        if settings.separate_broker and self.broker.kind != "amqp":
+            broker_redis = gateway_client(settings.broker, 16)
+        self.sender = TaskSender(self.redis, self.celery, self.broker, broker_redis)
         # what Flower shows of this gateway's waiting clients
         self.waiting_events = WaitingEvents(self.celery, self.gateway_id)
         self.admission = Admission(self.redis, self.keys)
@@ -201,6 +201,7 @@ class Gateway:
         await self.queue.stop()
         await self.metering.stop()
         await asyncio.to_thread(self.waiting_events.close)  # the last task-revoked events sent
+        await self.sender.aclose()
         await asyncio.to_thread(self.recorder.stop)  # the ended sessions' recordings written
         if self._lease_task:
             self._lease_task.cancel()
@@ -214,8 +215,6 @@ class Gateway:
         except Exception:  # noqa: BLE001 - Redis gone: the key expires by itself
             log.warning("could not delete the alive key of gateway %s", self.gateway_id)
         await self.redis.aclose()
-        if self.broker_redis is not self.redis:
-            await self.broker_redis.aclose()
 
     async def ensure_lease(self) -> None:
         """Take the lease at once when the last renewal failed (raises when it fails again): a
@@ -327,16 +326,11 @@ class Gateway:
         self, job: Job, with_values: Mapping[str, tuple[bytes, int]] | None = None
     ) -> None:
         """Send a task to the queue of the worker that owns the job's slot (``with_values``:
-        keys the task reads, written with it in one transaction)."""
-        # from the event loop, not send_task in a thread (api/gateway/task_submit.py says why)
-        await task_submit.submit(
-            self.redis,
-            self.celery,
-            job,
-            worker_queue(slot_worker(job.slot_id)),
-            with_values,
-            broker=self.broker_redis,
-        )
+        keys the task reads, written before it: in one transaction with it when the broker is
+        the shared Redis)."""
+        # from the event loop, not send_task in a thread, unless the broker is RabbitMQ
+        # (api/gateway/task_submit.py says why)
+        await self.sender.submit(job, worker_queue(slot_worker(job.slot_id)), with_values)
 
     async def abandon(self, session_id: str, slot_id: str) -> bool:
         """A task that has not started: make sure it never starts, and free its slot.

@@ -118,7 +118,11 @@ class WaitingEvents:
     def _send(self, event_type: str, **fields: Any) -> bool:
         try:
             if self._dispatcher is None:
-                self._connection = self.app.connection_for_write()
+                # no publisher confirms for a view (the task submissions have theirs): a
+                # broker that stopped answering must not hold this thread, or the gateway's stop
+                self._connection = self.app.connection_for_write(
+                    transport_options={"confirm_publish": False}
+                )
                 self._dispatcher = self.app.events.Dispatcher(
                     self._connection,
                     hostname=self.hostname,

@@ -83,6 +83,7 @@ def create_router() -> APIRouter:
             "gateway_id": gateway.gateway_id,
             "redis": redis_ok,
             "redis_writable": writable,
+            "broker": gateway.broker_where,  # scheme and host(s), no credentials
             "worker_slots": ready,
             "loading_slots": loading,
             "queue_length": snap.length if snap else None,
@@ -107,6 +108,4 @@ def redis_topology(gateway: Gateway) -> dict[str, Any]:
         shards: Any = gateway.redis
         nodes = shards.get_nodes()
         out["nodes"] = sorted(f"{n.host}:{n.port} {n.server_type}" for n in nodes)
-    if gateway.settings.broker_url:
-        out["broker"] = topology(gateway.settings.broker_url)
     return out

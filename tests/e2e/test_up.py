@@ -477,8 +477,8 @@ def test_up_with_flower_behind_basic_auth_and_worker_metrics(tmp_path) -> None:
 
 # a banner line: its name, padded to ten columns, then what it says
 BANNER = re.compile(
-    r"(redis|backend|note|logs|loading|gateway|web|realtime|legacy|flower|metrics|recorded|ready)"
-    r" {2,}\S|try it:   \S"
+    r"(redis|broker|backend|note|logs|loading|gateway|web|realtime|legacy|flower|metrics|recorded"
+    r"|ready) {2,}\S|try it:   \S"
 )
 
 

@@ -97,6 +97,27 @@ def debian_tool(package: str, relpath: str) -> Path:
     return binary
 
 
+def redis7_server() -> Path:
+    """A Redis 7 server (Debian's ``redis-server``; the embedded one is 6.2, without the
+    cluster's hostname options), installed with apt-get when missing (skip if impossible)."""
+    found = shutil.which("redis-server")
+
+    def version(binary: str) -> int:
+        said = run([binary, "--version"]).stdout
+        match = re.search(r"v=(\d+)\.", said)
+        return int(match.group(1)) if match else 0
+
+    if (found is None or version(found) < 7) and os.geteuid() == 0 and shutil.which("apt-get"):
+        with apt_lock():
+            env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            for step in (["update", "-qq"], ["install", "-y", "-qq", "redis-server"]):
+                subprocess.run(["apt-get", *step], env=env, capture_output=True, timeout=900)
+        found = shutil.which("redis-server")
+    if found is None or version(found) < 7:
+        pytest.skip("needs Redis 7 (Debian's redis-server): not installed, apt-get impossible")
+    return Path(found)
+
+
 def nginx() -> Path:
     return debian_tool("nginx", "usr/sbin/nginx")
 

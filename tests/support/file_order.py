@@ -16,6 +16,7 @@ import pytest
 # after these, the ones with more tests first (xdist's own order). Stale figures cost time, never
 # a result.
 LONGEST = (
+    "tests/e2e/test_broker.py",  # 100 (with test_broker_stall.py beside it, 2026-12-03)
     "tests/faults/test_clients_leaving.py",  # 98
     "tests/bench/test_smoke.py",  # 97
     "tests/e2e/test_service.py",  # 86
@@ -38,10 +39,13 @@ LONGEST = (
     "tests/e2e/test_official_protocol.py",  # 44
     "tests/unit/inference/pocket/test_llm.py",  # 43
     "tests/e2e/test_resume.py",  # 42
+    "tests/deploy/test_manifest_options.py",  # 45 (measured alone, 2026-12-03)
+    "tests/deploy/test_compose_options.py",  # 40 (measured alone, 2026-12-03)
     "tests/e2e/test_ops.py",  # 41
     "tests/faults/test_hung_step.py",  # 41
     "tests/e2e/test_metrics.py",  # 33
     "tests/faults/test_redis_stall.py",  # 33
+    "tests/faults/test_broker_stall.py",  # 30 (measured alone, 2026-12-03)
     "tests/e2e/test_fuzz_protocol.py",  # 31
     "tests/e2e/test_security_access.py",  # 31
     "tests/e2e/test_recordings.py",  # 30

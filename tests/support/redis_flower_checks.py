@@ -28,14 +28,39 @@ from omniserve.redis_server import free_port, redis_binary
 from tests.support.stack import LOG_DIR, ROOT
 
 
+def cluster_node_port() -> int:
+    """A free port for a Redis Cluster node: its cluster bus listens 10000 above it, which must
+    be a port too (and free)."""
+    while True:
+        port = free_port()
+        if port + 10000 <= 65535:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+
 @contextmanager
-def redis_from_args(args: list[str]) -> Iterator[int]:
-    """Start ``redis-server`` with a manifest's arguments (after the program name) on loopback."""
+def redis_from_args(args: list[str], binary: str | None = None) -> Iterator[int]:
+    """Start ``redis-server`` with a manifest's arguments (after the program name) on loopback
+    (``binary``: another server than the embedded one, for options it lacks; a cluster node
+    gets a port whose bus port exists)."""
     assert args[0] == "redis-server", args
-    port = free_port()
+    port = cluster_node_port() if "--cluster-enabled" in args else free_port()
     workdir = tempfile.mkdtemp(prefix="omniserve-deploy-redis-")
     proc = subprocess.Popen(
-        [redis_binary(), *args[1:], "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir],
+        [
+            binary or redis_binary(),
+            *args[1:],
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            workdir,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -17,8 +17,9 @@ import redis
 import redis.asyncio as aioredis
 from celery import Celery
 
-from api.gateway.task_submit import submit, task_message
+from api.gateway.task_submit import TaskSender, submit, task_message
 from omniserve.redis_server import start_embedded
+from streaming.broker_url import broker_target
 from streaming.jobs import ChatJob, DuplexJob
 
 
@@ -115,7 +116,8 @@ async def test_a_broker_of_its_own_gets_the_task_and_the_data_plane_the_values(
     broker = aioredis.Redis.from_url(broker_server.url)
     job = ChatJob(turn_id="chat_3", slot_id="n#1|0", gateway_id="g", deadline_ts=3.0)
     try:
-        await submit(data, app, job, queue, {key: (b"request", 30)}, broker=broker)
+        sender = TaskSender(data, app, broker_target(broker_server.url), broker)
+        await sender.submit(job, queue, {key: (b"request", 30)})
         assert await data.get(key) == b"request" and not await data.exists(queue)
         assert not await broker.exists(key)
         raw = await broker.rpop(queue)

@@ -31,6 +31,7 @@ def test_with_no_worker_the_gateway_is_alive_not_ready_and_says_why(redis_server
         assert (body["status"], body["worker_slots"], body["loading_slots"]) == ("degraded", 0, 0)
         assert body["gateway_id"] == live.json()["gateway_id"]
         assert body["queue_length"] == 0 and body["sessions"] == 0
+        assert body["broker"] == "redis://" + redis_server.split("://")[1].split("/")[0]
 
 
 def test_a_worker_loading_its_model_makes_the_health_loading(redis_server: str) -> None:
