@@ -4,10 +4,11 @@ Before ``session.created`` (no resume record) or with resume off, the session li
 the gateway that submitted it. Once the record exists, the session belongs to whichever
 connection resumed it last: attached to a live gateway it runs; detached (the client dropped, or
 its gateway died) it pauses, gives its slot back after ``resume_slot_hold_s`` and ends after
-``resume_grace_s`` (``streaming/resume.py``). A record that vanishes once seen (Redis restarted
-empty) leaves the session with the gateway that relayed it at the last check while that gateway
-lives (it keeps its client across the restart); one that was detached then, or whose gateway is
-gone too, ends: nobody can resume it.
+``resume_grace_s`` (``streaming/resume.py``). A record that vanishes (Redis restarted empty)
+leaves the session with the gateway that relayed it at the last check (the one that submitted
+it, when no check saw the record yet) while that gateway lives: it keeps its client across the
+restart and writes the record again. One that was detached then, or whose gateway is gone too,
+ends: nobody can resume it.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ class PresenceWatch:
 
     def _record_due(self) -> bool:
         """Whether a missing record was lost: one seen before, or one Redis lost before a check
-        could see it (an outage began within ``RECORD_DUE_S`` of ``Created``; a session whose
-        gateway writes none, ``/ws/duplex``, then ends as it did before the outage grace)."""
+        could see it (an outage began within ``RECORD_DUE_S`` of ``Created``; its gateway writes
+        it again, and a session whose gateway writes none, ``/ws/duplex``, goes on with it as
+        one without an outage)."""
         if self.resumable:
             return True
         made, outage = self._created_at, self.ctx.inputs.outage.began_at
@@ -90,7 +92,8 @@ class PresenceWatch:
             # the session last still has its client when its lease is back (it renews it as
             # ever): the session goes on with it; with no live gateway nobody can resume it and
             # its slot must not wait on a client that is not coming back
-            relaying = self._relaying
+            # (a record Redis lost before a check saw it: the gateway that submitted the session)
+            relaying = self._relaying if self.resumable else self.ctx.gateway_id
             if relaying is not None:
                 lost = self._record_lost_at
                 if lost is None:

@@ -262,6 +262,7 @@ class SessionResume:
             "conn": "" if detached else self.conn_id,
             "detached_at": str(time.time()) if detached else "",
             "ended": "",
+            "rebuilt": "1",  # a resume waits for the worker's lease on the new server
         }
         try:
             written = await self.gateway.resumes.rebuild(
