@@ -5,10 +5,10 @@ the gateway that submitted it. Once the record exists, the session belongs to wh
 connection resumed it last: attached to a live gateway it runs; detached (the client dropped, or
 its gateway died) it pauses, gives its slot back after ``resume_slot_hold_s`` and ends after
 ``resume_grace_s`` (``streaming/resume.py``). A record that vanishes (Redis restarted empty)
-leaves the session with the gateway that relayed it at the last check (the one that submitted
-it, when no check saw the record yet) while that gateway lives: it keeps its client across the
-restart and writes the record again. One that was detached then, or whose gateway is gone too,
-ends: nobody can resume it.
+leaves the session with the gateway that relayed it at the last check while that gateway lives:
+it keeps its client across the restart and writes the record again. One that no check saw yet
+goes on while the gateway that submitted it writes it again (within ``gateway_lease_ttl_s``).
+One that was detached then, or whose gateway is gone too, ends: nobody can resume it.
 """
 
 from __future__ import annotations
@@ -64,9 +64,8 @@ class PresenceWatch:
 
     def _record_due(self) -> bool:
         """Whether a missing record was lost: one seen before, or one Redis lost before a check
-        could see it (an outage began within ``RECORD_DUE_S`` of ``Created``; its gateway writes
-        it again, and a session whose gateway writes none, ``/ws/duplex``, goes on with it as
-        one without an outage)."""
+        could see it (an outage began within ``RECORD_DUE_S`` of ``Created``; a session whose
+        gateway writes none, ``/ws/duplex``, then ends as it did before the outage grace)."""
         if self.resumable:
             return True
         made, outage = self._created_at, self.ctx.inputs.outage.began_at
@@ -91,8 +90,9 @@ class PresenceWatch:
             # the record was there and is gone: Redis restarted empty. The gateway that relayed
             # the session last still has its client when its lease is back (it renews it as
             # ever): the session goes on with it; with no live gateway nobody can resume it and
-            # its slot must not wait on a client that is not coming back
-            # (a record Redis lost before a check saw it: the gateway that submitted the session)
+            # its slot must not wait on a client that is not coming back. A record Redis lost
+            # before a check saw it: the gateway that submitted the session writes it again
+            # within that TTL if its connection still relays it (not if it detached meanwhile)
             relaying = self._relaying if self.resumable else self.ctx.gateway_id
             if relaying is not None:
                 lost = self._record_lost_at
@@ -105,7 +105,7 @@ class PresenceWatch:
                     lost = self._record_lost_at = time.monotonic()
                 # the gateway renews its lease on the new server within its own TTL
                 waiting = time.monotonic() - lost < rt.settings.gateway_lease_ttl_s
-                if waiting or rt.gateway_alive(relaying):
+                if waiting or (self.resumable and rt.gateway_alive(relaying)):
                     return Presence.ATTACHED
             log.warning("session %s: its resume record is gone; ending it", self.ctx.session_id)
             return Presence.GONE
