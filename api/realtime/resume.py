@@ -32,6 +32,8 @@ from streaming.resume import AttachResult, new_conn_id, new_token, token_hash
 
 log = logging.getLogger("omniserve.gateway")
 
+# a record's fields that say who holds it now, not what the session is (``rebuild``)
+_NOT_COPIED = ("gateway", "conn", "detached_at", "rebuilt")
 QUEUE_HOLD_S = 0.25  # a resuming client's session.resume arrives within this of its connect
 
 
@@ -193,7 +195,7 @@ class SessionResume:
             return None
         record = await gateway.resumes.fields(req.session_id)
         self._copy = {
-            **{k: v for k, v in record.items() if k not in ("gateway", "conn", "detached_at")},
+            **{k: v for k, v in record.items() if k not in _NOT_COPIED},
             "token": token_hash(token),
             "init": await gateway.resumes.init(req.session_id),
         }
