@@ -22,6 +22,7 @@ from streaming.controls import (
     BadControl,
     CloseControl,
     Control,
+    DetachedControl,
     ForceListenControl,
     InitControl,
     TruncateControl,
@@ -240,6 +241,9 @@ class DuplexRunner:
                 return self.init(control)
             case TruncateControl(spoken=spoken, heard=heard):
                 self.conversation.truncate(spoken, heard)
+                return False
+            case DetachedControl():
+                self.next_presence_check = 0.0  # the record says so: look at it now
                 return False
 
     def init(self, control: InitControl, history: list[HistoryTurn] | None = None) -> bool:
