@@ -25,7 +25,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -63,18 +63,20 @@ def primaries(url: str) -> list[tuple[Node, redis.Redis]]:
         kw = seed.connection_pool.connection_kwargs
         return [(Node(str(kw.get("host", "?")), int(kw.get("port", 0))), seed)]
     out: list[tuple[Node, redis.Redis]] = []
-    raw = seed.execute_command("CLUSTER NODES")  # type: ignore[no-untyped-call]
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    # redis-py parses the reply: address -> {"flags": "myself,master", ...}
+    listed = cast("dict[str, dict[str, Any]]", seed.cluster("NODES"))
     kw = dict(seed.connection_pool.connection_kwargs)
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or "master" not in parts[2].split(",") or "fail" in parts[2]:
+    seed_host = kw.get("host")
+    for addr, node_info in listed.items():
+        flags = str(node_info.get("flags", "")).split(",")
+        if "master" not in flags or "fail" in flags:
             continue
-        addr = parts[1].split("@")[0]
         host, _, port = addr.rpartition(":")
+        host = host or str(seed_host)  # (a node alone may not know its own host)
         node = Node(host, int(port))
         kw.update(host=host, port=int(port))
-        out.append((node, redis.Redis(**kw)))
+        pool = redis.ConnectionPool(connection_class=seed.connection_pool.connection_class, **kw)
+        out.append((node, redis.Redis(connection_pool=pool)))
     return sorted(out, key=lambda x: (x[0].host, x[0].port))
 
 
