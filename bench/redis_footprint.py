@@ -1,7 +1,7 @@
 """What one real-time duplex session costs Redis: CPU, commands, bytes in and out, memory.
 
     python -m bench redis-footprint [--sessions 50,150] [--seconds 20] [--warmup 8]
-                                    [--redis-url URL] [--output NAME]
+                                    [--redis-url URL] [--set NAME=VALUE ...] [--output NAME]
 
 Starts the bench's own stack (bench/stack.py: a private redis-server unless ``--redis-url``
 names one, a gateway, scripted workers), reads Redis ``INFO`` with no sessions (idle), then runs
@@ -233,8 +233,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "less the idle one",
         "levels": [],
     }
+    env = dict(x.split("=", 1) for x in args.set)
+    out["settings"] = env
     for n in levels:
-        stack = Stack(url)
+        stack = Stack(url, env=env)
         try:
             stack.start_gateway()
             time.sleep(1)
@@ -323,8 +325,19 @@ def main(argv: list[str]) -> int:
         help="an existing Redis (a cluster: any node, or redis+cluster://H1:P1,H2:P2/); "
         "default: a private redis-server",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the gateway and workers, e.g. OMNISERVE_OUTPUT_WRITE=pipeline "
+        "(repeatable)",
+    )
     p.add_argument("--output", help="results file name (bench/results/NAME.json)")
     args = p.parse_args(argv)
+    bad = [x for x in args.set if "=" not in x]
+    if bad:
+        p.error(f"--set wants NAME=VALUE, not {bad[0]!r}")
     args.argv = argv
     from bench import report
     from bench.stack import install_cleanup, kill_all

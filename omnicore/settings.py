@@ -464,6 +464,13 @@ class Settings(BaseSettings):
         description="Most seconds a duplex session's replay log keeps an event (the newest "
         "always stays).",
     )
+    output_write: Literal["script", "pipeline"] = Field(
+        "script",
+        description="How a worker publishes and logs its output: `script`, one Lua call, each "
+        "event's bytes sent to Redis once; `pipeline`, a `PUBLISH` and an `XADD`, sent twice "
+        "(twice the bytes into Redis, but on Redis 7 about half its CPU per audio event and "
+        "~0.3 ms less per audio delta: docs/BENCHMARKS.md).",
+    )
     session_ttl_s: float = Field(
         900.0,
         description="Expiry of every per-session key (a safety net; keys are deleted at "

@@ -170,6 +170,7 @@ def running_session(
         # turn's, the whole turn (its events are few, and a lost worker's tail is read back)
         log_max_bytes=s.output_log_max_bytes if kind == DUPLEX else UNBOUNDED_BYTES,
         log_max_s=s.output_log_max_s if kind == DUPLEX else float("inf"),
+        write=s.output_write,
     )
     ctx = SessionContext(
         runtime=rt,

@@ -26,9 +26,12 @@ SID = "rt_unit"
 LONG_S = 30.0  # a wait that only an event (or a cancel) ends within the test
 
 
-@pytest.fixture
-def publisher(sync_redis: redis.Redis, keys: Keys) -> Iterator[OutputPublisher]:
-    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=64, ttl_s=60)
+@pytest.fixture(params=["script", "pipeline"])
+def publisher(
+    sync_redis: redis.Redis, keys: Keys, request: pytest.FixtureRequest
+) -> Iterator[OutputPublisher]:
+    """A publisher writing one way or the other (``output_write``)."""
+    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=64, ttl_s=60, write=request.param)
     try:
         yield pub
     finally:
@@ -285,7 +288,7 @@ async def test_a_batch_written_again_still_arrives_once_and_is_logged_once(
     bus: OutputBus,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Each event is published and logged in one pipeline. A batch written twice (a retry after
+    """Each event is published and logged in one step. A batch written twice (a retry after
     a lost reply) is logged once (the log refuses the id it has, which the writer takes as done,
     with no retry and no warning) and published twice, which the reader skips by seq."""
     out = await opened(bus, SID)
@@ -460,12 +463,13 @@ def speech(n: int) -> Speak:
 PCM_1S = np.zeros(24000, dtype=np.float32).tobytes()
 
 
+@pytest.mark.parametrize("write", ["script", "pipeline"])
 async def test_the_log_keeps_the_newest_events_that_fit_its_bytes(
-    bus: OutputBus, sync_redis: redis.Redis, keys: Keys
+    bus: OutputBus, sync_redis: redis.Redis, keys: Keys, write: str
 ) -> None:
     size = len(encode_event(speech(1)))  # (stamped, each is a few bytes larger)
     pub = OutputPublisher(
-        sync_redis, keys, SID, log_maxlen=64, ttl_s=600, log_max_bytes=3 * size + 200
+        sync_redis, keys, SID, log_maxlen=64, ttl_s=600, log_max_bytes=3 * size + 200, write=write
     )
     out = await opened(bus, SID)
     try:
