@@ -168,12 +168,16 @@ class InputReader:
         }
         try:
             if self.last_audio != self._trimmed:
-                # the chunks read so far leave Redis in the same round trip as the next read
+                # the chunks read so far leave Redis in the same round trip as the next read; a
+                # Redis refusing writes (read-only, a failed save) still gives the read
                 with self.client.pipeline(transaction=False) as pipe:
                     pipe.xtrim(self.audio_key, minid=_after(self.last_audio), approximate=False)
                     pipe.xread(streams, block=block_ms)
-                    _, reply = pipe.execute()
-                self._trimmed = str(streams[self.audio_key])
+                    trimmed, reply = pipe.execute(raise_on_error=False)
+                if isinstance(reply, Exception):
+                    raise reply
+                if not isinstance(trimmed, Exception):
+                    self._trimmed = str(streams[self.audio_key])
             else:
                 reply = self.client.xread(streams, block=block_ms)
         except redis.TimeoutError as exc:
