@@ -7,6 +7,7 @@
     python -m bench queue-estimate     wait estimates against actual waits (bench/queue_estimate.py)
     python -m bench rollover [--minutes N]  a call longer than the context (bench/rollover.py)
     python -m bench redis-cost         Redis CPU per admission, per heartbeat (bench/redis_cost.py)
+    python -m bench redis-footprint    what a duplex session costs Redis (bench/redis_footprint.py)
 
 Starts a private redis-server, gateways, scripted workers, a pub/sub tap and the bare baseline
 server, all on 127.0.0.1; every process is killed when the run ends (also on Ctrl-C or error).
@@ -238,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import queue_estimate
 
         return queue_estimate.main(argv[1:])
+    if argv and argv[0] == "redis-footprint":
+        from bench import redis_footprint
+
+        return redis_footprint.main(argv[1:])
     if argv and argv[0] == "rollover":
         from bench import rollover
 

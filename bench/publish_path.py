@@ -3,9 +3,9 @@
     python -m bench.publish_path [--events 400] [--rounds 2] [--redis-server PATH]
 
 The worker publishes each event and logs it to the session's replay log. Two ways are compared,
-in alternating rounds: ``pipeline``, a ``PUBLISH`` and an ``XADD`` in one pipeline (what
-``streaming/output_publisher.py`` sends), and ``script``, one Lua script call doing both, which
-sends the 128 KB once (the alternative the pipeline is measured against). Pinned as the
+in alternating rounds: ``script``, one Lua script call doing both, which sends the 96 KB of raw
+audio once (what ``streaming/output_publisher.py`` sends, ``lua.OUTPUT_WRITE``), and
+``pipeline``, a ``PUBLISH`` and an ``XADD`` in one pipeline, which sends it twice. Pinned as the
 benchmarks pin: the subscriber (the gateway's part: redis-py's asyncio pub/sub over RESP3,
 uvloop) on the gateway's core, Redis and the publisher (a synchronous client, as a worker's
 writer thread) on the other. Printed per way: the delay from the publisher's stamp to the
@@ -36,11 +36,11 @@ redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], ARGV[2], 'e', ARGV[4])
 return 1
 """
 PUBLISHER = """
-import base64, os, sys, time, redis
+import os, sys, time, redis
 url, way, n, channel, log, script = sys.argv[1:7]
 r = redis.Redis.from_url(url)
 sha = r.script_load(script)
-audio = base64.b64encode(os.urandom(96000))
+audio = os.urandom(96000)  # 1 s of 24 kHz float32 PCM, raw as in Redis
 time.sleep(0.3)
 for i in range(1, int(n) + 1):
     data = b'%.9f|' % time.time() + audio

@@ -459,8 +459,31 @@ class Settings(BaseSettings):
     )
     output_log_maxlen: int = Field(
         64,
-        description="Length of each session's output replay log in events (approximate trim; "
-        "about a minute of audio).",
+        ge=1,
+        description="Most events a session's output replay log keeps (a chat session's frame "
+        "log: approximate trim). A duplex session's log keeps the newest events within all "
+        "three bounds: this, `output_log_max_bytes` and `output_log_max_s`.",
+    )
+    output_log_max_bytes: int = Field(
+        320 * 1024,
+        ge=1024,
+        description="Most bytes of events a duplex session's replay log keeps (speech as raw "
+        "24 kHz float32: 96,000 bytes a second, so 320 KiB is about 3.4 s of speech); what a "
+        "resumed client missed beyond it is told as `session.resync_required`. The newest "
+        "event always stays.",
+    )
+    output_log_max_s: float = Field(
+        30.0,
+        gt=0,
+        description="Most seconds a duplex session's replay log keeps an event (the newest "
+        "always stays).",
+    )
+    output_write: Literal["script", "pipeline"] = Field(
+        "script",
+        description="How a worker publishes and logs its output: `script`, one Lua call, each "
+        "event's bytes sent to Redis once; `pipeline`, a `PUBLISH` and an `XADD`, sent twice "
+        "(twice the bytes into Redis, but on Redis 7 about half its CPU per audio event and "
+        "~0.3 ms less per audio delta: docs/BENCHMARKS.md).",
     )
     session_ttl_s: float = Field(
         900.0,

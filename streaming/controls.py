@@ -61,8 +61,16 @@ class TruncateControl:
     heard: str
 
 
+@dataclass(slots=True, kw_only=True)
+class DetachedControl:
+    """The client left and its session waits for a resume (its record says so): the worker
+    looks at the record now and pauses, rather than at its next presence check."""
+
+    type: Literal["detached"] = "detached"
+
+
 Control = Annotated[
-    InitControl | CloseControl | ForceListenControl | TruncateControl,
+    InitControl | CloseControl | ForceListenControl | TruncateControl | DetachedControl,
     Field(discriminator="type"),
 ]
 """Any control event."""

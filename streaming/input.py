@@ -4,8 +4,10 @@ Audio chunks go to a Redis Stream trimmed to ``max_pending`` seconds of audio, s
 sends faster than its worker consumes loses its oldest pending chunks and the newest is processed
 next (the protocol's "silent drop"). The bound is counted in chunks of the size being appended:
 ``max_pending`` one-second chunks, or as many shorter ones as make that many seconds (a client
-may send chunks of any length; counting them alone would drop most of a 100 ms stream). Control
-events (init, close, force_listen) go to a separate stream that is never trimmed by that policy.
+may send chunks of any length; counting them alone would drop most of a 100 ms stream). The
+worker deletes the chunks it has read with its next read (one round trip), so a session that
+keeps up holds no audio in Redis between its chunks. Control events (init, close, force_listen)
+go to a separate stream that is never trimmed by that policy.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
-from redis.typing import EncodableT
+from redis.typing import EncodableT, KeyT, StreamIdT
 
 from streaming.controls import (
     BadControl,
@@ -182,6 +184,7 @@ class InputReader:
         self.last_audio = "0-0"
         self.last_control = "0-0"
         self.last_seq = 0
+        self._trimmed = "0-0"  # the chunks up to this id are gone from the stream
         self.unanswered = False  # the last read found Redis stalled
 
     def read(self, block_ms: int) -> InputBatch:
@@ -195,11 +198,24 @@ class InputReader:
         keeps the client meanwhile and writes its input to whichever Redis answers next);
         past it the error is raised and the session ends.
         """
+        streams: dict[KeyT, StreamIdT] = {
+            self.control_key: self.last_control,
+            self.audio_key: self.last_audio,
+        }
         try:
-            reply = self.client.xread(
-                {self.control_key: self.last_control, self.audio_key: self.last_audio},
-                block=block_ms,
-            )
+            if self.last_audio != self._trimmed:
+                # the chunks read so far leave Redis in the same round trip as the next read; a
+                # Redis refusing writes (read-only, a failed save) still gives the read
+                with self.client.pipeline(transaction=False) as pipe:
+                    pipe.xtrim(self.audio_key, minid=_after(self.last_audio), approximate=False)
+                    pipe.xread(streams, block=block_ms)
+                    trimmed, reply = pipe.execute(raise_on_error=False)
+                if isinstance(reply, Exception):
+                    raise reply
+                if not isinstance(trimmed, Exception):
+                    self._trimmed = str(streams[self.audio_key])
+            else:
+                reply = self.client.xread(streams, block=block_ms)
         except redis.TimeoutError as exc:
             self._stalled(exc)
             return InputBatch(controls=[], chunks=[], dropped=0)
@@ -287,6 +303,12 @@ StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 def _stream_reply(reply: object) -> list[tuple[bytes, StreamEntries]]:
     """XREAD's reply as redis-py returns it without decoding (its stubs say ``Any``)."""
     return cast("list[tuple[bytes, StreamEntries]]", reply or [])
+
+
+def _after(entry_id: str) -> str:
+    """The smallest stream entry id after ``entry_id``."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
 
 
 def _text(value: bytes | str) -> str:

@@ -1,5 +1,5 @@
-"""Lua scripts: the admission queue, the slot pool, a session's claim, a lease's release, an
-output event's write and the gateway's liveness read. Each runs as one atomic Redis step.
+"""Lua scripts: the admission queue, the slot pool, a session's claim, a lease's release, a
+session's output write and the gateway's liveness read. Each runs as one atomic Redis step.
 
 Every script touches the keys of one Redis Cluster slot (``streaming/keys.py``): a session's, or
 the admission tag's. The admission scripts build some names themselves (a ticket's assignment, a
@@ -317,3 +317,32 @@ end
 local now = redis.call('TIME')
 return {table.concat(out), now[1], now[2]}
 """
+
+OUTPUT_WRITE = """
+-- KEYS: output_log, output_channel (one session's)
+-- ARGV: ttl_s ('0': leave the log's expiry), minid ('': trim nothing), then seq, event pairs
+-- Each event is published, then logged as entry <seq>-1, the log trimmed to the entries from
+-- minid on: one copy of each event's bytes into Redis for both. An id already logged (a batch
+-- retried after a lost reply) is published again and not logged again: the gateway skips a seq
+-- it has. Any other error of XADD ends the script with that error.
+local minid = ARGV[2]
+for i = 3, #ARGV, 2 do
+  redis.call('PUBLISH', KEYS[2], ARGV[i + 1])
+  local got
+  if minid == '' then
+    got = redis.pcall('XADD', KEYS[1], ARGV[i] .. '-1', 'e', ARGV[i + 1])
+  else
+    got = redis.pcall('XADD', KEYS[1], 'MINID', minid, ARGV[i] .. '-1', 'e', ARGV[i + 1])
+  end
+  if type(got) == 'table' and got.err and not string.find(got.err, 'equal or smaller', 1, true) then
+    return got
+  end
+end
+if ARGV[1] ~= '0' then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+# the same on a Redis Cluster, where a session's channel is a sharded one, on its slot's shard
+OUTPUT_WRITE_SHARDED = OUTPUT_WRITE.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")

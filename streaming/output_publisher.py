@@ -1,29 +1,75 @@
 """Worker side of a session's output: its events, numbered and stamped, handed to the slot's
 writer thread, which publishes them on the session's channel and appends them to its replay log
-(``streaming/output.py`` has the gateway side and the format).
+in one script (``streaming/output.py`` has the gateway side and the format).
+
+The replay log is bounded in bytes and seconds (``LogBound``): a resumed client or a gateway
+that missed an event needs the last few seconds of output, not the last so many events, and an
+event of speech is a thousand times the size of one of text.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import redis
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT
 
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
+from streaming.lua import OUTPUT_WRITE, OUTPUT_WRITE_SHARDED
 from streaming.outage import Outage, is_outage
 from streaming.output_writer import OutputWriter
 from streaming.redis_url import is_cluster
 
 log = logging.getLogger(__name__)
 
+OUTAGE_RETRY_S = 0.1  # while Redis is away, a batch is tried again this often
 # XADD's answer to an entry id at or below the stream's last one (this event is logged already)
 LOGGED_ALREADY = "equal or smaller"
-OUTAGE_RETRY_S = 0.1  # while Redis is away, a batch is tried again this often
+UNBOUNDED_BYTES = 2**62  # a log bounded by its number of events only
+
+
+@dataclass(slots=True)
+class LogBound:
+    """Which of a session's logged events its replay log keeps: the newest ones, as many as
+    fit in ``max_bytes`` (encoded), are at most ``max_s`` old and number at most
+    ``max_events``; the newest event always stays.
+
+    Kept by the publisher from the events it wrote itself (the session's only writer while it
+    runs), so the trim costs Redis no read: ``minid`` is the ``MINID`` of the next ``XADD``
+    ('' until an event of its own has to go; a failover's worker leaves the earlier worker's
+    entries until then)."""
+
+    max_bytes: int
+    max_s: float
+    max_events: int
+    _kept: deque[tuple[int, int, float]] = field(default_factory=deque)  # seq, bytes, written
+    _bytes: int = 0
+    _last: int = 0
+    minid: str = ""
+
+    def add(self, seq: int, size: int, now: float) -> None:
+        """An event about to be written (again, after a lost reply: counted once)."""
+        if seq <= self._last:
+            return
+        self._last = seq
+        self._kept.append((seq, size, now))
+        self._bytes += size
+        kept = self._kept
+        while len(kept) > 1 and (
+            self._bytes > self.max_bytes
+            or len(kept) > self.max_events
+            or now - kept[0][2] > self.max_s
+        ):
+            _, gone, _ = kept.popleft()
+            self._bytes -= gone
+            self.minid = f"{kept[0][0]}-1"
 
 
 class OutputPublisher:
@@ -51,14 +97,19 @@ class OutputPublisher:
         start_seq: int = 0,
         writer: OutputWriter | None = None,
         outage_grace_s: float = 0.0,
+        log_max_bytes: int = UNBOUNDED_BYTES,
+        log_max_s: float = float("inf"),
+        write: str = "script",
     ) -> None:
         self.client = client
         self.sharded = is_cluster(client)  # SPUBLISH: the channel lives on its slot's shard
         self.session_id = session_id
         self.channel = keys.output_channel(session_id)
         self.log_key = keys.output_log(session_id)
-        self.log_maxlen = log_maxlen
-        self.ttl_s = int(ttl_s)
+        self.log_bound = LogBound(log_max_bytes, log_max_s, log_maxlen)
+        script = OUTPUT_WRITE_SHARDED if self.sharded else OUTPUT_WRITE
+        self._script = client.register_script(script) if write == "script" else None
+        self.ttl_s = max(1, int(ttl_s))
         self.seq = start_seq  # a failover's worker continues the session's sequence
         self._first = start_seq + 1
         self._own_writer = writer is None
@@ -155,17 +206,33 @@ class OutputPublisher:
             return
 
     def _write_once(self, batch: list[tuple[int, bytes]]) -> None:
-        """One pipeline: each event's ``PUBLISH`` (``SPUBLISH`` on a cluster), then its ``XADD``
-        to the replay log (the channel and the log share the session's slot).
+        """Each event's ``PUBLISH`` (``SPUBLISH`` on a cluster), then its ``XADD`` to the replay
+        log trimmed to ``log_bound``, and the log's expiry with the session's first event (the
+        channel and the log share the session's slot): in one script (``lua.OUTPUT_WRITE``: each
+        event's bytes cross the socket once, for both), or in one pipeline (``output_write`` =
+        ``pipeline``: twice, but on Redis 7 at about half the CPU).
 
-        Two plain commands, though a 128 KB audio event crosses the socket twice: one script
-        doing both costs Redis more CPU and each audio delta more time, its arguments copied
-        into Lua strings and back (``python -m bench.publish_path`` measures both ways,
-        docs/BENCHMARKS.md).
         An entry id already logged (a batch retried after a lost reply) is not logged again,
         but published again (the gateway skips a seq it has); any other error is raised, so
         the writer retries and warns as for a lost connection.
         """
+        now = time.monotonic()
+        bound = self.log_bound
+        ttl = 0
+        for seq, data in batch:
+            bound.add(seq, len(data), now)
+            if seq == self._first or self._expire_again:
+                ttl = self.ttl_s
+        if self._script is not None:
+            args: list[EncodableT] = [ttl, bound.minid]
+            for seq, data in batch:
+                args += [seq, data]
+            self._script(keys=[self.log_key, self.channel], args=args)
+        else:
+            self._pipelined(batch, ttl, bound.minid)
+        self._expire_again = False
+
+    def _pipelined(self, batch: list[tuple[int, bytes]], ttl: int, minid: str) -> None:
         with self.client.pipeline(transaction=False) as pipe:
             for seq, data in batch:
                 if self.sharded:
@@ -173,15 +240,10 @@ class OutputPublisher:
                 else:
                     pipe.publish(self.channel, data)
                 pipe.xadd(
-                    self.log_key,
-                    {"e": data},
-                    id=f"{seq}-1",
-                    maxlen=self.log_maxlen,
-                    approximate=True,
+                    self.log_key, {"e": data}, id=f"{seq}-1", minid=minid or None, approximate=False
                 )
-                if seq == self._first or self._expire_again:
-                    pipe.expire(self.log_key, self.ttl_s)
-                    self._expire_again = False
+            if ttl:
+                pipe.expire(self.log_key, ttl)
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, ResponseError) and LOGGED_ALREADY in str(reply):

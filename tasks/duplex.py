@@ -22,12 +22,21 @@ from streaming.controls import (
     BadControl,
     CloseControl,
     Control,
+    DetachedControl,
     ForceListenControl,
     InitControl,
     TruncateControl,
     decode_control,
 )
-from streaming.events import CloseReason, Created, ErrorCode, Listen, Rollover, Speak
+from streaming.events import (
+    CloseReason,
+    Created,
+    ErrorCode,
+    ExpiringReason,
+    Listen,
+    Rollover,
+    Speak,
+)
 from streaming.input import AudioChunk
 from streaming.jobs import claim_id
 from streaming.resume import WorkerResume
@@ -45,7 +54,8 @@ from tasks.units import Unit, UnitAssembler
 log = logging.getLogger("omniserve.worker")
 
 MAX_CONSECUTIVE_FAILURES = 3
-POLL_MS = 250
+POLL_MS = 250  # a paused session looks at its client this often
+MAX_READ_MS = 1000  # an input read waits at most this long (it returns as input arrives)
 GATEWAY_CHECK_S = 2.0
 FIRST_RECORD_CHECK_S = 0.2  # after Created, the first check of the client's presence
 
@@ -141,7 +151,7 @@ class DuplexRunner:
                 if paused:  # the client is away: its input waits, the deadline runs
                     time.sleep(POLL_MS / 1000)
                     continue
-                batch = ctx.inputs.read(POLL_MS)
+                batch = ctx.inputs.read(self.read_ms())
                 self.dropped += batch.dropped
                 for control in batch.controls:
                     if self.control(control):
@@ -157,6 +167,17 @@ class DuplexRunner:
                     self.session.close()
                 except Exception:
                     log.exception("session %s: backend close failed", ctx.session_id)
+
+    def read_ms(self) -> int:
+        """How long the next input read may wait: until the next presence check, the
+        session's deadline or its duration notice, whichever comes first (at most
+        ``MAX_READ_MS``). Input ends the wait
+        at once, so a wait of its own costs Redis a blocked read, not a round trip every
+        ``POLL_MS``."""
+        due = [self.next_presence_check - time.monotonic(), self.ctx.deadline_ts - time.time()]
+        if self.expiry is not None and ExpiringReason.DURATION not in self.expiry.told:
+            due.append(self.expiry.deadline_ts - self.expiry.lead_s - time.time())
+        return max(10, min(MAX_READ_MS, int(min(due) * 1000)))
 
     def close(self, reason: str) -> None:
         """End the session with a reason."""
@@ -222,6 +243,9 @@ class DuplexRunner:
                 return self.init(control)
             case TruncateControl(spoken=spoken, heard=heard):
                 self.conversation.truncate(spoken, heard)
+                return False
+            case DetachedControl():
+                self.next_presence_check = 0.0  # the record says so: look at it now
                 return False
 
     def init(self, control: InitControl, history: list[HistoryTurn] | None = None) -> bool:

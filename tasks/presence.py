@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("omniserve.worker")
 
-DETACHED_CHECK_S = 0.5  # a resumable session notices its client's return within this
+DETACHED_CHECK_S = 0.5  # after ``Created``, how often the record is looked for until it is seen
 RECORD_DUE_S = 0.6  # after ``Created``, by when the gateway has written the record and a check
 # (the first comes 0.2 s after it, ``tasks/duplex.py``) has seen it
 
@@ -72,8 +72,10 @@ class PresenceWatch:
         return made is not None and outage is not None and 0 <= outage - made <= RECORD_DUE_S
 
     def interval(self, default: float) -> float:
-        """Seconds until the next check."""
-        return DETACHED_CHECK_S if self.resumable or self._created_at is not None else default
+        """Seconds until the next check: often until the record has been seen, then
+        ``default``, since the gateway tells a detach as it happens (``DetachedControl``); the
+        check finds a gateway gone without a word, and a record that changed hands or ended."""
+        return DETACHED_CHECK_S if not self.resumable and self._created_at is not None else default
 
     def check(self) -> Presence:
         """The client's presence now (Redis errors count as attached: nothing is decided)."""

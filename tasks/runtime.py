@@ -26,6 +26,8 @@ from tasks.metrics import WorkerMetrics
 from tasks.watchdog import COUNTER as STEP_TIMEOUTS
 from tasks.watchdog import StepWatchdog
 
+GATEWAY_SEEN_S = 0.5  # a gateway's lease found held is not asked about again this long
+
 log = logging.getLogger("omniserve.worker")
 
 
@@ -103,6 +105,8 @@ class WorkerRuntime:
         # the heartbeat's round trips, timed: a gateway lease read gone just after Redis itself
         # stalled does not end its sessions (``gateway_alive``)
         self.stalls = StallWatch(self.settings.heartbeat_interval_s, self.settings.lease_ttl_s)
+        # gateway id -> monotonic time until which its lease counts as held without asking
+        self._gateways_seen: dict[str, float] = {}
         self.beats = 0
         self.stopped = False
         self.process_stopping = False  # Celery's warm shutdown began (not only a drain flag)
@@ -375,10 +379,16 @@ class WorkerRuntime:
         answers on time: a read that was slow or timed out, one that found Redis away
         (``streaming/outage.py``), or one just after Redis stalled or came back
         (``streaming/stalls.py``), says nothing about the gateway and reads as held. (A session
-        whose Redis stays away ends by its own reads and writes, past their outage grace.)"""
+        whose Redis stays away ends by its own reads and writes, past their outage grace.)
+        A lease found held counts as held for ``GATEWAY_SEEN_S`` for every session of this
+        process: a process's sessions mostly share a few gateways, and each asked twice a
+        second (``tasks/presence.py``) where one answer serves them all."""
         began = time.monotonic()
+        if self._gateways_seen.get(gateway_id, 0.0) > began:
+            return True
         try:
             if self.redis.exists(self.keys.gateway_alive(gateway_id)):
+                self._gateways_seen[gateway_id] = time.monotonic() + GATEWAY_SEEN_S
                 return True
         except redis.TimeoutError:
             return True  # Redis stalls: nothing can be told

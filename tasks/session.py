@@ -14,7 +14,7 @@ from omnicore.audio import pcm_to_b64
 from omnicore.logs import SESSION_ID
 from streaming.events import Closed, CloseReason, Done, Error, ErrorCode, Event, Started
 from streaming.input import InputReader
-from streaming.output_publisher import OutputPublisher
+from streaming.output_publisher import UNBOUNDED_BYTES, OutputPublisher
 from streaming.takeover import last_seq
 from tasks.bootstrap import install_child_sigterm
 from tasks.endings import CHAT, DUPLEX
@@ -166,6 +166,11 @@ def running_session(
         start_seq=start,
         writer=rt.writer(slot_id),
         outage_grace_s=s.redis_outage_grace_s,
+        # a duplex session's log holds its last seconds (a resume, a missed event); a chat
+        # turn's, the whole turn (its events are few, and a lost worker's tail is read back)
+        log_max_bytes=s.output_log_max_bytes if kind == DUPLEX else UNBOUNDED_BYTES,
+        log_max_s=s.output_log_max_s if kind == DUPLEX else float("inf"),
+        write=s.output_write,
     )
     ctx = SessionContext(
         runtime=rt,

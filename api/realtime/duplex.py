@@ -55,7 +55,7 @@ from api.realtime.resume import SessionResume
 from api.realtime.session import RealtimeSession, SessionState
 from api.relay.retry import start_elsewhere
 from api.relay.task import TaskNotStarted, TaskRelay, WorkerLost
-from streaming.controls import InitControl, encode_control
+from streaming.controls import DetachedControl, InitControl, encode_control
 from streaming.events import (
     Closed,
     CloseReason,
@@ -75,6 +75,8 @@ from streaming.keys import slot_worker
 from streaming.output import SessionOutput
 
 log = logging.getLogger("omniserve.gateway")
+
+DETACHED_TELL_S = 2.0  # telling the worker a session detached waits no longer for Redis
 
 CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not waited for
 CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
@@ -434,6 +436,12 @@ class RealtimeDuplex(RealtimeSession):
         if not self.vanished() or self.closed_sent or self.resume.replaced:
             return
         if await self.resume.detach():
+            if self.resume.detached:  # its worker pauses now, not at its next presence check
+                try:
+                    told = self.gateway.inputs.control(self.session_id, DetachedControl())
+                    await asyncio.wait_for(told, DETACHED_TELL_S)
+                except Exception:  # noqa: BLE001 - Redis away: the worker's own check finds it
+                    log.warning("could not tell %s's worker it is detached", self.session_id)
             return
         await self._tell_worker(CloseReason.CLIENT_CLOSED)  # the client vanished
 
@@ -546,7 +554,8 @@ class RealtimeDuplex(RealtimeSession):
         """``session.closed``; the record is ended too. A worker still running the session (its
         close lost with the input streams a failover cleared, or not confirmed within
         ``CLOSE_GRACE_S``, or an attempt that started after its gateway gave up on it) reads
-        that within ``DETACHED_CHECK_S`` and gives its slot back; a later resume gets
+        that at its next presence check (``tasks/duplex.py``, ``GATEWAY_CHECK_S``) and gives its
+        slot back; a later resume gets
         ``resume_expired``. A record Redis would not end now is ended when it will
         (``api/gateway/worker_stops.py``)."""
         if not self.closed_sent and self.resume.resumable and not self.resume.replaced:

@@ -20,6 +20,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streaming.events import event_head
 from tests.support.client import Client, silence
 from tests.support.stack import Stack
 
@@ -68,7 +69,7 @@ def _kill_pubsub(stack: Stack) -> None:
 def _log(stack: Stack) -> list[dict]:
     r = stack.redis()
     keys = r.keys(stack.keys.output_log("*"))
-    return [orjson.loads(f[b"e"]) for k in keys for _, f in r.xrange(k)]
+    return [orjson.loads(event_head(f[b"e"])) for k in keys for _, f in r.xrange(k)]
 
 
 async def _wait(check: Callable[[], bool], what: str, timeout: float = 90.0) -> None:

@@ -8,6 +8,7 @@ from streaming.controls import (
     BadControl,
     CloseControl,
     Control,
+    DetachedControl,
     ForceListenControl,
     InitControl,
     decode_control,
@@ -23,6 +24,7 @@ from streaming.controls import (
         CloseControl(reason="user_stop"),
         CloseControl(),
         ForceListenControl(input_id="input_3"),
+        DetachedControl(),
     ],
     ids=lambda c: type(c).__name__,
 )

@@ -6,6 +6,7 @@ import typing
 
 import numpy as np
 import orjson
+import pybase64
 import pytest
 
 from streaming import events as E
@@ -103,3 +104,39 @@ def test_usage_figures_travel_typed() -> None:
     assert isinstance(done, E.Done) and done.worker_s == 1.5
     listen = E.decode_event(b'{"type": "listen", "input_id": "i", "kv_cache_length": 3}')
     assert isinstance(listen, E.Listen) and listen.worker_s == 0.0  # an older worker's event
+
+
+def test_audio_crosses_redis_as_raw_bytes() -> None:
+    pcm = np.linspace(-1, 1, 24000, dtype=np.float32).tobytes()
+    b64 = pybase64.b64encode(pcm).decode()
+    for ev in (
+        E.Speak(response_id="r", input_id="i", text="a\nb", audio=b64),
+        E.AudioDelta(audio=b64),
+        E.Done(text="x", audio=b64, last_audio="AAAA"),
+        E.Done(text="x", last_audio=b64),
+    ):
+        data = E.encode_event(ev)
+        assert len(data) < len(b64)  # raw: a quarter fewer bytes than the base64
+        assert pcm in data
+        assert orjson.loads(E.event_head(data))["type"] == ev.type
+        assert E.decode_event(data) == ev
+
+
+def test_audio_that_is_not_canonical_base64_stays_in_the_json() -> None:
+    ev = E.Speak(response_id="r", input_id="i", audio="QR==")  # decodes, re-encodes as QQ==
+    data = E.encode_event(ev)
+    assert E.event_head(data) == data
+    assert E.decode_event(data) == ev
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"\n", b"\n\0\0\0\x05abc", b"\n\0\0\0\x01ab", b"\n\0\0"],
+    ids=["empty", "truncated", "stray bytes", "short length"],
+)
+def test_a_bad_raw_tail_is_a_bad_event(tail: bytes) -> None:
+    head = E.encode_event(E.Speak(response_id="r", input_id="i"))
+    with pytest.raises(E.BadEvent):
+        E.decode_event(head + tail)
+    with pytest.raises(E.BadEvent):  # an event class without audio has no tail
+        E.decode_event(E.encode_event(E.Listen(input_id="i", kv_cache_length=1)) + b"\n")

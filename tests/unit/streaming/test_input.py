@@ -64,6 +64,45 @@ async def test_the_oldest_pending_chunks_are_dropped_and_counted(
     assert sync_redis.ttl(keys.input_audio(SID)) > 0
 
 
+async def test_chunks_read_leave_redis_with_the_next_read(
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    writer = writers(2)
+    reader = InputReader(sync_redis, keys, SID)
+    key = keys.input_audio(SID)
+    for seq in (1, 2):
+        await append(writer, chunk(seq))
+    assert [c.seq for c in reader.read(block_ms=100).chunks] == [1, 2]
+    assert sync_redis.xlen(key) == 2  # read, still held until the next read
+    await append(writer, chunk(3))
+    assert [c.seq for c in reader.read(block_ms=100).chunks] == [3]
+    assert sync_redis.xlen(key) == 1  # 1 and 2 went in the same round trip as that read
+    assert reader.read(block_ms=10).chunks == []
+    assert sync_redis.xlen(key) == 0
+    await append(writer, chunk(5))  # numbering still tells what was dropped
+    batch = reader.read(block_ms=100)
+    assert [c.seq for c in batch.chunks] == [5] and batch.dropped == 1
+
+
+async def test_a_redis_refusing_writes_still_gives_the_read(
+    writers: Writers, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    writer = writers(4)
+    reader = InputReader(sync_redis, keys, SID)
+    for seq in (1, 2):
+        await append(writer, chunk(seq))
+    assert [c.seq for c in reader.read(block_ms=100).chunks] == [1, 2]
+    await append(writer, chunk(3))
+    sync_redis.config_set("min-replicas-to-write", 1)  # writes refused: NOREPLICAS
+    try:
+        assert [c.seq for c in reader.read(block_ms=100).chunks] == [3]
+        assert sync_redis.xlen(keys.input_audio(SID)) == 3  # nothing trimmed meanwhile
+    finally:
+        sync_redis.config_set("min-replicas-to-write", 0)
+    assert reader.read(block_ms=10).chunks == []
+    assert sync_redis.xlen(keys.input_audio(SID)) == 0  # trimmed once Redis takes writes
+
+
 async def test_the_bound_is_seconds_of_audio_whatever_the_chunk_length(
     writers: Writers, sync_redis: redis.Redis, keys: Keys
 ) -> None:

@@ -10,23 +10,28 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
+import pybase64
 import pytest
 import redis
 import redis.asyncio as aioredis
 
-from streaming.events import Event, Gap, Listen, TextDelta, encode_event
+from streaming.events import Event, Gap, Listen, Speak, TextDelta, encode_event
 from streaming.keys import Keys
 from streaming.output import OutputBus, SessionOutput, read_log
-from streaming.output_publisher import OutputPublisher
+from streaming.output_publisher import LogBound, OutputPublisher
 from streaming.output_writer import OutputWriter
 
 SID = "rt_unit"
 LONG_S = 30.0  # a wait that only an event (or a cancel) ends within the test
 
 
-@pytest.fixture
-def publisher(sync_redis: redis.Redis, keys: Keys) -> Iterator[OutputPublisher]:
-    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=64, ttl_s=60)
+@pytest.fixture(params=["script", "pipeline"])
+def publisher(
+    sync_redis: redis.Redis, keys: Keys, request: pytest.FixtureRequest
+) -> Iterator[OutputPublisher]:
+    """A publisher writing one way or the other (``output_write``)."""
+    pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=64, ttl_s=60, write=request.param)
     try:
         yield pub
     finally:
@@ -120,8 +125,7 @@ async def test_replay_overlapping_the_live_channel_delivers_each_event_once(
 async def test_events_the_log_no_longer_holds_become_a_gap(
     bus: OutputBus, sync_redis: redis.Redis, keys: Keys
 ) -> None:
-    # A log capped at one event is trimmed by Redis itself (MAXLEN ~ removes whole stream
-    # nodes, bounded by entries and bytes), so a late reader finds the oldest events gone.
+    # A log capped at one event keeps only the newest, so a late reader finds the others gone.
     pub = OutputPublisher(sync_redis, keys, SID, log_maxlen=1, ttl_s=60)
     n = 300
     try:
@@ -284,7 +288,7 @@ async def test_a_batch_written_again_still_arrives_once_and_is_logged_once(
     bus: OutputBus,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Each event is published and logged in one pipeline. A batch written twice (a retry after
+    """Each event is published and logged in one step. A batch written twice (a retry after
     a lost reply) is logged once (the log refuses the id it has, which the writer takes as done,
     with no retry and no warning) and published twice, which the reader skips by seq."""
     out = await opened(bus, SID)
@@ -449,3 +453,51 @@ async def test_a_direct_that_fails_is_dropped_and_its_event_still_delivered(
     await emit(publisher, text(2))
     assert [ev.seq for ev in await asyncio.wait_for(waiting, 10)] == [2]
     assert calls == [1]
+
+
+def speech(n: int) -> Speak:
+    """One second of 24 kHz speech (96,000 raw bytes in Redis)."""
+    return Speak(response_id="r", input_id=f"input_{n}", audio=pybase64.b64encode(PCM_1S).decode())
+
+
+PCM_1S = np.zeros(24000, dtype=np.float32).tobytes()
+
+
+@pytest.mark.parametrize("write", ["script", "pipeline"])
+async def test_the_log_keeps_the_newest_events_that_fit_its_bytes(
+    bus: OutputBus, sync_redis: redis.Redis, keys: Keys, write: str
+) -> None:
+    size = len(encode_event(speech(1)))  # (stamped, each is a few bytes larger)
+    pub = OutputPublisher(
+        sync_redis, keys, SID, log_maxlen=64, ttl_s=600, log_max_bytes=3 * size + 200, write=write
+    )
+    out = await opened(bus, SID)
+    try:
+        await emit(pub, *(speech(i) for i in range(1, 11)))
+        got = await collect(out, 10)
+    finally:
+        pub.finish(linger_s=30)
+    assert [e.seq for e in got] == list(range(1, 11))  # live: every one, audio intact
+    assert all(isinstance(e, Speak) and e.audio == speech(0).audio for e in got)
+    held = sync_redis.xrange(keys.output_log(SID))
+    assert [k for k, _ in held] == [b"8-1", b"9-1", b"10-1"]
+    assert all(size <= len(f[b"e"]) < size + 60 for _, f in held)  # the audio raw, once
+    assert 0 < sync_redis.ttl(keys.output_log(SID)) <= 30
+
+
+def test_a_log_bound_keeps_the_newest_events_within_bytes_seconds_and_count() -> None:
+    bound = LogBound(max_bytes=100, max_s=10.0, max_events=3)
+    bound.add(1, 40, now=0.0)
+    bound.add(2, 40, now=1.0)
+    assert bound.minid == ""  # nothing had to go yet: nothing is trimmed
+    bound.add(3, 40, now=2.0)  # 120 bytes: the oldest goes
+    assert bound.minid == "2-1"
+    bound.add(3, 40, now=2.0)  # the same event written again is counted once
+    assert bound.minid == "2-1"
+    for seq in range(4, 8):  # small events: the count bounds them
+        bound.add(seq, 1, now=3.0)
+    assert bound.minid == "5-1"
+    bound.add(8, 1, now=13.5)  # past max_s: the older events go
+    assert bound.minid == "8-1"
+    bound.add(9, 500, now=14.0)  # larger than max_bytes: the newest always stays
+    assert bound.minid == "9-1"
