@@ -63,6 +63,7 @@ class QueueSnapshot:
     waiting: list[Waiting] = field(default_factory=list)  # the tickets, in queue order
     mode_hold_s: dict[str, float] = field(default_factory=dict)  # measured mean hold per mode
     base_hold_s: dict[str, float] = field(default_factory=dict)  # set by an operator, per mode
+    scores: dict[str, float] = field(default_factory=dict)  # ticket_id -> its arrival order
     _estimator: WaitEstimator | None = field(default=None, repr=False, compare=False)
 
     def estimated_wait_s(self, position: int) -> int:
@@ -100,9 +101,11 @@ class Admission:
         front: bool = False,
         mode: str = "",
         cap_s: float | None = None,
+        score: float | None = None,
     ) -> int:
         """Add a ticket at the tail (``front``: ahead of every ordinary ticket, for a failover);
-        return its position. Raises QueueFull at capacity (never for ``front``).
+        return its position. Raises QueueFull at capacity (never for ``front``). ``score``: the
+        place a lost ticket had (``QueueSnapshot.scores``), kept when it is put back.
 
         ``mode`` (chat, audio, video) and ``cap_s`` (the time left to the session's duration
         limit; None: none) are what the wait estimates know of the ticket.
@@ -110,7 +113,15 @@ class Admission:
         k = self.keys
         pos = await self._enqueue(
             keys=[k.queue, k.queue_seq, k.free_slots, k.queue_events, k.queue_info],
-            args=[ticket_id, max_queue, "1" if front else "0", "0", mode, _cap(cap_s)],
+            args=[
+                ticket_id,
+                max_queue,
+                "1" if front else "0",
+                "0",
+                mode,
+                _cap(cap_s),
+                "" if score is None else repr(score),
+            ],
         )
         if int(pos) < 0:
             raise QueueFull()
@@ -232,7 +243,7 @@ class Admission:
 
     def _snapshot_reads(self, pipe: Pipeline) -> None:
         k = self.keys
-        pipe.zrange(k.queue, 0, -1)
+        pipe.zrange(k.queue, 0, -1, withscores=True)
         pipe.hgetall(k.workers)
         pipe.hgetall(k.duration_stats)
         pipe.hgetall(k.queue_info)
@@ -242,7 +253,8 @@ class Admission:
     async def _snapshot_of(self, replies: list[Any]) -> QueueSnapshot:
         members, workers, stats, info, running, (sec, usec) = replies
         now = int(sec) + int(usec) / 1e6  # Redis's clock: the one the scripts stamp with
-        order = {_text(m): i + 1 for i, m in enumerate(members)}
+        order = {_text(m): i + 1 for i, (m, _) in enumerate(members)}
+        scores = {_text(m): float(score) for m, score in members}
         cap = await self.capacity(workers)
         stats = {_text(f): _text(v) for f, v in stats.items()}
         ema = stats.get("ema_s")
@@ -258,6 +270,7 @@ class Admission:
             waiting=[_waiting(infos.get(t, ""), now) for t in order],
             mode_hold_s=_mode_holds(stats),
             base_hold_s=_mode_holds(stats, "base_s:"),
+            scores=scores,
         )
 
     async def capacity(self, workers: dict[bytes | str, bytes | str] | None = None) -> Capacity:

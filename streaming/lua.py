@@ -10,7 +10,9 @@ Ticket ids look like ``ticket_<gateway_id>_<n>``; slot ids like ``<worker_id>|<n
 
 ENQUEUE = """
 -- KEYS: queue, queue_seq, free_slots, queue_events, queue_info
--- ARGV: ticket_id, max_queue, front, quiet, mode, cap_s
+-- ARGV: ticket_id, max_queue, front, quiet, mode, cap_s[, score]
+-- score: a lost ticket put back (Redis restarted empty) keeps its place in arrival order: it
+-- goes in with the score it had, and later tickets number on after it.
 -- front = '1': a failover's ticket goes ahead of every ordinary one (in arrival order among
 -- themselves), whatever the queue length. quiet = '1': publish nothing (ENQUEUE_DISPATCH
 -- publishes `enqueue` itself, only for a ticket that is left waiting). The ticket's mode and
@@ -22,9 +24,17 @@ local front = ARGV[3] == '1'
 if (not front) and waiting - free >= tonumber(ARGV[2]) then
   return -1
 end
-local seq = redis.call('INCR', KEYS[2])
-if front then
-  seq = seq - 1e12
+local seq
+if ARGV[7] and ARGV[7] ~= '' then
+  seq = tonumber(ARGV[7])
+  if seq > tonumber(redis.call('GET', KEYS[2]) or '0') then
+    redis.call('SET', KEYS[2], string.format('%d', seq))
+  end
+else
+  seq = redis.call('INCR', KEYS[2])
+  if front then
+    seq = seq - 1e12
+  end
 end
 redis.call('ZADD', KEYS[1], seq, ARGV[1])
 local cap = tonumber(ARGV[6])
@@ -286,8 +296,8 @@ LIVENESS = """
 -- The gateway's liveness questions of one tick in one step. Returns one character per key:
 -- a lease '1' held, '0' gone; a resume record '1' another connection holds the session (its
 -- `conn` is set, not empty and not the asker's), '2' nobody does (`conn` empty: detached),
--- '0' the asker does or there is no record; then Redis's clock
--- (TIME: seconds, microseconds), which tells a stall of Redis from one of the gateway
+-- '3' there is no record (Redis lost it: the asker writes it again), '0' the asker does; then
+-- Redis's clock (TIME: seconds, microseconds), which tells a stall of Redis from one of the gateway
 -- (streaming/stalls.py). One command a tick for Redis, where a pipeline brought two per session.
 local leases = tonumber(ARGV[1])
 local out = {}
@@ -298,6 +308,8 @@ for i = leases + 1, #KEYS do
   local conn = redis.call('HGET', KEYS[i], 'conn')
   if conn == '' then
     out[i] = '2'
+  elseif not conn then
+    out[i] = '3'
   else
     out[i] = (conn and conn ~= ARGV[i - leases + 1]) and '1' or '0'
   end

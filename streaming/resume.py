@@ -10,6 +10,10 @@ gateway writes this HASH (``Keys.session_resume``); every change of hands is one
 - ``detach``: the owner's client went away; the grace period starts.
 - ``reclaim``: a detached session whose connection still relays it (its gateway was frozen past
   its lease, and the worker noted it gone) is attached to it again.
+- ``rebuild``: Redis restarted empty (or lost the record otherwise) while a connection still
+  relays the session, or while that connection is detaching: the connection writes the record
+  again from what it holds (the hash of the token it last handed out, the init, ``created_seq``),
+  only where there is none, so a later resume works as before.
 - the worker notes a gateway that died without detaching (``note_gateway_gone``), pauses the
   session while it is detached, gives its slot back after ``resume_slot_hold_s`` and ends it
   after ``resume_grace_s`` (``mark_ended``: a later resume gets ``resume_expired``).
@@ -67,6 +71,16 @@ return 1
 """
 
 
+_REBUILD = """
+-- KEYS: record   ARGV: ttl_s, then field, value pairs
+-- Only where there is no record: one that exists (written again by another step) is the truth.
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
 class AttachResult(StrEnum):
     """What a resume attempt found."""
 
@@ -114,6 +128,7 @@ class ResumeStore:
         self._attach = client.register_script(_ATTACH)
         self._detach = client.register_script(_DETACH)
         self._reclaim = client.register_script(_RECLAIM)
+        self._rebuild = client.register_script(_REBUILD)
 
     async def create(
         self,
@@ -208,6 +223,22 @@ class ResumeStore:
         took this gateway for gone (frozen past its lease) and would give the slot back."""
         got = await self._reclaim(keys=[self.keys.session_resume(session_id)], args=[conn, gateway])
         return bool(got)
+
+    async def rebuild(self, session_id: str, fields: dict[str, str | bytes], ttl_s: float) -> bool:
+        """Write a lost record again from its owner's copy (``fields``, the token as its hash),
+        unless one exists; True when written (see the module docstring)."""
+        args: list[str | bytes | int] = [max(1, int(ttl_s))]
+        for name, value in fields.items():
+            args += [name, value]
+        got = await self._rebuild(keys=[self.keys.session_resume(session_id)], args=args)
+        return bool(got)
+
+    async def init(self, session_id: str) -> bytes:
+        """The encoded init control the session was prepared with (b"" when none)."""
+        got = await self.redis.hget(self.keys.session_resume(session_id), "init")
+        if not got:
+            return b""
+        return got if isinstance(got, bytes) else str(got).encode()
 
     async def mark_ended(self, session_id: str) -> None:
         """The session is over; a late resume is told ``resume_expired``."""

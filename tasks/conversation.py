@@ -6,6 +6,10 @@ It is written to ``Keys.session_history`` at the end of every response, so a wor
 the session over after a failure (or after its slot was given back while the client was away)
 prepares the backend with it (``DuplexConfig.history``), as a rollover does on the same worker
 (``tasks/prime.py`` picks what of it fits). The KV cache itself is not moved.
+
+The worker holds the whole conversation, so after a Redis outage (which may have been a restart
+that lost every key) it writes it again at once (``after_outage``), not only at the end of the
+next response.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Conversation:
         self.ttl_s = max(1, int(ttl_s))
         self.turns: list[HistoryTurn] = []
         self._reply = ""  # the model's text of the response in progress
+        self._outages_seen = 0  # outages over when it was last written (``after_outage``)
 
     def load(self) -> list[HistoryTurn]:
         """What an earlier worker of this session kept (a failover starts from it)."""
@@ -98,6 +103,14 @@ class Conversation:
             self.client.set(self.key, data, ex=self.ttl_s)
         except redis.RedisError:
             log.warning("could not save the history of %s", self.key, exc_info=True)
+
+    def after_outage(self, outages: int) -> None:
+        """Write the conversation again once per outage of the session's Redis connection that
+        is over (``outages``: how many began so far): Redis may have restarted empty."""
+        if outages != self._outages_seen:
+            self._outages_seen = outages
+            if self.turns:
+                self.save()
 
     def _end_reply(self) -> bool:
         text = self._reply.strip()

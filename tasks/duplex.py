@@ -140,6 +140,8 @@ class DuplexRunner:
                     interval = self.presence.interval(GATEWAY_CHECK_S)
                     self.next_presence_check = time.monotonic() + interval
                     state = self.presence.check()
+                    if not ctx.inputs.outage.away:
+                        self.conversation.after_outage(ctx.inputs.outage.outages)
                     if state is Presence.GONE:
                         log.info("session %s: client gone", ctx.session_id)
                         return self.close(CloseReason.CLIENT_CLOSED)

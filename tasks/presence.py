@@ -4,10 +4,11 @@ Before ``session.created`` (no resume record) or with resume off, the session li
 the gateway that submitted it. Once the record exists, the session belongs to whichever
 connection resumed it last: attached to a live gateway it runs; detached (the client dropped, or
 its gateway died) it pauses, gives its slot back after ``resume_slot_hold_s`` and ends after
-``resume_grace_s`` (``streaming/resume.py``). A record that vanishes once seen (Redis restarted
-empty) leaves the session with the gateway that relayed it at the last check while that gateway
-lives (it keeps its client across the restart); one that was detached then, or whose gateway is
-gone too, ends: nobody can resume it.
+``resume_grace_s`` (``streaming/resume.py``). A record that vanishes (Redis restarted empty)
+leaves the session with the gateway that relayed it at the last check while that gateway lives:
+it keeps its client across the restart and writes the record again. One that no check saw yet
+goes on while the gateway that submitted it writes it again (within ``gateway_lease_ttl_s``).
+One that was detached then, or whose gateway is gone too, ends: nobody can resume it.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ class PresenceWatch:
             # the record was there and is gone: Redis restarted empty. The gateway that relayed
             # the session last still has its client when its lease is back (it renews it as
             # ever): the session goes on with it; with no live gateway nobody can resume it and
-            # its slot must not wait on a client that is not coming back
-            relaying = self._relaying
+            # its slot must not wait on a client that is not coming back. A record Redis lost
+            # before a check saw it: the gateway that submitted the session writes it again
+            # within that TTL if its connection still relays it (not if it detached meanwhile)
+            relaying = self._relaying if self.resumable else self.ctx.gateway_id
             if relaying is not None:
                 lost = self._record_lost_at
                 if lost is None:
@@ -104,7 +107,7 @@ class PresenceWatch:
                     lost = self._record_lost_at = time.monotonic()
                 # the gateway renews its lease on the new server within its own TTL
                 waiting = time.monotonic() - lost < rt.settings.gateway_lease_ttl_s
-                if waiting or rt.gateway_alive(relaying):
+                if waiting or (self.resumable and rt.gateway_alive(relaying)):
                     return Presence.ATTACHED
             log.warning("session %s: its resume record is gone; ending it", self.ctx.session_id)
             return Presence.GONE

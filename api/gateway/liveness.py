@@ -57,7 +57,9 @@ KEYS_PER_CALL = 500  # a script call reads at most this many keys: Redis serves 
 # between the calls of a very large gateway's tick
 
 DETACHED: Final = "detached"  # a resume record nobody relays: its worker took the gateway for gone
-Answer = bool | Literal["detached"] | Exception  # what a tick read for one watch, or why it failed
+MISSING: Final = "missing"  # no resume record (Redis restarted empty): its owner writes it again
+# what a tick read for one watch, or why it failed
+Answer = bool | Literal["detached", "missing"] | Exception
 Watch = Callable[[Answer], bool]  # called with each tick's answer; False: stop watching
 
 
@@ -108,8 +110,8 @@ class Liveness:
 
     def watch_replaced(self, session_id: str, conn_id: str, watch: Watch) -> None:
         """From the next tick on, tell ``watch`` whether a connection other than ``conn_id``
-        relays the session now (its resume record names another one; no record: False;
-        ``DETACHED``: nobody does)."""
+        relays the session now (its resume record names another one; ``DETACHED``: nobody
+        does; ``MISSING``: there is no record)."""
         self.replaced.append((session_id, conn_id, watch))
 
     async def _run(self) -> None:
@@ -139,7 +141,7 @@ class Liveness:
             if len(flags) != len(keys):
                 raise ValueError(f"{len(flags)} answers to {len(keys)} questions")
             answers = [flag == ord("1") for flag in flags[:m]]
-            answers += [DETACHED if flag == ord("2") else flag == ord("1") for flag in flags[m:]]
+            answers += [_owner(flag) for flag in flags[m:]]
             away = self.outage.answered()
             stalled = timed and self.stalls.answered(began, self._server_s)
             if stalled and self.stalls.settle_s > 0:
@@ -209,8 +211,16 @@ class Liveness:
         flags = [b"1" if n else b"0" for n in replies[:leases]]
         for conn, asker in zip(replies[leases:], conns, strict=True):
             owner = conn.decode() if isinstance(conn, bytes) else conn
-            flags.append(b"2" if owner == "" else b"1" if owner and owner != asker else b"0")
+            if owner is None:
+                flags.append(b"3")
+            else:
+                flags.append(b"2" if owner == "" else b"1" if owner != asker else b"0")
         return b"".join(flags)
+
+
+def _owner(flag: int) -> Answer:
+    """A resume record's flag (``lua.LIVENESS``) as a watch's answer."""
+    return DETACHED if flag == ord("2") else MISSING if flag == ord("3") else flag == ord("1")
 
 
 def _flags(reply: Any) -> bytes:

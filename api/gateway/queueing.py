@@ -47,6 +47,7 @@ class Waiter:
     owner: object | None = None  # the connection waiting (what the operator views show of it)
     mode: str = ""  # chat, audio or video: what the wait estimates know of the ticket
     deadline: float | None = None  # unix time: the session's duration limit, if it has one
+    score: float | None = None  # its place in the queue as last read (kept if Redis loses it)
 
     def cap_s(self) -> float | None:
         """The time left until the deadline (None: none)."""
@@ -153,6 +154,7 @@ class QueueManager:
             if not waiter.future.done():
                 snap = await self.admission.snapshot()
                 pos = snap.order.get(ticket)
+                waiter.score = snap.scores.get(ticket, waiter.score)
                 if pos is not None and not waiter.future.done():
                     if task is not None and self.events is not None:
                         self.events.queued(task)
@@ -202,7 +204,9 @@ class QueueManager:
 
     async def _recover(self, waiter: Waiter, now: float) -> None:
         """A waiting ticket is neither queued nor assigned: Redis lost it (a restart, a
-        failover, or our lease lapsed). Put it back once it has been missing a while."""
+        failover, or our lease lapsed). Put it back once it has been missing a while, in the
+        place it had: the tickets every gateway puts back keep their arrival order (the score
+        ``lua.ENQUEUE`` is given)."""
         if waiter.missing_since is None:
             waiter.missing_since = now
             return
@@ -211,7 +215,11 @@ class QueueManager:
         waiter.missing_since = None
         log.warning("ticket %s was lost from the queue; enqueued again", waiter.ticket_id)
         await self.admission.enqueue(
-            waiter.ticket_id, REENQUEUE_LIMIT, mode=waiter.mode, cap_s=waiter.cap_s()
+            waiter.ticket_id,
+            REENQUEUE_LIMIT,
+            mode=waiter.mode,
+            cap_s=waiter.cap_s(),
+            score=waiter.score,
         )
         self._need_dispatch = True  # plain ENQUEUE does not dispatch; the next refresh does
         self._wake.set()
@@ -312,6 +320,7 @@ class QueueManager:
                     await self._recover(w, now)
                 continue
             w.missing_since = None
+            w.score = snap.scores.get(w.ticket_id, w.score)
             if w.last_position is None:
                 continue  # acquire() has not sent session.queued yet; it comes first
             if pos != w.last_position or now - w.last_sent >= self.update_interval_s:

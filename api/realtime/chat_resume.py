@@ -227,6 +227,7 @@ class ChatResume:
                 await self._give_back(slot)
                 raise
             if taken:
+                self.resume.note("inputs", str(self.input_seq))
                 break
             if not await self._give_back(slot):
                 yield None  # the acquire ended the session meanwhile (and told the client)

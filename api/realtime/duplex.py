@@ -80,6 +80,7 @@ DETACHED_TELL_S = 2.0  # telling the worker a session detached waits no longer f
 
 CLOSE_GRACE_S = 5.0  # a worker that does not confirm a close within this is not waited for
 CLOSING_LOOK_S = 0.25  # while it is awaited, the relay loop looks this often
+LEASE_LOOK_S = 0.1  # a resume after Redis restarted empty looks for the lease this often
 
 
 class RealtimeDuplex(RealtimeSession):
@@ -464,7 +465,7 @@ class RealtimeDuplex(RealtimeSession):
                     await self.send(self._resync(ev))
                 elif await self.handle(ev):
                     return
-            if await gateway.session_alive(sid):
+            if await self._worker_renews(sid, record):
                 relay = TaskRelay(gateway, out, sid, "", "session")
                 relay.started = True
             else:  # its slot was given back while the client was away (or its worker died)
@@ -477,6 +478,22 @@ class RealtimeDuplex(RealtimeSession):
         finally:
             await gateway.bus.close(sid, out)
             await self._left()
+
+    async def _worker_renews(self, sid: str, record: dict[str, str]) -> bool:
+        """Whether the session's worker still runs it. A record its connection wrote again
+        (Redis restarted empty, ``SessionResume.rebuild``) comes with no lease until the worker's
+        next heartbeat: that one is waited for, up to the lease TTL, before a restart."""
+        gateway = self.gateway
+        if await gateway.session_alive(sid):
+            return True
+        if not record.get("rebuilt"):
+            return False
+        until = time.monotonic() + gateway.settings.lease_ttl_s
+        while time.monotonic() < until:
+            await asyncio.sleep(LEASE_LOOK_S)
+            if await gateway.session_alive(sid):
+                return True
+        return False
 
     def _resync(self, gap: Gap) -> Frame:
         assert self.created_seq is not None

@@ -1,7 +1,8 @@
 """A ``/v1/realtime`` session's resume state and behaviour, duplex and chat alike
 (docs/PROTOCOL.md, "Resume and failover"): the resume record it offers with
 ``session.created``, taking a session over with its token, detaching when the client vanishes,
-and noticing it was replaced.
+noticing it was replaced, and writing the record again when Redis lost it (restarted empty)
+while this connection relays the session or detaches it: the connection keeps what it wrote.
 
 ``SessionResume`` is a collaborator of the session it serves (``RealtimeDuplex``,
 ``RealtimeChat``), which it reaches only through ``ResumeHost``. The modes differ only in where
@@ -19,7 +20,7 @@ from typing import Protocol
 
 from starlette import status
 
-from api.gateway.liveness import DETACHED, Answer
+from api.gateway.liveness import DETACHED, MISSING, Answer
 from api.gateway.metering import SessionMeter
 from api.gateway.state import Gateway
 from api.protocol.errors import Frame
@@ -27,10 +28,12 @@ from api.protocol.frames import session_closed, session_resumed
 from api.realtime.recovery import ResumeRequest
 from api.realtime.session import SessionState
 from streaming.events import ErrorCode
-from streaming.resume import AttachResult, new_conn_id, new_token
+from streaming.resume import AttachResult, new_conn_id, new_token, token_hash
 
 log = logging.getLogger("omniserve.gateway")
 
+# a record's fields that say who holds it now, not what the session is (``rebuild``)
+_NOT_COPIED = ("gateway", "conn", "detached_at", "rebuilt")
 QUEUE_HOLD_S = 0.25  # a resuming client's session.resume arrives within this of its connect
 
 
@@ -82,6 +85,10 @@ class SessionResume:
         self._replaced_watch: tuple[str, str] | None = None
         self._replaced_seen = False  # the watch read another owner
         self._detached_seen = False  # the watch read no owner while this connection relays
+        self._missing_seen = False  # the watch read no record while this connection relays
+        # the record as this connection wrote or took it (the token as its hash): written again
+        # when Redis lost it
+        self._copy: dict[str, str | bytes] = {}
 
     @property
     def replacement_seen(self) -> bool:
@@ -146,6 +153,13 @@ class SessionResume:
         except Exception:
             log.warning("no resume record for %s", host.session_id, exc_info=True)
             return None
+        self._copy = {
+            "token": token_hash(token),
+            "mode": host.public_mode,
+            "created_seq": str(created_seq),
+            "deadline": str(host.deadline),
+            "init": init,
+        }
         self.resumable = True
         if offer and s.resume_grace_s > 0:
             self.offered = True
@@ -180,6 +194,11 @@ class SessionResume:
             await host.close(status.WS_1008_POLICY_VIOLATION)
             return None
         record = await gateway.resumes.fields(req.session_id)
+        self._copy = {
+            **{k: v for k, v in record.items() if k not in _NOT_COPIED},
+            "token": token_hash(token),
+            "init": await gateway.resumes.init(req.session_id),
+        }
         host.adopt(req.session_id, float(record["deadline"]))
         self.resumable, self.offered = True, True
         await host.meter.admit(req.session_id, claim=True)  # its own quota place, held here
@@ -219,9 +238,48 @@ class SessionResume:
             self.replaced = owner != ""
             self.detached = not self.replaced
             return True
-        # no record any more (Redis restarted empty): nobody can resume it
+        # no record any more (Redis restarted empty): written again, detached, it can be resumed
+        if await self.rebuild(detached=True):
+            self.detached = True
+            return True
         log.warning("session %s: its resume record is gone; the session ends", session_id)
         return False
+
+    # ------------------------------------------------------------------ the record lost
+    def note(self, name: str, value: str) -> None:
+        """A field the connection wrote to the record later (kept for ``rebuild``)."""
+        if self._copy:
+            self._copy[name] = value
+
+    async def rebuild(self, detached: bool = False) -> bool:
+        """Write the record again from this connection's copy, where Redis has none (it
+        restarted empty): attached to this connection, or ``detached`` from now on. False when
+        there is nothing to write, a record exists, or Redis is away."""
+        host, s = self.host, self.gateway.settings
+        if not self._copy or self.replaced or host.closed_sent:
+            return False
+        fields = {
+            **self._copy,
+            "gateway": "" if detached else self.gateway.gateway_id,
+            "conn": "" if detached else self.conn_id,
+            "detached_at": str(time.time()) if detached else "",
+            "ended": "",
+            "rebuilt": "1",  # a resume waits for the worker's lease on the new server
+        }
+        try:
+            written = await self.gateway.resumes.rebuild(
+                host.session_id, fields, host.time_left() + s.resume_grace_s + 60
+            )
+        except Exception:  # Redis away: the next read finds it missing again
+            log.warning("could not write %s's resume record again", host.session_id, exc_info=True)
+            return False
+        if written:
+            log.warning(
+                "session %s: its resume record was gone (Redis restarted empty); written again%s",
+                host.session_id,
+                ", detached" if detached else "",
+            )
+        return written
 
     # ------------------------------------------------------------------ replaced
     async def was_replaced(self) -> bool:
@@ -246,6 +304,9 @@ class SessionResume:
                 *key, lambda answer: self._replaced_read(key, answer)
             )
         await self.reclaim()
+        if self._missing_seen:
+            self._missing_seen = False
+            await self.rebuild()
         return self._replaced_seen and await self._close_replaced()
 
     async def reclaim(self) -> None:
@@ -278,6 +339,9 @@ class SessionResume:
             return False
         if answer == DETACHED:
             self._detached_seen = True
+            self.host.wake_relay()
+        if answer == MISSING and self._copy:
+            self._missing_seen = True
             self.host.wake_relay()
         return True
 

@@ -197,3 +197,20 @@ async def test_the_snapshot_knows_what_runs_and_waits_mode_by_mode(
     assert await admission.release("w#1|0")
     assert not sync_redis.exists(keys.running_slots)
     assert sync_redis.hget(keys.duration_stats, "ema_s:audio") == b"20.0"  # (no hold recorded)
+
+
+async def test_tickets_put_back_with_their_scores_keep_their_arrival_order(
+    admission: Admission, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    """Redis restarted empty: each gateway puts its waiting tickets back, in whatever order the
+    gateways get to it, with the scores they had; later tickets come after them."""
+    for n in range(1, 5):
+        await admission.enqueue(ticket(n), max_queue=10)
+    scores = (await admission.snapshot()).scores
+    assert [scores[ticket(n)] for n in range(1, 5)] == [1.0, 2.0, 3.0, 4.0]
+    await async_redis.delete(keys.queue, keys.queue_seq, keys.queue_info)  # lost
+    for n in (2, 4, 1, 3):  # put back out of order
+        await admission.enqueue(ticket(n), max_queue=10, score=scores[ticket(n)])
+    await admission.enqueue(ticket(5), max_queue=10)  # a new arrival
+    snap = await admission.snapshot()
+    assert snap.order == {ticket(n): n for n in range(1, 6)}

@@ -161,13 +161,58 @@ async def test_a_drop_after_another_connection_took_over_is_noted_replaced(
     assert await gateway.resumes.owner(SID) == second.conn_id
 
 
-async def test_a_session_whose_record_is_gone_is_not_detached(
+async def test_a_session_whose_record_is_gone_is_detached_with_it_written_again(
     gateway: Gateway, async_redis: aioredis.Redis, keys: Keys
 ) -> None:
-    resume, _, _ = await offered(gateway)
+    resume, _, token = await offered(gateway)
     await async_redis.delete(keys.session_resume(SID))  # Redis restarted empty
+    assert await resume.detach() is True
+    assert resume.detached and resume.goes_on()
+    record = await gateway.resumes.fields(SID)
+    assert (record["conn"], record["gateway"], record["created_seq"]) == ("", "", "7")
+    assert float(record["detached_at"]) > 0
+    assert await async_redis.hget(keys.session_resume(SID), "init") == INIT
+    await taken_over(gateway, token)  # the token the client holds still resumes it
+
+
+async def test_a_connection_that_never_offered_writes_no_record_again(
+    gateway: Gateway, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    resume = SessionResume(gateway, Host(SID, gateway=gateway))
     assert await resume.detach() is False  # the caller stops its worker
-    assert not resume.detached and not resume.goes_on()
+    assert await resume.rebuild() is False
+    assert not await async_redis.exists(keys.session_resume(SID))
+
+
+async def test_a_record_redis_lost_is_written_again_by_the_connection_relaying_it(
+    gateway: Gateway, async_redis: aioredis.Redis, keys: Keys
+) -> None:
+    """Redis restarted empty: the liveness read finds no record, and the relaying connection
+    writes it from its copy, attached to itself; the client's token still resumes it."""
+    first, host, token = await offered(gateway)
+    assert await first.was_replaced_lately() is False  # starts the watch
+    await async_redis.delete(keys.session_resume(SID))
+    await gateway.liveness.check()
+    assert host.woken.is_set()
+    assert await first.was_replaced_lately() is False
+    record = await gateway.resumes.fields(SID)
+    assert (record["conn"], record["gateway"], record["detached_at"]) == (
+        first.conn_id,
+        gateway.gateway_id,
+        "",
+    )
+    assert (record["mode"], record["created_seq"], record["rebuilt"]) == ("audio", "7", "1")
+    assert await async_redis.hget(keys.session_resume(SID), "init") == INIT
+    assert await async_redis.ttl(keys.session_resume(SID)) > host.time_left() + 30
+    # an existing record is never overwritten
+    assert await first.rebuild() is False
+    second, _, newer = await taken_over(gateway, token)
+    assert await gateway.resumes.owner(SID) == second.conn_id
+    # the connection that took it over keeps its own copy, with the newer token
+    await async_redis.delete(keys.session_resume(SID))
+    assert await second.rebuild() is True
+    third, _, _ = await taken_over(gateway, newer)
+    assert await gateway.resumes.owner(SID) == third.conn_id
 
 
 async def test_queue_events_wait_for_the_clients_first_event(gateway: Gateway) -> None:
