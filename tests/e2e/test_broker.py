@@ -36,6 +36,7 @@ from tests.support.chat_turn import start_chat_turn
 from tests.support.fault_harness import await_for, served_end_to_end
 from tests.support.rabbitmq import RabbitMQ
 from tests.support.redis_sentinel import SentinelSet
+from tests.support.services import running, stack_on
 from tests.support.stack import ROOT, Stack
 
 ANSWER_WORDS = 3
@@ -43,21 +44,14 @@ ANSWER_WORDS = 3
 
 @pytest.fixture(scope="module")
 def rabbitmq() -> Iterator[RabbitMQ]:
-    node = RabbitMQ()
-    try:
-        node.start()
+    with running(RabbitMQ()) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture
 def broker_stack(redis_server: str, rabbitmq: RabbitMQ) -> Iterator[Stack]:
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": rabbitmq.url})
-    try:
+    with stack_on(redis_server, rabbitmq.url) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def worker_queues(stack: Stack) -> list[str]:
@@ -117,8 +111,7 @@ async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
     server): a task's keys go to the shared Redis, its message to the broker's list."""
     parts = urlsplit(redis_server)
     broker = parts._replace(path="/7").geturl()
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": broker})
-    try:
+    with stack_on(redis_server, broker) as stack:
         stack.start_worker(slots=2)
         port = stack.start_gateway()
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
@@ -128,8 +121,6 @@ async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
         waiting = [c for c in stack.redis().client_list() if c.get("cmd") == "brpop"]
         assert "7" in {c["db"] for c in waiting}, waiting
         assert redis.Redis.from_url(broker).exists("_kombu.binding.celery.pidbox")
-    finally:
-        stack.stop()
 
 
 def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
@@ -153,10 +144,7 @@ def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
 async def test_a_sentinel_broker_carries_the_tasks(redis_server: str) -> None:
     """The broker behind Redis Sentinel (a primary, a replica, a sentinel; the first sentinel
     named is down), the sessions on the run's Redis."""
-    sentinels = SentinelSet()
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": sentinels.url})
-    try:
-        sentinels.start()
+    with running(SentinelSet()) as sentinels, stack_on(redis_server, sentinels.url) as stack:
         stack.start_worker(slots=2)
         port = stack.start_gateway()
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
@@ -164,9 +152,6 @@ async def test_a_sentinel_broker_carries_the_tasks(redis_server: str) -> None:
         await serve_duplex_and_chat(stack)
         primary = redis.Redis(port=sentinels.ports[0], db=3)  # the URL's database
         assert primary.exists("_kombu.binding.celery.pidbox")  # the worker consumes there
-    finally:
-        stack.stop()
-        sentinels.stop()
 
 
 # ------------------------------------------------------------------------ a broker that is mute
@@ -309,12 +294,8 @@ def held_unacked_past_the_deadline(url: str) -> str:
 def short_deadline() -> Iterator[RabbitMQ]:
     """RabbitMQ whose ack deadline is ``ACK_DEADLINE_MS``."""
     conf, advanced = SHORT_DEADLINE
-    node = RabbitMQ(conf=conf, advanced=advanced)
-    try:
-        node.start()
+    with running(RabbitMQ(conf=conf, advanced=advanced)) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.mark.parametrize("pool_slots", [1, 2], ids=["prefork", "threads"])
@@ -325,8 +306,7 @@ async def test_a_session_outlives_rabbitmqs_ack_deadline(
     should, and its worker goes on consuming: the worker acknowledges each task as it takes it
     (the deadline, short here, is shown to bite a consumer that does not)."""
     node = short_deadline
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": node.url})
-    try:
+    with stack_on(redis_server, node.url) as stack:
         assert "delivery acknowledgement" in held_unacked_past_the_deadline(node.url)
         probed = len(node.log.read_bytes())  # what the node logged of the probe
         stack.start_worker(slots=pool_slots)
@@ -345,5 +325,3 @@ async def test_a_session_outlives_rabbitmqs_ack_deadline(
         assert consumers == 1  # the worker's channel was never closed under it
         await serve_duplex_and_chat(stack)  # and it takes the next tasks
         assert b"timed out" not in node.log.read_bytes()[probed:]
-    finally:
-        stack.stop()
