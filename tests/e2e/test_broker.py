@@ -34,6 +34,7 @@ from tests.support.carry_on import PacedSession
 from tests.support.celery_events import TaskEvents
 from tests.support.chat_turn import start_chat_turn
 from tests.support.fault_harness import await_for, served_end_to_end
+from tests.support.omniserve_process import omniserve_env, run_omniserve
 from tests.support.rabbitmq import RabbitMQ
 from tests.support.redis_sentinel import SentinelSet
 from tests.support.services import running, stack_on
@@ -127,16 +128,8 @@ def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
     rabbitmq: RabbitMQ, redis_server: str
 ) -> None:
     url = rabbitmq.url.replace(rabbitmq.password, "not-the-password")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.update(OMNISERVE_REDIS_URL=redis_server, OMNISERVE_BROKER_URL=url, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-m", "omniserve", "gateway", "--port", "0"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = omniserve_env({"OMNISERVE_REDIS_URL": redis_server, "OMNISERVE_BROKER_URL": url})
+    done = run_omniserve(env, "gateway", "--port", "0")
     assert done.returncode == 1, done.stderr
     assert "ACCESS_REFUSED" in done.stderr and "not-the-password" not in done.stderr
 
@@ -172,26 +165,17 @@ def test_a_broker_that_does_not_answer_stops_the_start(
     part: str, scheme: str, mute_port: int, redis_server: str, tmp_path: object
 ) -> None:
     url = f"{scheme}://omni:hush-pw-123@127.0.0.1:{mute_port}/"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.update(
+    env = omniserve_env(
         {
             "OMNISERVE_REDIS_URL": redis_server,
             "OMNISERVE_BROKER_URL": url,
             "OMNISERVE_UP_LOG_DIR": str(tmp_path),
-            "PYTHONPATH": str(ROOT),
         }
     )
     args = {"gateway": ["gateway", "--port", "0"], "worker": ["worker"], "up": ["up"]}[part]
     args += ["--backend", "scripted"] if part != "gateway" else []
     # the timeout is a backstop for a hang, which is the failure this test is for
-    done = subprocess.run(
-        [sys.executable, "-m", "omniserve", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_omniserve(env, *args)
     assert done.returncode == 1, (done.stdout, done.stderr)
     said = done.stderr
     assert f"the broker at {scheme}://127.0.0.1:{mute_port} does not answer" in said, said
@@ -204,9 +188,7 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
     """``omniserve up --flower`` given RabbitMQ: the banner names it, a chat turn is answered,
     and Flower, asking the workers over RabbitMQ (``celery inspect``), lists the worker."""
     port, flower_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.pop("REDIS_URL", None)
-    env.update(
+    env = omniserve_env(
         {
             "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # up embeds one
             "OMNISERVE_BROKER_URL": rabbitmq.url,
@@ -214,9 +196,9 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
             "OMNISERVE_RECORDINGS": "false",
             "OMNISERVE_FLOWER_BASIC_AUTH": "ops:flower-pw-rabbit",
             "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(ROOT),
         }
     )
+    env.pop("REDIS_URL", None)
     log = tmp_path / "up.log"
     argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
     with open(log, "wb") as out:
@@ -237,14 +219,7 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
         assert f"broker    amqp://127.0.0.1:{rabbitmq.port} (OMNISERVE_BROKER_URL)" in banner
         assert rabbitmq.password not in banner
         url = f"ws://127.0.0.1:{port}"
-        probe = subprocess.run(
-            [sys.executable, "-m", "omniserve", "probe", "--url", url, "chat", "Hello"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        probe = run_omniserve(env, "probe", "--url", url, "chat", "Hello", timeout=60)
         assert probe.returncode == 0, probe.stdout + probe.stderr
         workers: dict[str, object] = {}
         api = f"http://127.0.0.1:{flower_port}/api/workers?refresh=1"
