@@ -4,26 +4,15 @@ they imply, read from the server's own counters."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench_run import run_bench
 
 
 @pytest.mark.slow
 def test_it_reports_the_cost_of_admissions_and_heartbeats() -> None:
-    command = ["redis-cost", "--seconds", "1.5", "--sessions", "20", "--json"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    proc = run_bench("redis-cost", "--seconds", "1.5", "--sessions", "20", "--json")
     assert "sessions per core on heartbeats alone" in proc.stdout, proc.stdout
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     admission = out["admission"]

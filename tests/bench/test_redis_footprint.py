@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,28 +12,18 @@ import redis
 
 from bench import redis_footprint
 from omniserve.redis_server import free_port, redis_binary, start_embedded
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench_run import run_bench
+from tests.support.module_imports import ROOT
 
 
 def test_a_small_run_prints_every_figure_per_session() -> None:
     pytest.importorskip("psutil")
     name = "pytest-redis-footprint"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "redis-footprint",
-            *("--sessions", "2", "--seconds", "3", "--warmup", "2", "--idle", "1"),
-            *("--output", name),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc = run_bench(
+        "redis-footprint",
+        *("--sessions", "2", "--seconds", "3", "--warmup", "2", "--idle", "1"),
+        *("--output", name),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "per command at 2 sessions" in proc.stdout, proc.stdout
     data = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
     (level,) = data["levels"]

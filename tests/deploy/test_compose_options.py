@@ -8,24 +8,23 @@ login, and the cluster nodes from their rendered command, made one cluster for r
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import redis
 
-from omniserve.redis_server import redis_binary
 from streaming.broker_url import broker_target, unreachable
+from tests.support.cluster_create import FORMED_WITHIN_S, create_cluster
 from tests.support.deploy_tools import DEPLOY, SECRETS, compose_config
+from tests.support.deployed_settings import settings_of
 from tests.support.rabbitmq import RabbitMQ
 from tests.support.redis_flower_checks import on_port, redis_from_args
+from tests.support.services import running
 
 RABBITMQ_SECRET = {"OMNISERVE_RABBITMQ_PASSWORD": "rabbitpw0123456789abcdef"}
 RABBITMQ = ("docker-compose.yml", "deploy/compose.rabbitmq.yml")
@@ -39,17 +38,6 @@ def render(*files: str) -> dict[str, Any]:
     out = compose_config(*files, env={**SECRETS, **RABBITMQ_SECRET})
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout)["services"])
-
-
-def settings_of(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    from omnicore.settings import Settings
-
-    for key in list(os.environ):
-        if key.startswith("OMNISERVE_") or key == "REDIS_URL":
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return Settings()
 
 
 # ------------------------------------------------------------------------------- RabbitMQ
@@ -79,17 +67,15 @@ def test_every_part_takes_rabbitmq_as_its_broker(
 def compose_rabbitmq() -> Iterator[RabbitMQ]:
     """RabbitMQ with the deployment's own settings file and the login compose gives it."""
     env = render(*RABBITMQ)["rabbitmq"]["environment"]
-    node = RabbitMQ(
-        conf=(DEPLOY / "rabbitmq" / "rabbitmq.conf").read_text(),
-        user=env["RABBITMQ_DEFAULT_USER"],
-        password=env["RABBITMQ_DEFAULT_PASS"],
-        vhost=env["RABBITMQ_DEFAULT_VHOST"],
-    )
-    try:
-        node.start()
+    with running(
+        RabbitMQ(
+            conf=(DEPLOY / "rabbitmq" / "rabbitmq.conf").read_text(),
+            user=env["RABBITMQ_DEFAULT_USER"],
+            password=env["RABBITMQ_DEFAULT_PASS"],
+            vhost=env["RABBITMQ_DEFAULT_VHOST"],
+        )
+    ) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def test_the_compose_broker_url_logs_in_and_the_ack_deadline_suits_long_sessions(
@@ -132,28 +118,12 @@ def test_the_cluster_nodes_form_a_cluster_of_three_primaries_and_three_replicas(
     made as the init job makes it (redis-cli --cluster create, one replica each)."""
     services = render(*CLUSTER)
     password = SECRETS["OMNISERVE_REDIS_PASSWORD"]
-    cli = Path(redis_binary()).with_name("redis-cli")
     init_script = services["redis-cluster-init"]["command"][-1]
     assert "--cluster create" in init_script and "--cluster-replicas 1" in init_script
     with ExitStack() as stack:
         ports = [stack.enter_context(redis_from_args(services[n]["command"])) for n in NODES]
-        env = {**os.environ, "REDISCLI_AUTH": password}
-        nodes = [f"127.0.0.1:{p}" for p in ports]
-        created = subprocess.run(
-            [str(cli), "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert created.returncode == 0, created.stdout + created.stderr
-        client = redis.Redis(port=ports[0], password=password, decode_responses=True)
-        deadline = time.monotonic() + 60
-        while client.cluster("info")["cluster_state"] != "ok":
-            assert time.monotonic() < deadline, client.cluster("info")
-            time.sleep(0.2)
-        roles = [redis.Redis(port=p, password=password).info("replication")["role"] for p in ports]
-        assert sorted(roles) == ["master"] * 3 + ["slave"] * 3
+        create_cluster(ports, password)
+        deadline = time.monotonic() + FORMED_WITHIN_S
         # a replica's link authenticates (masterauth): every replica is in sync
         for p in ports:
             info = redis.Redis(port=p, password=password).info("replication")

@@ -10,21 +10,17 @@ cluster as the init Job makes it.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import redis
 
-from omniserve.redis_server import redis_binary
 from streaming.broker_url import broker_target, unreachable
+from tests.support.cluster_create import FORMED_WITHIN_S, create_cluster
 from tests.support.deploy_tools import (
     DEPLOY,
     K8S,
@@ -33,8 +29,10 @@ from tests.support.deploy_tools import (
     kustomize,
     redis7_server,
 )
+from tests.support.deployed_settings import settings_of
 from tests.support.rabbitmq import RabbitMQ
 from tests.support.redis_flower_checks import on_port, redis_from_args
+from tests.support.services import running
 
 SECRETS = {
     "omniserve-secrets": {
@@ -72,17 +70,6 @@ def env_of(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, str]:
     container = obj["spec"]["template"]["spec"]["containers"][0]
     config = by_kind(objs, "ConfigMap")["omniserve-config"]["data"]
     return container_env(secret_refs_resolved(container), config, FLAT)
-
-
-def settings_of(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    from omnicore.settings import Settings
-
-    for key in list(os.environ):
-        if key.startswith("OMNISERVE_") or key == "REDIS_URL":
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return Settings()
 
 
 def admitted(policy: dict[str, Any], port: int) -> set[str]:
@@ -140,17 +127,15 @@ def example_rabbitmq(rabbit_objs: list[dict[str, Any]]) -> Iterator[RabbitMQ]:
     """RabbitMQ with the example's settings file and the login its StatefulSet creates."""
     env = env_of(rabbit_objs, "StatefulSet", "omniserve-rabbitmq")
     conf = by_kind(rabbit_objs, "ConfigMap")["omniserve-rabbitmq"]["data"]["90-omniserve.conf"]
-    node = RabbitMQ(
-        conf=conf,
-        user=env["RABBITMQ_DEFAULT_USER"],
-        password=env["RABBITMQ_DEFAULT_PASS"],
-        vhost=env["RABBITMQ_DEFAULT_VHOST"],
-    )
-    try:
-        node.start()
+    with running(
+        RabbitMQ(
+            conf=conf,
+            user=env["RABBITMQ_DEFAULT_USER"],
+            password=env["RABBITMQ_DEFAULT_PASS"],
+            vhost=env["RABBITMQ_DEFAULT_VHOST"],
+        )
+    ) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -217,29 +202,14 @@ def test_the_nodes_form_a_cluster_that_sends_clients_to_their_names(
     sts = by_kind(cluster_objs, "StatefulSet")["omniserve-redis-cluster"]
     container = sts["spec"]["template"]["spec"]["containers"][0]
     password = SECRETS["omniserve-secrets"]["redis-password"]
-    cli = Path(redis_binary()).with_name("redis-cli")
     with ExitStack() as stack:
         ports = []
         for i in range(sts["spec"]["replicas"]):
             env = {"POD_NAME": f"omniserve-redis-cluster-{i}", "REDIS_PASSWORD": password}
             args = [expand(a, env) for a in container["args"]]
             ports.append(stack.enter_context(redis_from_args(args, binary=server)))
-        nodes = [f"127.0.0.1:{p}" for p in ports]
-        created = subprocess.run(
-            [str(cli), "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
-            env={**os.environ, "REDISCLI_AUTH": password},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert created.returncode == 0, created.stdout + created.stderr
-        client = redis.Redis(port=ports[0], password=password, decode_responses=True)
-        deadline = time.monotonic() + 60
-        while client.cluster("info")["cluster_state"] != "ok":
-            assert time.monotonic() < deadline, client.cluster("info")
-            time.sleep(0.2)
-        roles = [redis.Redis(port=p, password=password).info("replication")["role"] for p in ports]
-        assert sorted(roles) == ["master"] * 3 + ["slave"] * 3
+        client = create_cluster(ports, password)
+        deadline = time.monotonic() + FORMED_WITHIN_S
 
         def endpoints() -> set[str]:  # each slot range's primary, then its replicas
             slots = client.execute_command("CLUSTER SLOTS")

@@ -34,8 +34,10 @@ from tests.support.carry_on import PacedSession
 from tests.support.celery_events import TaskEvents
 from tests.support.chat_turn import start_chat_turn
 from tests.support.fault_harness import await_for, served_end_to_end
+from tests.support.omniserve_process import omniserve_env, run_omniserve
 from tests.support.rabbitmq import RabbitMQ
 from tests.support.redis_sentinel import SentinelSet
+from tests.support.services import running, stack_on
 from tests.support.stack import ROOT, Stack
 
 ANSWER_WORDS = 3
@@ -43,21 +45,14 @@ ANSWER_WORDS = 3
 
 @pytest.fixture(scope="module")
 def rabbitmq() -> Iterator[RabbitMQ]:
-    node = RabbitMQ()
-    try:
-        node.start()
+    with running(RabbitMQ()) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture
 def broker_stack(redis_server: str, rabbitmq: RabbitMQ) -> Iterator[Stack]:
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": rabbitmq.url})
-    try:
+    with stack_on(redis_server, rabbitmq.url) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def worker_queues(stack: Stack) -> list[str]:
@@ -117,8 +112,7 @@ async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
     server): a task's keys go to the shared Redis, its message to the broker's list."""
     parts = urlsplit(redis_server)
     broker = parts._replace(path="/7").geturl()
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": broker})
-    try:
+    with stack_on(redis_server, broker) as stack:
         stack.start_worker(slots=2)
         port = stack.start_gateway()
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
@@ -128,24 +122,14 @@ async def test_another_redis_carries_the_tasks(redis_server: str) -> None:
         waiting = [c for c in stack.redis().client_list() if c.get("cmd") == "brpop"]
         assert "7" in {c["db"] for c in waiting}, waiting
         assert redis.Redis.from_url(broker).exists("_kombu.binding.celery.pidbox")
-    finally:
-        stack.stop()
 
 
 def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
     rabbitmq: RabbitMQ, redis_server: str
 ) -> None:
     url = rabbitmq.url.replace(rabbitmq.password, "not-the-password")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.update(OMNISERVE_REDIS_URL=redis_server, OMNISERVE_BROKER_URL=url, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-m", "omniserve", "gateway", "--port", "0"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = omniserve_env({"OMNISERVE_REDIS_URL": redis_server, "OMNISERVE_BROKER_URL": url})
+    done = run_omniserve(env, "gateway", "--port", "0")
     assert done.returncode == 1, done.stderr
     assert "ACCESS_REFUSED" in done.stderr and "not-the-password" not in done.stderr
 
@@ -153,10 +137,7 @@ def test_a_wrong_rabbitmq_login_stops_the_gateway_saying_so(
 async def test_a_sentinel_broker_carries_the_tasks(redis_server: str) -> None:
     """The broker behind Redis Sentinel (a primary, a replica, a sentinel; the first sentinel
     named is down), the sessions on the run's Redis."""
-    sentinels = SentinelSet()
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": sentinels.url})
-    try:
-        sentinels.start()
+    with running(SentinelSet()) as sentinels, stack_on(redis_server, sentinels.url) as stack:
         stack.start_worker(slots=2)
         port = stack.start_gateway()
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
@@ -164,9 +145,6 @@ async def test_a_sentinel_broker_carries_the_tasks(redis_server: str) -> None:
         await serve_duplex_and_chat(stack)
         primary = redis.Redis(port=sentinels.ports[0], db=3)  # the URL's database
         assert primary.exists("_kombu.binding.celery.pidbox")  # the worker consumes there
-    finally:
-        stack.stop()
-        sentinels.stop()
 
 
 # ------------------------------------------------------------------------ a broker that is mute
@@ -187,26 +165,17 @@ def test_a_broker_that_does_not_answer_stops_the_start(
     part: str, scheme: str, mute_port: int, redis_server: str, tmp_path: object
 ) -> None:
     url = f"{scheme}://omni:hush-pw-123@127.0.0.1:{mute_port}/"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.update(
+    env = omniserve_env(
         {
             "OMNISERVE_REDIS_URL": redis_server,
             "OMNISERVE_BROKER_URL": url,
             "OMNISERVE_UP_LOG_DIR": str(tmp_path),
-            "PYTHONPATH": str(ROOT),
         }
     )
     args = {"gateway": ["gateway", "--port", "0"], "worker": ["worker"], "up": ["up"]}[part]
     args += ["--backend", "scripted"] if part != "gateway" else []
     # the timeout is a backstop for a hang, which is the failure this test is for
-    done = subprocess.run(
-        [sys.executable, "-m", "omniserve", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_omniserve(env, *args)
     assert done.returncode == 1, (done.stdout, done.stderr)
     said = done.stderr
     assert f"the broker at {scheme}://127.0.0.1:{mute_port} does not answer" in said, said
@@ -219,9 +188,7 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
     """``omniserve up --flower`` given RabbitMQ: the banner names it, a chat turn is answered,
     and Flower, asking the workers over RabbitMQ (``celery inspect``), lists the worker."""
     port, flower_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNISERVE_")}
-    env.pop("REDIS_URL", None)
-    env.update(
+    env = omniserve_env(
         {
             "OMNISERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # up embeds one
             "OMNISERVE_BROKER_URL": rabbitmq.url,
@@ -229,9 +196,9 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
             "OMNISERVE_RECORDINGS": "false",
             "OMNISERVE_FLOWER_BASIC_AUTH": "ops:flower-pw-rabbit",
             "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(ROOT),
         }
     )
+    env.pop("REDIS_URL", None)
     log = tmp_path / "up.log"
     argv = ["up", "--port", str(port), "--backend", "scripted", "--flower"]
     with open(log, "wb") as out:
@@ -252,14 +219,7 @@ def test_up_with_flower_on_rabbitmq(rabbitmq: RabbitMQ, tmp_path: Path) -> None:
         assert f"broker    amqp://127.0.0.1:{rabbitmq.port} (OMNISERVE_BROKER_URL)" in banner
         assert rabbitmq.password not in banner
         url = f"ws://127.0.0.1:{port}"
-        probe = subprocess.run(
-            [sys.executable, "-m", "omniserve", "probe", "--url", url, "chat", "Hello"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        probe = run_omniserve(env, "probe", "--url", url, "chat", "Hello", timeout=60)
         assert probe.returncode == 0, probe.stdout + probe.stderr
         workers: dict[str, object] = {}
         api = f"http://127.0.0.1:{flower_port}/api/workers?refresh=1"
@@ -309,12 +269,8 @@ def held_unacked_past_the_deadline(url: str) -> str:
 def short_deadline() -> Iterator[RabbitMQ]:
     """RabbitMQ whose ack deadline is ``ACK_DEADLINE_MS``."""
     conf, advanced = SHORT_DEADLINE
-    node = RabbitMQ(conf=conf, advanced=advanced)
-    try:
-        node.start()
+    with running(RabbitMQ(conf=conf, advanced=advanced)) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.mark.parametrize("pool_slots", [1, 2], ids=["prefork", "threads"])
@@ -325,8 +281,7 @@ async def test_a_session_outlives_rabbitmqs_ack_deadline(
     should, and its worker goes on consuming: the worker acknowledges each task as it takes it
     (the deadline, short here, is shown to bite a consumer that does not)."""
     node = short_deadline
-    stack = Stack(redis_server, env={"OMNISERVE_BROKER_URL": node.url})
-    try:
+    with stack_on(redis_server, node.url) as stack:
         assert "delivery acknowledgement" in held_unacked_past_the_deadline(node.url)
         probed = len(node.log.read_bytes())  # what the node logged of the probe
         stack.start_worker(slots=pool_slots)
@@ -345,5 +300,3 @@ async def test_a_session_outlives_rabbitmqs_ack_deadline(
         assert consumers == 1  # the worker's channel was never closed under it
         await serve_duplex_and_chat(stack)  # and it takes the next tasks
         assert b"timed out" not in node.log.read_bytes()[probed:]
-    finally:
-        stack.stop()

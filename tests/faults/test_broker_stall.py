@@ -15,6 +15,7 @@ import pytest
 from tests.support.client import Client
 from tests.support.fault_harness import await_for, served_end_to_end
 from tests.support.rabbitmq import RabbitMQ
+from tests.support.services import running
 from tests.support.stack import Stack
 
 REFUSED_WITHIN_S = 90.0  # a backstop for the hang this test is about, not a figure
@@ -22,13 +23,11 @@ REFUSED_WITHIN_S = 90.0  # a backstop for the hang this test is about, not a fig
 
 @pytest.fixture
 def rabbitmq() -> Iterator[RabbitMQ]:
-    node = RabbitMQ()
-    try:
-        node.start()
-        yield node
-    finally:
-        node.freeze(False)
-        node.stop()
+    with running(RabbitMQ()) as node:
+        try:
+            yield node
+        finally:
+            node.freeze(False)  # thawed, so that its stop is heard
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from tests.support.carry_on import PacedSession, all_carry_on
 from tests.support.client import Client
 from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
 from tests.support.redis_sentinel import SentinelSet
+from tests.support.services import running, stack_on
 from tests.support.stack import Stack
 
 RESTORED_S = 15.0  # a new session served within this long of the promotion
@@ -31,21 +32,14 @@ RESTORED_S = 15.0  # a new session served within this long of the promotion
 
 @pytest.fixture
 def sentinels() -> Iterator[SentinelSet]:
-    found = SentinelSet()
-    try:
-        found.start()
+    with running(SentinelSet()) as found:
         yield found
-    finally:
-        found.stop()
 
 
 @pytest.fixture
 def sentinel_stack(sentinels: SentinelSet) -> Iterator[Stack]:
-    stack = Stack(sentinels.url)
-    try:
+    with stack_on(sentinels.url) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 LONG_ANSWER = "moved across the failover one word at a time"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.supervisor import process_alive
 from tests.support.apt import apt_lock
 
 PREFIX = "omni"  # namespace names: omni-<pid>-<tag>-<host>
@@ -225,16 +226,6 @@ def _remove_namespace(ns: str) -> None:
     _ip("netns", "del", ns, check=False)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clean_stale() -> None:
     """Remove the namespaces and bridges of test processes that died without removing them."""
     for line in _ip("netns", "list", check=False).stdout.splitlines():
@@ -244,7 +235,7 @@ def _clean_stale() -> None:
             len(parts) >= 3
             and parts[0] == PREFIX
             and parts[1].isdigit()
-            and not _alive(int(parts[1]))
+            and not process_alive(int(parts[1]))
         ):
             _remove_namespace(name)
     listing = _ip("-o", "link", "show", "type", "bridge", check=False).stdout
@@ -253,5 +244,5 @@ def _clean_stale() -> None:
         alias = line.split(" alias ")[-1].strip() if " alias " in line else ""
         owner = alias.removeprefix(f"{PREFIX}-")
         mine = name.startswith("osb") and alias.startswith(f"{PREFIX}-") and owner.isdigit()
-        if mine and not _alive(int(owner)):
+        if mine and not process_alive(int(owner)):
             _ip("link", "del", name, check=False)
