@@ -16,7 +16,7 @@ from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming import lua
 from streaming.keys import Keys, worker_queue
-from streaming.outage import is_outage
+from streaming.outage import REDIS_ERRORS, is_outage
 from streaming.output_writer import OutputWriter
 from streaming.redis_connection import worker_client
 from streaming.session_claim import Claimed, SessionClaimer
@@ -114,7 +114,7 @@ class WorkerRuntime:
         expected = None
         try:
             expected = expected_load_s(self.beat_redis, self.keys, self.backend_name)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             pass
         info: dict[str, Any] = {
             "host": socket.gethostname(),
@@ -136,7 +136,7 @@ class WorkerRuntime:
         self.metrics.serve(s.worker_metrics_host, s.worker_metrics_port)
         try:
             self.registry.register(info)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             self.registry.info = {**info, "worker_id": self.worker_id}  # the heartbeat writes it
             log.warning("could not register %s yet; the heartbeat will", self.worker_id)
         self._beat = threading.Thread(target=self._heartbeat, name="omni-heartbeat", daemon=True)
@@ -155,7 +155,7 @@ class WorkerRuntime:
             log.info("backend %r ready in %.1fs: %s", name, took, self.backend.info())
             try:
                 record_load_time(self.beat_redis, self.keys, name, took)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 pass
         return self.backend
 
@@ -169,7 +169,7 @@ class WorkerRuntime:
         try:
             self.registry.update(**info)
             self.beat_once()
-        except redis.RedisError as exc:  # Redis not up yet: the message says it all
+        except REDIS_ERRORS as exc:  # Redis not up yet: the message says it all
             self.registry.info.update(info)
             log.warning("could not offer slots yet (%s); the heartbeat will", exc)
         self.watchdog.start()
@@ -218,7 +218,7 @@ class WorkerRuntime:
         self.stopped = True
         try:
             self.registry.unregister(self.slot_ids)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not unregister %s (%s)", self.worker_id, exc)
 
     def leave_now(self) -> None:
@@ -226,7 +226,7 @@ class WorkerRuntime:
         self.stopped = True
         try:
             forget_worker(self.beat_redis, self.keys, self.worker_id, self.slot_ids)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not withdraw %s (%s)", self.worker_id, exc)
 
     # ------------------------------------------------------------------ heartbeat
@@ -338,11 +338,17 @@ class WorkerRuntime:
         ]
         try:
             self._end_lease(keys=lease_and_input, args=[slot_id])
+        except REDIS_ERRORS as exc:
+            if not is_outage(exc):
+                log.exception("could not drop the lease of %s", session_id)
+            else:  # (its shard away: a lease no one renews lapses, the streams expire)
+                log.warning("could not drop the lease of %s (%s)", session_id, exc)
+        try:
             if self.shutting_down.is_set():
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:
                 self.registry.release(slot_id, held_s)  # (its hold time in the same step)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.exception("could not release slot %s", slot_id)
 
     def quarantine(self, slot_id: str, session_id: str) -> None:
@@ -354,7 +360,7 @@ class WorkerRuntime:
         try:
             lease = [self.keys.session_lease(session_id)]  # (unless another slot holds it now)
             self._end_lease(keys=lease, args=[slot_id], client=self.beat_redis)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not drop the lease of %s (%s)", session_id, exc)
 
     def count(self, name: str) -> None:
@@ -365,7 +371,7 @@ class WorkerRuntime:
             self.metrics.count("omniserve_" + name, self.backend_name)
         try:
             self.beat_redis.hincrby(self.keys.worker_counters, name, 1)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("could not count %s in Redis", name)
 
     def gateway_alive(self, gateway_id: str) -> bool:
@@ -382,7 +388,7 @@ class WorkerRuntime:
                 return True
         except redis.TimeoutError:
             return True  # Redis stalls: nothing can be told
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             if is_outage(exc):  # Redis away (a failover, a restart): nothing can be told either
                 return True
             raise
