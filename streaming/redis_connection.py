@@ -236,11 +236,18 @@ def tuned_cluster(shards: Any) -> Any:
 
 def gathered_cluster(nodes: Any) -> Any:
     """Make a synchronous cluster client's node pools open their connections with
-    ``_gathered_class``: the nodes it knows now (their pools' connections so far are let
-    go) and those it learns of later (it opens them with its ``connection_kwargs``)."""
+    ``_gathered_class``: the nodes it knows now (their pools' connections so far are let go)
+    and those it learns of later (a promoted replica, a node added). Its nodes are
+    ``redis.Redis`` clients that take no connection class: each is tuned as it is made."""
     manager = nodes.nodes_manager
-    base = manager.connection_kwargs.get("connection_class", redis.Connection)
-    manager.connection_kwargs["connection_class"] = _gathered_class(base)
+    make = manager.create_redis_node
+
+    def create_redis_node(host: str, port: int, **options: Any) -> redis.Redis:
+        node: redis.Redis = make(host, port, **options)
+        gathered(node.connection_pool)
+        return node
+
+    manager.create_redis_node = create_redis_node
     for node in manager.nodes_cache.values():
         if node.redis_connection is not None:
             pool = node.redis_connection.connection_pool
@@ -307,7 +314,13 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
             {} if max_connections is None else {"max_connections": max_connections}
         )
         timeout = 5 if max_connections is None else 10
-        nodes: Any = sync_cluster(target, socket_timeout=timeout, **TCP_OPTIONS, **limits)
+        # redis-py's cluster default backs off for seconds between tries (a node refusing
+        # connections while its replica is promoted): the heartbeat would be late for the
+        # leases of every shard. Short tries, as the gateway's; the callers wait out the rest.
+        quick = SyncRetry(ExponentialBackoff(cap=0.2, base=0.02), retries=2)
+        nodes: Any = sync_cluster(
+            target, socket_timeout=timeout, retry=quick, **TCP_OPTIONS, **limits
+        )
         return cast("redis.Redis", gathered_cluster(nodes))
     if max_connections is None:
         own = sync_pool(

@@ -27,6 +27,7 @@ from tasks.watchdog import COUNTER as STEP_TIMEOUTS
 from tasks.watchdog import StepWatchdog
 
 log = logging.getLogger("omniserve.worker")
+BEAT_FAILING_LOG_S = 5.0  # a heartbeat that keeps failing says so again this often
 
 
 def backend_options(s: Settings, name: str | None = None) -> dict[str, Any]:
@@ -100,6 +101,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(self, self.backend_name)
         self._beat: threading.Thread | None = None
         self._beat_failing_since: float | None = None
+        self._beat_failing_logged = 0.0  # monotonic: when a failing beat was last logged
         # the heartbeat's round trips, timed: a gateway lease read gone just after Redis itself
         # stalled does not end its sessions (``gateway_alive``)
         self.stalls = StallWatch(self.settings.heartbeat_interval_s, self.settings.lease_ttl_s)
@@ -250,8 +252,13 @@ class WorkerRuntime:
             except Exception as exc:  # this thread must outlive any error
                 self.stalls.failed()
                 if self._beat_failing_since is None:
-                    self._beat_failing_since = time.monotonic()
+                    self._beat_failing_since = self._beat_failing_logged = time.monotonic()
                     log.warning("heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
+                elif time.monotonic() - self._beat_failing_logged > BEAT_FAILING_LOG_S:
+                    self._beat_failing_logged = time.monotonic()
+                    log.warning(
+                        "heartbeat still fails (%s: %s)", type(exc).__name__, exc, exc_info=True
+                    )
                 else:
                     log.debug("heartbeat failed again", exc_info=True)
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
@@ -259,7 +266,12 @@ class WorkerRuntime:
     def beat_once(self) -> None:
         """Renew everything this process owns in Redis (and notice a drain request)."""
         if not self.shutting_down.is_set():
-            deadline = self.beat_redis.get(self.keys.drain(self.node_name))
+            try:
+                deadline = self.beat_redis.get(self.keys.drain(self.node_name))
+            except REDIS_ERRORS as exc:
+                if not is_outage(exc):
+                    raise
+                deadline = None  # (its shard away: the leases on the others are renewed first)
             if deadline is not None:
                 self.start_drain(float(deadline), "drain flag in Redis")
         with self.lock:

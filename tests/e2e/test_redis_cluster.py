@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio.cluster import ClusterNode
 
 from omniserve.redis_server import free_port
 from streaming.redis_connection import (
@@ -198,6 +199,14 @@ async def test_cluster_clients_tune_their_connections(redis_cluster: RedisCluste
         for pool in pools:
             assert issubclass(pool.connection_class, GathersWrites)
             assert issubclass(pool.connection_class, RefusalIsAlive)
+        # a node learnt of later (a replica promoted): made the same way, and it answers
+        manager = workers.nodes_manager
+        learnt = manager.create_redis_node(
+            "127.0.0.1", redis_cluster.ports[-1], **manager.connection_kwargs
+        )
+        assert issubclass(learnt.connection_pool.connection_class, GathersWrites)
+        assert learnt.ping()
+        learnt.close()
     finally:
         workers.close()
     gateway: Any = gateway_client(redis_cluster.url, 8)
@@ -210,5 +219,7 @@ async def test_cluster_clients_tune_their_connections(redis_cluster: RedisCluste
             assert issubclass(node.connection_class, TimedWrites)
             assert issubclass(node.connection_class, ReopensDropped)
             assert all(isinstance(c, AsyncRefusalIsAlive) for c in node._connections)
+        learnt = ClusterNode("127.0.0.1", redis_cluster.ports[-1], **gateway.connection_kwargs)
+        assert issubclass(learnt.connection_class, TimedWrites)
     finally:
         await gateway.aclose()

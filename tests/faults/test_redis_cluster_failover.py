@@ -6,7 +6,9 @@ the primary of a shard holding some of the sessions (not the admission one) is k
 ``kill -9``. Its sessions stall for about the failover time and carry on, with at most one
 ``session.recovering``/``session.recovered`` pair, no error, their ``seq`` whole or its gaps
 told; the sessions on the other shards do not notice (no ``session.recovering``); the chat turn
-is answered once; every slot of the cluster is served again, and the workers' slots come back.
+is answered once; two clients waiting in the queue are served in their order; every slot of the
+cluster is served again, and the workers' slots come back. The same with the primary of the
+admission shard (the queue, the slot pool, the registry) killed.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from redis.crc import key_slot
 
 from tests.support.carry_on import PacedSession, all_carry_on
 from tests.support.chat_turn import LONG_ANSWER, TOKEN_DELAY_S, chat_turn
+from tests.support.client import Client
 from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
 from tests.support.redis_cluster import RedisClusterSet
 from tests.support.stack import Stack
 
 NODE_TIMEOUT_MS = 1500  # a silent primary is failed over after about this long
 SESSIONS = 6
+SLOTS = SESSIONS + 1  # and one for the chat turn: the clients after it wait in the queue
 
 
 @pytest.fixture
@@ -59,10 +63,11 @@ async def test_a_shard_failover_is_carried_by_its_sessions_alone(
 ) -> None:
     stack = cluster_stack
     stack.start_worker(slots=4, OMNISERVE_SCRIPTED_TOKEN_DELAY_S=TOKEN_DELAY_S)
-    stack.start_worker(slots=4, OMNISERVE_SCRIPTED_TOKEN_DELAY_S=TOKEN_DELAY_S)
+    stack.start_worker(slots=SLOTS - 4, OMNISERVE_SCRIPTED_TOKEN_DELAY_S=TOKEN_DELAY_S)
     stack.start_gateway()
     stack.start_gateway()
     sessions = [await PacedSession.open(stack.url(i % 2)) for i in range(SESSIONS)]
+    waiting: list[Client] = []
     try:
         await await_for(lambda: all(p.steps >= 2 for p in sessions), 60, "first answers")
         shard_of = {
@@ -86,6 +91,10 @@ async def test_a_shard_failover_is_carried_by_its_sessions_alone(
             chat_turn(stack.url(1), 60, answers, streaming, answer=LONG_ANSWER)
         )
         await asyncio.wait_for(streaming.wait(), 30)  # a chat turn in flight: its answer begun
+        for i in range(2):  # every slot busy: two clients wait in the queue, in their order
+            waiting.append(await Client.connect(stack.url(i), query="?mode=audio"))
+            queued = await waiting[-1].until("session.queued", timeout=15)
+            assert queued["position"] == i + 1, queued
         t_kill = time.monotonic()
         redis_cluster.kill(victim)
         await await_for(lambda: replica in redis_cluster.primaries(), 30, "the replica promoted")
@@ -102,6 +111,14 @@ async def test_a_shard_failover_is_carried_by_its_sessions_alone(
         answered = await in_flight
         print(f"chat turn in flight: {answered!r}, response.done x{answers}")
         assert answered == LONG_ANSWER and answers == [1], answers
+        # the waiting clients are served in their order: the first in the chat turn's slot,
+        # the second once the first leaves
+        first, second = waiting
+        await first.until("session.queue_done", timeout=30)
+        assert not any(f["type"] == "session.queue_done" for f in second.received)
+        await first.close()
+        await second.until("session.queue_done", timeout=30)
+        await second.close()
         # new sessions are served, and the live ones still go on
         await served_end_to_end(stack.url(0), timeout=30)
         t_later = time.monotonic()
@@ -110,6 +127,8 @@ async def test_a_shard_failover_is_carried_by_its_sessions_alone(
     finally:
         for p in sessions:
             await p.close()
-    all_slots_back(stack, 8, timeout=30)
+        for client in waiting:
+            await client.close()
+    all_slots_back(stack, SLOTS, timeout=30)
     for proc in stack.workers:
         assert proc.alive(), proc.tail()
