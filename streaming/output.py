@@ -204,15 +204,28 @@ class SessionOutput:
                 return []
         event, size = self.items.popleft()
         self.pending_bytes = max(0, self.pending_bytes - size)
-        return await self._order(event)
+        return await self._order(event, size)
 
-    async def _order(self, event: Event) -> list[Event]:
+    async def _order(self, event: Event, size: int = 0) -> list[Event]:
         seq = event.seq
         if seq < self.expected:
             return []  # already delivered (a replay overlapped the live channel)
         out: list[Event] = []
         if seq > self.expected:
-            out.extend(await self.catch_up(seq - 1))
+            try:
+                out.extend(await self.catch_up(seq - 1))
+            except REDIS_OR_OS_ERRORS as exc:  # Redis away: the gap is filled once it answers
+                log.warning(
+                    "session %s: filling events %d..%d from the log failed (%s); again soon",
+                    self.session_id,
+                    self.expected,
+                    seq - 1,
+                    exc,
+                )
+                self.items.appendleft((event, size))
+                self.pending_bytes += size
+                await asyncio.sleep(REREAD_RETRY_S)
+                return []
         if seq >= self.expected:
             out.append(event)
             self.expected = seq + 1
