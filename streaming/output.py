@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 BUS_FAILING_LOG_S = 5.0  # a bus that cannot read says so again this often
 RESUBSCRIBED_REREAD_S = 1.0  # after the bus subscribed again, its sessions read their logs again
 REREAD_RETRY_S = 0.2  # a failed read of the log is made again this soon
-SLOT_MAP_REFRESH_S = 1.0  # on a cluster, failing reads have the slot map read again this often
 
 Deliver = Callable[[Event], Awaitable[bool]]
 """``SessionOutput.direct``: take one in-order event now (True), or decline it (False, having done
@@ -277,11 +276,13 @@ class OutputBus:
     ``PUBLISH`` reaches every node of a cluster).
 
     A shard failed over (its replica promoted) or a slot moved: redis-py's cluster pub/sub
-    subscribes the channels again on the node that owns their slot now, once the client's slot
-    map is read again, so a reader that fails has the map read again (at most once a
-    ``SLOT_MAP_REFRESH_S``). The queue channel's connection keeps to the node it was opened
-    on, and that node may be gone for good: a failing one is dropped and opened again, on the
-    node that owns the admission slot now.
+    subscribes the channels again on the node that owns their slot now, once the client reads
+    the slot map again (it does after a command meets a lost connection or a ``MOVED``: the
+    sessions of that shard read their logs, the liveness read asks every shard). A refresh of
+    our own is not asked for: it would hold every command of the gateway while it tried a node
+    cut off from it first. The queue channel's connection keeps to the node it was opened on,
+    and that node may be gone for good: a failing one is dropped and opened again, on the node
+    that owns the admission slot by then.
     """
 
     def __init__(
@@ -303,7 +304,6 @@ class OutputBus:
         # event that repr was the largest single cost of the gateway (docs/BENCHMARKS.md).
         self.pubsub = self._new_pubsub()
         self.queue_pubsub = self._new_pubsub() if self.sharded else self.pubsub
-        self._slot_map_read_at = 0.0  # monotonic: when a failing read last had it read again
         self.sessions: dict[str, SessionOutput] = {}
         self._task: asyncio.Task[None] | None = None
         self._shard_tasks: dict[str, asyncio.Task[None]] = {}  # node name -> its reader
@@ -315,20 +315,6 @@ class OutputBus:
 
     def _new_pubsub(self) -> Any:
         return self.redis.pubsub(ignore_subscribe_messages=True, push_handler_func=_pass_push)
-
-    async def _reread_slot_map(self) -> None:
-        """A read failed on a cluster: have the client read the slot map again (the cluster
-        pub/sub then moves the channels of a slot whose owner changed), not more often than
-        ``SLOT_MAP_REFRESH_S``; a failure here is the read's (it is tried again)."""
-        now = time.monotonic()
-        if now - self._slot_map_read_at < SLOT_MAP_REFRESH_S:
-            return
-        self._slot_map_read_at = now
-        shards: Any = self.redis
-        try:
-            await shards.nodes_manager.initialize()
-        except Exception as exc:  # noqa: BLE001 - no node answers yet: the next failure asks again
-            log.debug("reading the slot map failed: %s", exc)
 
     async def _reopen_queue_channel(self) -> None:
         """The queue channel's connection failed on a cluster: open a new one, on the node
@@ -427,13 +413,9 @@ class OutputBus:
             node = self.redis.get_node(node_name=name)  # type: ignore[attr-defined]
             if node is None or name not in shards.node_pubsub_mapping:
                 raise _ShardGone
-            try:
-                message: dict[str, Any] | None = await shards.get_sharded_message(
-                    target_node=node, timeout=1.0
-                )
-            except Exception:
-                await self._reread_slot_map()
-                raise
+            message: dict[str, Any] | None = await shards.get_sharded_message(
+                target_node=node, timeout=1.0
+            )
             return message
 
         try:
@@ -454,7 +436,6 @@ class OutputBus:
                     await self._subscribe_queue()
                 message = await self.queue_pubsub.get_message(timeout=1.0)
             except Exception:
-                await self._reread_slot_map()
                 await self._reopen_queue_channel()
                 raise
             return message
