@@ -413,6 +413,9 @@ class OutputBus:
             node = self.redis.get_node(node_name=name)  # type: ignore[attr-defined]
             if node is None or name not in shards.node_pubsub_mapping:
                 raise _ShardGone
+            if shards.node_pubsub_mapping[name].connection is None:  # its first SSUBSCRIBE
+                await asyncio.sleep(0.05)  # is on its way (the reader started as it began)
+                return None
             message: dict[str, Any] | None = await shards.get_sharded_message(
                 target_node=node, timeout=1.0
             )
