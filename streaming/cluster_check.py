@@ -15,6 +15,7 @@ import time
 import redis
 
 from omnicore.redact import redact_url
+from streaming.outage import REDIS_OR_OS_ERRORS
 from streaming.redis_url import cluster_target, is_cluster_url
 
 FIND_S = 10.0  # a cluster that is not up (state ok on a node named) this long: exit 1
@@ -62,7 +63,7 @@ def data_plane_problem(
                 why = f"{host}:{port} says the cluster is not ok (its slots are not all served)"
             except redis.AuthenticationError as exc:
                 return f"{host}:{port} of OMNISERVE_REDIS_URL refuses the credentials: {exc}"
-            except (redis.RedisError, OSError) as exc:
+            except REDIS_OR_OS_ERRORS as exc:
                 why = f"{host}:{port}: {exc}"
             finally:
                 node.close()

@@ -31,7 +31,7 @@ from streaming.controls import (
 )
 from streaming.input_link import Command, InputLink
 from streaming.keys import Keys
-from streaming.outage import Outage, is_outage
+from streaming.outage import REDIS_ERRORS, Outage, is_outage
 from streaming.redis_connection import unblocked
 from streaming.redis_url import is_cluster
 
@@ -109,6 +109,10 @@ class InputWriter:
         if chunk.seq == 1:
             commands.append(["EXPIRE", key, self.ttl_s])
         return self._link(key).send(*commands)
+
+    def link_of(self, session_id: str) -> InputLink:
+        """The link that carries ``session_id``'s input now (its outage: ``Outage``)."""
+        return self._link(self.keys.input_audio(session_id))
 
     def _link(self, key: str) -> InputLink:
         """The link that carries ``key``'s commands: the one link, or its shard's."""
@@ -223,7 +227,7 @@ class InputReader:
             if not unblocked(exc):
                 self._away(exc, block_ms)
             return InputBatch(controls=[], chunks=[], dropped=0)  # read again at the next step
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._away(exc, block_ms)
             return InputBatch(controls=[], chunks=[], dropped=0)
         self._answered()
@@ -257,7 +261,7 @@ class InputReader:
         except redis.TimeoutError as exc:
             self._stalled(exc)
             return []
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._away(exc, 0)
             return []
         self._answered()
@@ -276,7 +280,7 @@ class InputReader:
             log.warning("input read: Redis does not answer (%s); waiting for it", exc)
         self.unanswered = True
 
-    def _away(self, exc: redis.RedisError, block_ms: int) -> None:
+    def _away(self, exc: Exception, block_ms: int) -> None:
         """A read failed: raise unless Redis is away and the grace is not over yet (then wait
         a little, as the blocking read would have, and read again)."""
         if not is_outage(exc) or not self.outage.failed():

@@ -11,6 +11,13 @@ failure is the caller's to report as before (the session ends).
 An error that is an answer (a script error, a wrong type) is no outage; ``MISCONF`` and
 ``READONLY`` refusals are (Redis cannot take writes now, a replica promoted soon), and so is a
 blocked read ended by a role change (``UNBLOCKED``).
+
+On a Redis Cluster a shard being failed over is an outage of that shard's keys: redis-py's
+cluster clients raise ``ClusterDownError`` (no primary for the slot yet), ``TryAgainError``,
+redirections past their retries (``MovedError``, ``AskError``), ``ClusterError`` (its retries
+spent) and ``RedisClusterException``s that say no node could be reached or no node serves the
+slot (``SlotNotCoveredError``). ``RedisClusterException`` is not a ``RedisError``: code that
+waits Redis out catches ``REDIS_ERRORS``.
 """
 
 from __future__ import annotations
@@ -19,9 +26,23 @@ import threading
 import time
 
 import redis
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    CrossSlotTransactionError,
+    InvalidPipelineStack,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 REFUSALS = ("READONLY", "MISCONF", "UNBLOCKED", "LOADING", "MASTERDOWN")  # error replies' codes
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+"""What a Redis command may raise, a cluster client's own errors included."""
+REDIS_OR_OS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
+_CLUSTER_AWAY = (ClusterDownError, TryAgainError, AskError, ClusterError)  # (MovedError: AskError)
+_CLUSTER_MISUSE = (CrossSlotTransactionError, InvalidPipelineStack)  # the caller's own mistakes
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -30,6 +51,10 @@ def is_outage(exc: BaseException) -> bool:
     its code, ``LOADING`` as a connection error.)"""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ReadOnlyError | OSError):
         return True
+    if isinstance(exc, _CLUSTER_AWAY):
+        return True
+    if isinstance(exc, RedisClusterException):
+        return not isinstance(exc, _CLUSTER_MISUSE)
     return isinstance(exc, redis.ResponseError) and str(exc).startswith(REFUSALS)
 
 

@@ -9,18 +9,19 @@ and a gap the log no longer covers is reported as a ``gap`` event, never skipped
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import redis
 import redis.asyncio as aioredis
 
 from omnicore.aio import cancel_and_wait
 from streaming.events import BadEvent, Event, Gap, decode_event
 from streaming.keys import Keys
+from streaming.outage import REDIS_OR_OS_ERRORS
 from streaming.redis_url import is_cluster
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class SessionOutput:
             self.reread = self.woken = False
             try:
                 found = await self.catch_up()
-            except (redis.RedisError, OSError) as exc:  # (a pooled connection of the outage)
+            except REDIS_OR_OS_ERRORS as exc:  # (a pooled connection of the outage)
                 log.warning(
                     "session %s: reading the log failed (%s); again soon", self.session_id, exc
                 )
@@ -202,15 +203,28 @@ class SessionOutput:
                 return []
         event, size = self.items.popleft()
         self.pending_bytes = max(0, self.pending_bytes - size)
-        return await self._order(event)
+        return await self._order(event, size)
 
-    async def _order(self, event: Event) -> list[Event]:
+    async def _order(self, event: Event, size: int = 0) -> list[Event]:
         seq = event.seq
         if seq < self.expected:
             return []  # already delivered (a replay overlapped the live channel)
         out: list[Event] = []
         if seq > self.expected:
-            out.extend(await self.catch_up(seq - 1))
+            try:
+                out.extend(await self.catch_up(seq - 1))
+            except REDIS_OR_OS_ERRORS as exc:  # Redis away: the gap is filled once it answers
+                log.warning(
+                    "session %s: filling events %d..%d from the log failed (%s); again soon",
+                    self.session_id,
+                    self.expected,
+                    seq - 1,
+                    exc,
+                )
+                self.items.appendleft((event, size))
+                self.pending_bytes += size
+                await asyncio.sleep(REREAD_RETRY_S)
+                return []
         if seq >= self.expected:
             out.append(event)
             self.expected = seq + 1
@@ -258,7 +272,17 @@ class OutputBus:
     session's channel is a sharded one (``SSUBSCRIBE``: it lives on the shard of the session's
     slot, where a classic channel's messages go to every node): redis-py's cluster pub/sub keeps
     one connection per shard that has a channel of this gateway's, each read by a task of its
-    own (``_shard_reader``); the queue events stay a classic channel, read on one node.
+    own (``_shard_reader``); the queue events stay a classic channel, read on one node (a
+    ``PUBLISH`` reaches every node of a cluster).
+
+    A shard failed over (its replica promoted) or a slot moved: redis-py's cluster pub/sub
+    subscribes the channels again on the node that owns their slot now, once the client reads
+    the slot map again (it does after a command meets a lost connection or a ``MOVED``: the
+    sessions of that shard read their logs, the liveness read asks every shard). A refresh of
+    our own is not asked for: it would hold every command of the gateway while it tried a node
+    cut off from it first. The queue channel's connection keeps to the node it was opened on,
+    and that node may be gone for good: a failing one is dropped and opened again, on the node
+    that owns the admission slot by then.
     """
 
     def __init__(
@@ -278,9 +302,8 @@ class OutputBus:
         # Our own push handler: redis-py's default (RESP3) one builds ``str(message)`` for a
         # debug log line on every message, even with debug logging off; for a 128 KB audio
         # event that repr was the largest single cost of the gateway (docs/BENCHMARKS.md).
-        self.pubsub = redis_client.pubsub(
-            ignore_subscribe_messages=True, push_handler_func=_pass_push
-        )
+        self.pubsub = self._new_pubsub()
+        self.queue_pubsub = self._new_pubsub() if self.sharded else self.pubsub
         self.sessions: dict[str, SessionOutput] = {}
         self._task: asyncio.Task[None] | None = None
         self._shard_tasks: dict[str, asyncio.Task[None]] = {}  # node name -> its reader
@@ -290,12 +313,24 @@ class OutputBus:
         self._first_subscribe = asyncio.Lock()
         self.messages = 0
 
+    def _new_pubsub(self) -> Any:
+        return self.redis.pubsub(ignore_subscribe_messages=True, push_handler_func=_pass_push)
+
+    async def _reopen_queue_channel(self) -> None:
+        """The queue channel's connection failed on a cluster: open a new one, on the node
+        that owns the admission slot by then (see the class docstring)."""
+        async with self._first_subscribe:
+            old, self.queue_pubsub = self.queue_pubsub, self._new_pubsub()
+            self._queue_subscribed = False
+        with contextlib.suppress(Exception):
+            await old.aclose()
+
     async def start(self) -> None:
         """Subscribe to the queue channel and start the reader (which subscribes once Redis
         answers, when it does not now)."""
         try:
             await self._subscribe_queue()
-        except (redis.RedisError, OSError) as exc:
+        except REDIS_OR_OS_ERRORS as exc:
             log.warning("output bus: no subscription yet (%s); retrying", exc)
         self._task = asyncio.create_task(self._reader(), name="output-bus")
 
@@ -306,7 +341,7 @@ class OutputBus:
             if not self._queue_subscribed:
                 if self.sharded:  # (the cluster pub/sub needs the slot map the client reads)
                     await self.redis.initialize()
-                await self.pubsub.subscribe(self.keys.queue_events)
+                await self.queue_pubsub.subscribe(self.keys.queue_events)
                 self._queue_subscribed = True
 
     async def stop(self) -> None:
@@ -315,7 +350,9 @@ class OutputBus:
             if task:  # (its read has a timeout: a single cancel can be absorbed)
                 await cancel_and_wait(task)
         self._shard_tasks.clear()
-        await self.pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        await self.pubsub.aclose()
+        if self.queue_pubsub is not self.pubsub:
+            await self.queue_pubsub.aclose()
 
     async def open(
         self, session_id: str, after: int = 0, on_overflow: Callable[[], None] | None = None
@@ -353,7 +390,7 @@ class OutputBus:
                 await self.pubsub.sunsubscribe(channel)
             else:
                 await self.pubsub.unsubscribe(channel)
-        except (redis.RedisError, OSError):
+        except REDIS_OR_OS_ERRORS:
             log.debug("unsubscribe %s failed", channel, exc_info=True)
 
     def _read_shards(self) -> None:
@@ -376,6 +413,9 @@ class OutputBus:
             node = self.redis.get_node(node_name=name)  # type: ignore[attr-defined]
             if node is None or name not in shards.node_pubsub_mapping:
                 raise _ShardGone
+            if shards.node_pubsub_mapping[name].connection is None:  # its first SSUBSCRIBE
+                await asyncio.sleep(0.05)  # is on its way (the reader started as it began)
+                return None
             message: dict[str, Any] | None = await shards.get_sharded_message(
                 target_node=node, timeout=1.0
             )
@@ -388,11 +428,19 @@ class OutputBus:
 
     async def _reader(self) -> None:
         async def read() -> dict[str, Any] | None:
-            if not self._queue_subscribed:
-                await self._subscribe_queue()
-            if self.sharded:
-                self._read_shards()  # (a slot moved: its channels' new shard)
-            message: dict[str, Any] | None = await self.pubsub.get_message(timeout=1.0)
+            if not self.sharded:
+                if not self._queue_subscribed:
+                    await self._subscribe_queue()
+                message: dict[str, Any] | None = await self.pubsub.get_message(timeout=1.0)
+                return message
+            self._read_shards()  # (a slot moved: its channels' new shard)
+            try:  # (a subscribe that failed keeps to its node too)
+                if not self._queue_subscribed:
+                    await self._subscribe_queue()
+                message = await self.queue_pubsub.get_message(timeout=1.0)
+            except Exception:
+                await self._reopen_queue_channel()
+                raise
             return message
 
         await self._read_messages(read, "output bus")

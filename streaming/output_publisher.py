@@ -23,7 +23,7 @@ from redis.typing import EncodableT
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
 from streaming.lua import OUTPUT_WRITE, OUTPUT_WRITE_SHARDED
-from streaming.outage import Outage, is_outage
+from streaming.outage import REDIS_ERRORS, Outage, is_outage
 from streaming.output_writer import OutputWriter
 from streaming.redis_url import is_cluster
 
@@ -163,7 +163,7 @@ class OutputPublisher:
             self.writer.stop()
         try:
             self.client.expire(self.log_key, int(linger_s))
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("could not set the expiry of %s", self.log_key)
 
     def write(self, batch: list[tuple[int, bytes]]) -> None:
@@ -173,7 +173,7 @@ class OutputPublisher:
         while True:
             try:
                 self._write_once(batch)
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 self._expire_again = True  # (the log's TTL, should Redis have lost it)
                 if is_outage(exc) and self.outage.failed():
                     if self.outage.lasted() < OUTAGE_RETRY_S:

@@ -185,29 +185,75 @@ class GathersWrites:
             raise
 
 
-def gathered(pool: redis.ConnectionPool) -> redis.ConnectionPool:
-    """Make ``pool`` open its connections with ``GathersWrites`` (TCP and Unix sockets; a TLS
-    socket has no ``sendmsg`` and keeps redis-py's writes) and ``RefusalIsAlive`` (all);
-    returns the pool."""
-    base: Any = pool.connection_class
+def _gathered_class(base: Any) -> Any:
+    """``base`` (a synchronous connection class) with ``GathersWrites`` (TCP and Unix
+    sockets; a TLS socket has no ``sendmsg`` and keeps redis-py's writes) and
+    ``RefusalIsAlive`` (all)."""
     if issubclass(base, RefusalIsAlive):
-        return pool
+        return base
     mixins: tuple[type, ...] = (RefusalIsAlive,)
     if not issubclass(base, redis.SSLConnection):
         mixins += (GathersWrites,)
-    pool.connection_class = type(f"Gathered{base.__name__}", (*mixins, base), {})
+    return type(f"Gathered{base.__name__}", (*mixins, base), {})
+
+
+def _tuned_class(base: Any) -> Any:
+    """``base`` (an asyncio connection class) with ``TimedWrites``, ``ReopensDropped`` and
+    ``AsyncRefusalIsAlive``."""
+    if issubclass(base, TimedWrites):
+        return base
+    return type(
+        f"Tuned{base.__name__}", (TimedWrites, ReopensDropped, AsyncRefusalIsAlive, base), {}
+    )
+
+
+def gathered(pool: redis.ConnectionPool) -> redis.ConnectionPool:
+    """Make ``pool`` open its connections with ``_gathered_class``; returns the pool."""
+    pool.connection_class = _gathered_class(pool.connection_class)
     return pool
 
 
 def tuned(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
-    """Make ``pool`` open its connections with ``TimedWrites``, ``ReopensDropped`` and
-    ``AsyncRefusalIsAlive``, whatever class the URL chose (TCP, TLS or a Unix socket); returns
-    the pool."""
-    base: Any = pool.connection_class
-    if not issubclass(base, TimedWrites):
-        mixins = (TimedWrites, ReopensDropped, AsyncRefusalIsAlive, base)
-        pool.connection_class = type(f"Tuned{base.__name__}", mixins, {})
+    """Make ``pool`` open its connections with ``_tuned_class``, whatever class the URL chose
+    (TCP, TLS or a Unix socket); returns the pool."""
+    pool.connection_class = _tuned_class(pool.connection_class)
     return pool
+
+
+def tuned_cluster(shards: Any) -> Any:
+    """Make an asyncio cluster client open every node's connections with ``_tuned_class``.
+    redis-py's asyncio cluster client takes no connection class, but opens each node it
+    learns of with the options it keeps in ``connection_kwargs`` (its ``connection_class``
+    among them), and the nodes it starts from are already made: both are set here."""
+    tuned_class = _tuned_class(
+        shards.connection_kwargs.get("connection_class", aioredis.Connection)
+    )
+    shards.connection_kwargs["connection_class"] = tuned_class
+    for node in shards.startup_nodes:
+        node.connection_class = tuned_class
+    return shards
+
+
+def gathered_cluster(nodes: Any) -> Any:
+    """Make a synchronous cluster client's node pools open their connections with
+    ``_gathered_class``: the nodes it knows now (their pools' connections so far are let go)
+    and those it learns of later (a promoted replica, a node added). Its nodes are
+    ``redis.Redis`` clients that take no connection class: each is tuned as it is made."""
+    manager = nodes.nodes_manager
+    make = manager.create_redis_node
+
+    def create_redis_node(host: str, port: int, **options: Any) -> redis.Redis:
+        node: redis.Redis = make(host, port, **options)
+        gathered(node.connection_pool)
+        return node
+
+    manager.create_redis_node = create_redis_node
+    for node in manager.nodes_cache.values():
+        if node.redis_connection is not None:
+            pool = node.redis_connection.connection_pool
+            gathered(pool)
+            pool.reset()
+    return nodes
 
 
 def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
@@ -221,8 +267,8 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
     Its writes keep their timeout without a task per command, and a dead peer is found by TCP
     and reopened (``tuned``, ``TCP_OPTIONS``). The URL's own options (``?socket_timeout=``) win.
     On a Redis Cluster (``redis+cluster://``): redis-py's asyncio cluster client, with the same
-    timeouts, retries and TCP options, ``max_connections`` per node (its connections are its
-    own: the writes keep redis-py's timeout).
+    timeouts, retries and TCP options, ``max_connections`` per node, and its connections
+    tuned the same way (``tuned_cluster``).
     """
     target = cluster_target(url)
     if target is not None:
@@ -234,7 +280,7 @@ def gateway_client(url: str, max_connections: int) -> aioredis.Redis:
             socket_timeout=5,
             **TCP_OPTIONS,
         )
-        return cast("aioredis.Redis", shards)  # (it answers the same commands)
+        return cast("aioredis.Redis", tuned_cluster(shards))  # (it answers the same commands)
     pool = async_pool(
         url,
         max_connections=max_connections,
@@ -259,7 +305,8 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
     partition (``TCP_OPTIONS``) failed the first command after the heal, its health-check
     ``PING`` (``EPIPE``), and with it the claim of the first session given to the worker.
     A pipeline goes out in one system call (``GathersWrites``). On a Redis Cluster: redis-py's
-    synchronous cluster client with the same timeouts, ``max_connections`` per node.
+    synchronous cluster client with the same timeouts, ``max_connections`` per node, and its
+    pipelines gathered the same way (``gathered_cluster``).
     """
     target = cluster_target(url)
     if target is not None:
@@ -267,8 +314,14 @@ def worker_client(url: str, max_connections: int | None) -> redis.Redis:
             {} if max_connections is None else {"max_connections": max_connections}
         )
         timeout = 5 if max_connections is None else 10
-        nodes: Any = sync_cluster(target, socket_timeout=timeout, **TCP_OPTIONS, **limits)
-        return cast("redis.Redis", nodes)
+        # redis-py's cluster default backs off for seconds between tries (a node refusing
+        # connections while its replica is promoted): the heartbeat would be late for the
+        # leases of every shard. Short tries, as the gateway's; the callers wait out the rest.
+        quick = SyncRetry(ExponentialBackoff(cap=0.2, base=0.02), retries=2)
+        nodes: Any = sync_cluster(
+            target, socket_timeout=timeout, retry=quick, **TCP_OPTIONS, **limits
+        )
+        return cast("redis.Redis", gathered_cluster(nodes))
     if max_connections is None:
         own = sync_pool(
             url,

@@ -182,6 +182,25 @@ def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in ("timeout", "connection_class")}
 
 
+_COMMAND_KEYS = cluster.RedisCluster._get_command_keys
+_SCRIPT_CALLS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO")
+
+
+def _command_keys(self: Any, *args: Any) -> Any:
+    """The keys of a command, as redis-py's synchronous cluster client reads them, but those of
+    a script call from the call itself: redis-py asks its default node (``COMMAND GETKEYS``,
+    a round trip) for every script call in a pipeline, and once that node is gone (its shard
+    failed over) every such pipeline fails, on every shard, until the client happens to pick
+    another default node: a worker's heartbeat renewed no lease for as long."""
+    if len(args) >= 3 and str(args[0]).upper() in _SCRIPT_CALLS:
+        count = int(args[2])
+        return list(args[3 : 3 + count]) or None
+    return _COMMAND_KEYS(self, *args)  # type: ignore[no-untyped-call]
+
+
+cluster.RedisCluster._get_command_keys = _command_keys  # type: ignore[method-assign]
+
+
 def sync_cluster(target: ClusterTarget, **options: Any) -> cluster.RedisCluster:
     """A synchronous cluster client (it reads the slot map from the first node that answers,
     raising ``RedisClusterException`` when none does)."""

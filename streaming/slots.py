@@ -9,6 +9,7 @@ persistence, a failover) is rebuilt within one heartbeat interval.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -17,7 +18,8 @@ from redis.exceptions import NoScriptError
 from streaming import lua
 from streaming.codec import dumps
 from streaming.keys import Keys, slot_worker
-from streaming.redis_url import pipe_evalsha
+from streaming.outage import REDIS_ERRORS, is_outage
+from streaming.redis_url import is_cluster
 from streaming.wait_estimate import HOLD_EMA_ALPHA
 
 
@@ -92,18 +94,36 @@ class WorkerRegistry:
         return rewritten or results[1] == 1, taken
 
     def _beat(self, active: dict[str, str]) -> list[Any]:
-        """``heartbeat``'s writes in one pipeline; the replies, errors among them."""
+        """``heartbeat``'s writes in one pipeline; the replies, errors among them.
+
+        On a Redis Cluster a shard that cannot be reached (its primary failing over, a link cut)
+        fails the whole pipeline before anything is sent: the writes are then made again in
+        one pipeline per shard, at once, so that the leases on the other shards are renewed
+        (their sessions never notice) and the unreachable shard's replies are its error."""
+        writes = self._beat_writes(active)
+        try:
+            return _pipelined(self.client, writes)
+        except REDIS_ERRORS as exc:
+            if not is_cluster(self.client) or not is_outage(exc):
+                raise
+        return _pipelined_by_shard(self.client, writes)
+
+    def _beat_writes(self, active: dict[str, str]) -> list[_Write]:
         k = self.keys
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.set(k.worker_alive(self.worker_id), b"1", px=self._alive_ttl_ms)
-            pipe.hsetnx(k.workers, self.worker_id, dumps(self.info))
-            for slot, sid in active.items():
-                # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT
-                # EXISTS round trip on every execute, and a cluster pipeline refuses it
-                renew_args = [slot, self.lease_ttl_ms, ""]
-                pipe_evalsha(pipe, self._renew.sha, [k.session_lease(sid)], renew_args)
-                pipe.set(k.slot_hold(slot), sid, px=self.lease_ttl_ms)
-            return list(pipe.execute(raise_on_error=False))
+        ttl_ms = self.lease_ttl_ms
+        alive = k.worker_alive(self.worker_id)
+        writes: list[_Write] = [
+            (alive, "set", (alive, b"1"), {"px": self._alive_ttl_ms}),
+            (k.workers, "hsetnx", (k.workers, self.worker_id, dumps(self.info)), {}),
+        ]
+        for slot, sid in active.items():
+            # EVALSHA as a plain command: a Script object in a pipeline costs a SCRIPT EXISTS
+            # round trip on every execute, and a cluster pipeline refuses it
+            lease, hold = k.session_lease(sid), k.slot_hold(slot)
+            renew = ("EVALSHA", self._renew.sha, 1, lease, slot, ttl_ms, "")
+            writes.append((lease, "execute_command", renew, {}))
+            writes.append((hold, "set", (hold, sid), {"px": ttl_ms}))
+        return writes
 
     def release(self, slot_id: str, held_s: float | None = None) -> bool:
         """Give one slot back to the pool (idempotent). ``held_s``: a session ran on it, and
@@ -126,6 +146,46 @@ class WorkerRegistry:
     def unregister(self, slot_ids: list[str]) -> None:
         """Leave the registry (clean shutdown)."""
         forget_worker(self.client, self.keys, self.worker_id, slot_ids)
+
+
+_Write = tuple[str, str, tuple[Any, ...], dict[str, Any]]
+"""One write of a pipeline: its key (where it goes on a cluster), the pipeline's method that
+queues it and that method's arguments."""
+
+
+def _pipelined(client: redis.Redis, writes: list[_Write]) -> list[Any]:
+    """``writes`` in one pipeline; their replies (errors among them)."""
+    with client.pipeline(transaction=False) as pipe:
+        for _, method, args, kwargs in writes:
+            getattr(pipe, method)(*args, **kwargs)
+        return list(pipe.execute(raise_on_error=False))
+
+
+def _pipelined_by_shard(client: redis.Redis, writes: list[_Write]) -> list[Any]:
+    """``writes`` in one pipeline per cluster shard, all at once (threads: the client is
+    synchronous); each reply in its write's place, a shard's error in place of its replies."""
+    shards: Any = client
+    groups: dict[str, list[int]] = {}
+    replies: list[Any] = [None] * len(writes)
+    for i, (key, *_) in enumerate(writes):
+        try:
+            node = shards.get_node_from_key(key)
+        except REDIS_ERRORS as exc:  # (no node serves the slot now)
+            replies[i] = exc
+            continue
+        groups.setdefault(node.name, []).append(i)
+
+    def run(indices: list[int]) -> None:
+        try:
+            got = _pipelined(client, [writes[i] for i in indices])
+        except REDIS_ERRORS as exc:
+            got = [exc] * len(indices)
+        for i, reply in zip(indices, got, strict=True):
+            replies[i] = reply
+
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+        list(pool.map(run, groups.values()))
+    return replies
 
 
 def forget_worker(client: redis.Redis, keys: Keys, worker_id: str, slot_ids: list[str]) -> None:

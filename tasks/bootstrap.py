@@ -29,10 +29,12 @@ from typing import Any, TypedDict
 import orjson
 import redis
 from celery import signals
+from redis.exceptions import RedisClusterException
 
 from omnicore.gc_pauses import freeze_heap
 from omnicore.settings import get_settings
 from streaming.keys import Keys
+from streaming.outage import REDIS_ERRORS
 from streaming.redis_url import sync_client
 from streaming.slots import forget_worker, withdraw_idle_of_node
 from tasks.prefork import EXIT_LOAD_FAILED
@@ -69,7 +71,7 @@ def _on_celeryd_init(
     try:  # a previous run of this node may have left its drain and stop flags behind
         keys = Keys(settings.key_prefix)
         sync_client(settings.redis_url).delete(keys.drain(node), keys.node_stopping(node))
-    except redis.RedisError as exc:  # Redis not up yet: the message says it all
+    except REDIS_ERRORS as exc:  # Redis not up yet: the message says it all
         log.warning("could not clear drain flag (%s)", exc)
     log.info(
         "node %s consumes %s (pool=%s, slots=%s)", node, queue, _state["pool"], _state["slots"]
@@ -139,7 +141,7 @@ def _node_stopping(node: str) -> bool:
     try:
         client = sync_client(s.redis_url)
         return bool(client.exists(Keys(s.key_prefix).node_stopping(node)))
-    except redis.RedisError:
+    except REDIS_ERRORS:
         return False  # Redis away: load as usual (the stop, if any, waits for the load)
 
 
@@ -224,7 +226,7 @@ def _on_shutting_down(**_: object) -> None:
             client.set(keys.node_stopping(node), "1", ex=int(s.drain_grace_s) + 3600)
             _stop_loading(client, keys, node, sup.pids())
         withdraw_idle_of_node(client, keys, node)  # at once, not at the child's next beat
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         log.warning("could not set drain flag (%s)", exc)
     try:
         rt = get_runtime()
@@ -238,7 +240,7 @@ def _on_shutting_down(**_: object) -> None:
         with rt.lock:
             idle = [s for s in rt.slot_ids if s not in rt.active]
         rt.registry.withdraw(idle)
-    except (RuntimeError, redis.RedisError):
+    except (RuntimeError, redis.RedisError, RedisClusterException):
         pass
 
 

@@ -21,6 +21,7 @@ import redis
 
 from inference import HistoryTurn
 from streaming.keys import Keys
+from streaming.outage import REDIS_ERRORS
 
 log = logging.getLogger("omniserve.worker")
 
@@ -42,7 +43,7 @@ class Conversation:
         """What an earlier worker of this session kept (a failover starts from it)."""
         try:
             raw = self.client.get(self.key)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("could not read the history of %s", self.key, exc_info=True)
             return []
         if not raw:
@@ -101,7 +102,7 @@ class Conversation:
         data = orjson.dumps([{"role": t.role, "text": t.text} for t in self.turns])
         try:
             self.client.set(self.key, data, ex=self.ttl_s)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("could not save the history of %s", self.key, exc_info=True)
 
     def after_outage(self, outages: int) -> None:

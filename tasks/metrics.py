@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from omnicore.gc_pauses import GcPauseCollector, gc_pauses
+from streaming.outage import REDIS_ERRORS
 
 log = logging.getLogger("omniserve.worker")
 
@@ -173,7 +174,7 @@ class PersistedCounters(Collector):
         if self.client is not None:
             try:
                 persist(self.client, self.key, field)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 log.warning("could not persist %s", field)
 
     def _read(self) -> dict[str, float]:
@@ -181,7 +182,7 @@ class PersistedCounters(Collector):
         if self.client is not None:
             try:
                 raw = self.client.hgetall(self.key)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 raw = {}  # Redis away: serve what was last known
             for raw_field, raw_value in raw.items():
                 name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)

@@ -18,8 +18,7 @@ import time
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-import redis
-
+from streaming.outage import REDIS_ERRORS
 from streaming.resume import WorkerResume
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ class PresenceWatch:
         """The client's presence now (Redis errors count as attached: nothing is decided)."""
         try:
             return self._check()
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("session %s: presence check failed", self.ctx.session_id)
             return Presence.ATTACHED
 

@@ -16,7 +16,7 @@ from inference.registry import choose_backend, loading_what
 from omnicore.settings import Settings, get_settings
 from streaming import lua
 from streaming.keys import Keys, worker_queue
-from streaming.outage import is_outage
+from streaming.outage import REDIS_ERRORS, is_outage
 from streaming.output_writer import OutputWriter
 from streaming.redis_connection import worker_client
 from streaming.session_claim import Claimed, SessionClaimer
@@ -29,6 +29,7 @@ from tasks.watchdog import StepWatchdog
 GATEWAY_SEEN_S = 0.5  # a gateway's lease found held is not asked about again this long
 
 log = logging.getLogger("omniserve.worker")
+BEAT_FAILING_LOG_S = 5.0  # a heartbeat that keeps failing says so again this often
 
 
 def backend_options(s: Settings, name: str | None = None) -> dict[str, Any]:
@@ -102,6 +103,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(self, self.backend_name)
         self._beat: threading.Thread | None = None
         self._beat_failing_since: float | None = None
+        self._beat_failing_logged = 0.0  # monotonic: when a failing beat was last logged
         # the heartbeat's round trips, timed: a gateway lease read gone just after Redis itself
         # stalled does not end its sessions (``gateway_alive``)
         self.stalls = StallWatch(self.settings.heartbeat_interval_s, self.settings.lease_ttl_s)
@@ -118,7 +120,7 @@ class WorkerRuntime:
         expected = None
         try:
             expected = expected_load_s(self.beat_redis, self.keys, self.backend_name)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             pass
         info: dict[str, Any] = {
             "host": socket.gethostname(),
@@ -140,7 +142,7 @@ class WorkerRuntime:
         self.metrics.serve(s.worker_metrics_host, s.worker_metrics_port)
         try:
             self.registry.register(info)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             self.registry.info = {**info, "worker_id": self.worker_id}  # the heartbeat writes it
             log.warning("could not register %s yet; the heartbeat will", self.worker_id)
         self._beat = threading.Thread(target=self._heartbeat, name="omni-heartbeat", daemon=True)
@@ -159,7 +161,7 @@ class WorkerRuntime:
             log.info("backend %r ready in %.1fs: %s", name, took, self.backend.info())
             try:
                 record_load_time(self.beat_redis, self.keys, name, took)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 pass
         return self.backend
 
@@ -173,7 +175,7 @@ class WorkerRuntime:
         try:
             self.registry.update(**info)
             self.beat_once()
-        except redis.RedisError as exc:  # Redis not up yet: the message says it all
+        except REDIS_ERRORS as exc:  # Redis not up yet: the message says it all
             self.registry.info.update(info)
             log.warning("could not offer slots yet (%s); the heartbeat will", exc)
         self.watchdog.start()
@@ -222,7 +224,7 @@ class WorkerRuntime:
         self.stopped = True
         try:
             self.registry.unregister(self.slot_ids)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not unregister %s (%s)", self.worker_id, exc)
 
     def leave_now(self) -> None:
@@ -230,7 +232,7 @@ class WorkerRuntime:
         self.stopped = True
         try:
             forget_worker(self.beat_redis, self.keys, self.worker_id, self.slot_ids)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not withdraw %s (%s)", self.worker_id, exc)
 
     # ------------------------------------------------------------------ heartbeat
@@ -254,8 +256,13 @@ class WorkerRuntime:
             except Exception as exc:  # this thread must outlive any error
                 self.stalls.failed()
                 if self._beat_failing_since is None:
-                    self._beat_failing_since = time.monotonic()
+                    self._beat_failing_since = self._beat_failing_logged = time.monotonic()
                     log.warning("heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
+                elif time.monotonic() - self._beat_failing_logged > BEAT_FAILING_LOG_S:
+                    self._beat_failing_logged = time.monotonic()
+                    log.warning(
+                        "heartbeat still fails (%s: %s)", type(exc).__name__, exc, exc_info=True
+                    )
                 else:
                     log.debug("heartbeat failed again", exc_info=True)
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
@@ -263,7 +270,12 @@ class WorkerRuntime:
     def beat_once(self) -> None:
         """Renew everything this process owns in Redis (and notice a drain request)."""
         if not self.shutting_down.is_set():
-            deadline = self.beat_redis.get(self.keys.drain(self.node_name))
+            try:
+                deadline = self.beat_redis.get(self.keys.drain(self.node_name))
+            except REDIS_ERRORS as exc:
+                if not is_outage(exc):
+                    raise
+                deadline = None  # (its shard away: the leases on the others are renewed first)
             if deadline is not None:
                 self.start_drain(float(deadline), "drain flag in Redis")
         with self.lock:
@@ -342,11 +354,17 @@ class WorkerRuntime:
         ]
         try:
             self._end_lease(keys=lease_and_input, args=[slot_id])
+        except REDIS_ERRORS as exc:
+            if not is_outage(exc):
+                log.exception("could not drop the lease of %s", session_id)
+            else:  # (its shard away: a lease no one renews lapses, the streams expire)
+                log.warning("could not drop the lease of %s (%s)", session_id, exc)
+        try:
             if self.shutting_down.is_set():
                 self.registry.withdraw([slot_id])  # draining: take no new work
             else:
                 self.registry.release(slot_id, held_s)  # (its hold time in the same step)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.exception("could not release slot %s", slot_id)
 
     def quarantine(self, slot_id: str, session_id: str) -> None:
@@ -358,7 +376,7 @@ class WorkerRuntime:
         try:
             lease = [self.keys.session_lease(session_id)]  # (unless another slot holds it now)
             self._end_lease(keys=lease, args=[slot_id], client=self.beat_redis)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not drop the lease of %s (%s)", session_id, exc)
 
     def count(self, name: str) -> None:
@@ -369,7 +387,7 @@ class WorkerRuntime:
             self.metrics.count("omniserve_" + name, self.backend_name)
         try:
             self.beat_redis.hincrby(self.keys.worker_counters, name, 1)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.warning("could not count %s in Redis", name)
 
     def gateway_alive(self, gateway_id: str) -> bool:
@@ -392,7 +410,7 @@ class WorkerRuntime:
                 return True
         except redis.TimeoutError:
             return True  # Redis stalls: nothing can be told
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             if is_outage(exc):  # Redis away (a failover, a restart): nothing can be told either
                 return True
             raise

@@ -18,11 +18,10 @@ import os
 import threading
 from typing import Any
 
-import redis
-
 from omnicore.settings import Settings
 from streaming.codec import loads
 from streaming.keys import Keys, slot_worker
+from streaming.outage import REDIS_ERRORS
 from streaming.redis_url import sync_client
 from streaming.slots import forget_worker
 from streaming.takeover import finish_output
@@ -124,7 +123,7 @@ class PoolSupervisor:
         for pid in list(self.pending):
             try:
                 self.process_died(pid)
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("pool process %d died; cleanup waits for Redis (%s)", pid, exc)
                 continue
             self.pending.discard(pid)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from celery import Celery
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from api.gateway.client_watch import ClientWatch
 from api.gateway.liveness import Liveness
@@ -30,6 +30,7 @@ from streaming.input import InputWriter
 from streaming.jobs import Job
 from streaming.keys import Keys, slot_worker, worker_queue
 from streaming.keystore import KeyStore
+from streaming.outage import REDIS_OR_OS_ERRORS
 from streaming.output import OutputBus
 from streaming.redis_connection import gateway_client
 from streaming.resume import ResumeStore
@@ -154,7 +155,7 @@ class Gateway:
             await self._renew_lease()
         except ResponseError as exc:
             self._note_refusal(exc)
-        except (RedisError, OSError) as exc:
+        except REDIS_OR_OS_ERRORS as exc:
             self._note_unreachable(exc)
         if self.redis_unreachable is None:
             await self._check_redis()
@@ -248,7 +249,7 @@ class Gateway:
                 self._note_refusal(exc)
                 await self._check_redis()  # (a replica, say)
                 continue
-            except (RedisError, OSError) as exc:
+            except REDIS_OR_OS_ERRORS as exc:
                 self._note_unreachable(exc)
                 continue
             except Exception:  # anything else: the loop must go on (it keeps the lease)
@@ -287,7 +288,7 @@ class Gateway:
         self._requirements_read_at = time.monotonic()
         try:
             unmet = await redis_requirements.check(self.redis)
-        except (RedisError, OSError) as exc:  # (INFO disabled, say: read again in a minute)
+        except REDIS_OR_OS_ERRORS as exc:  # (INFO disabled, say: read again in a minute)
             log.warning("could not read Redis's configuration: %s", exc)
             return
         for note in unmet:

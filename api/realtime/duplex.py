@@ -206,7 +206,7 @@ class RealtimeDuplex(RealtimeSession):
         """Whether a chunk's write failed because the connection to Redis was lost, within the
         outage grace (the input link holds what it had not sent yet: ``streaming/input_link.py``).
         A write that timed out (Redis stalls, holding the connection) is told as before."""
-        outage = self.gateway.inputs.link.outage
+        outage = self.gateway.inputs.link_of(self.session_id).outage
         return (
             isinstance(exc, RedisConnectionError)
             and not isinstance(exc, InputBacklogFull)

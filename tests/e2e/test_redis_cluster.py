@@ -16,11 +16,22 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio.cluster import ClusterNode
 
 from omniserve.redis_server import free_port
+from streaming.redis_connection import (
+    AsyncRefusalIsAlive,
+    GathersWrites,
+    RefusalIsAlive,
+    ReopensDropped,
+    TimedWrites,
+    gateway_client,
+    worker_client,
+)
 from tests.support.carry_on import PacedSession
 from tests.support.client import Client
 from tests.support.fault_harness import await_for
@@ -168,3 +179,48 @@ def test_a_cluster_url_without_a_broker_or_a_cluster_stops_at_start(
     not_one = Stack(plain, broker_url=redis_server)
     refused = start_refused(not_one.base_env(), "worker", "--backend", "scripted")
     assert refused.returncode == 1 and "not in cluster mode" in refused.stderr, refused.stderr
+
+
+async def test_cluster_clients_tune_their_connections(redis_cluster: RedisClusterSet) -> None:
+    """The gateway's cluster client opens every node's connections with timed writes, reopened
+    drops and ``MISCONF`` health checks; a worker's pipelines go out gathered, with the same
+    health checks: on the nodes it started from and on those it learnt of."""
+    workers = worker_client(redis_cluster.url, 4)
+    try:
+        with workers.pipeline(transaction=False) as pipe:
+            for i in range(6):
+                pipe.set(f"{{w{i}}}tuned", b"x" * 200_000)  # (several pieces, on each shard)
+            assert pipe.execute() == [True] * 6
+        pools = [
+            node.redis_connection.connection_pool
+            for node in workers.nodes_manager.nodes_cache.values()
+            if node.redis_connection is not None
+        ]
+        assert pools
+        for pool in pools:
+            assert issubclass(pool.connection_class, GathersWrites)
+            assert issubclass(pool.connection_class, RefusalIsAlive)
+        # a node learnt of later (a replica promoted): made the same way, and it answers
+        manager = workers.nodes_manager
+        learnt = manager.create_redis_node(
+            "127.0.0.1", redis_cluster.ports[-1], **manager.connection_kwargs
+        )
+        assert issubclass(learnt.connection_pool.connection_class, GathersWrites)
+        assert learnt.ping()
+        learnt.close()
+    finally:
+        workers.close()
+    gateway: Any = gateway_client(redis_cluster.url, 8)
+    try:
+        for i in range(6):
+            await gateway.set(f"{{g{i}}}tuned", b"1")
+        nodes = list(gateway.nodes_manager.nodes_cache.values())
+        assert len(nodes) >= 3
+        for node in nodes:
+            assert issubclass(node.connection_class, TimedWrites)
+            assert issubclass(node.connection_class, ReopensDropped)
+            assert all(isinstance(c, AsyncRefusalIsAlive) for c in node._connections)
+        learnt = ClusterNode("127.0.0.1", redis_cluster.ports[-1], **gateway.connection_kwargs)
+        assert issubclass(learnt.connection_class, TimedWrites)
+    finally:
+        await gateway.aclose()

@@ -21,12 +21,15 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from redis.crc import key_slot
 
 from tests.support.fault_harness import DuplexProbe, all_slots_back, await_for, served_end_to_end
-from tests.support.host_redis import CLUSTER_SLOTS, start_cluster, start_redis
+from tests.support.host_redis import CLUSTER_SLOTS, shard_of, start_cluster, start_redis
 from tests.support.netns import Host, NetnsUnavailable, Network, check_available, network
+from tests.support.redis_cluster import cluster_binaries
 from tests.support.stack import Stack
 
+SLOTS_ON_HOSTS = 10  # the cluster test's worker
 CUT_S = 12.0  # past the gateway's lease (6 s): its workers hear nothing from it meanwhile
 
 
@@ -142,6 +145,87 @@ async def test_a_gateway_cut_from_redis_on_a_network_of_hosts(hosts: Network) ->
     finally:
         stack.stop()
         server.stop()
+
+
+def session_id(p: DuplexProbe) -> str:
+    return next(str(f["session_id"]) for _, f in p.frames if f["type"] == "session.created")
+
+
+@pytest.mark.slow
+async def test_a_shard_cut_off_from_one_gateway_on_a_cluster_of_hosts(hosts: Network) -> None:
+    """The data plane a Redis Cluster of three primaries, each a host of its own, the broker a
+    redis-server on another, two gateways and a worker on theirs: one shard is cut off from one
+    gateway only. Only that shard's sessions on that gateway are touched, each told (an error, a
+    recovery, or its close); that gateway's sessions on the other shards and every session of
+    the other gateway never notice."""
+    net = hosts
+    shards = [net.host(f"shard{i}") for i in range(3)]
+    broker_host, gw_cut, gw_kept, worker = (
+        net.host(n) for n in ("broker", "gw-cut", "gw-kept", "worker")
+    )
+    server, _ = cluster_binaries()
+    cluster = start_cluster(shards, binary=server, args=("--cluster-require-full-coverage", "no"))
+    broker = start_redis(broker_host)
+    stack = Stack("", broker_url=broker.url)
+    # the shard cut off: not the admission one, nor one the URL names (docs/OPERATIONS.md,
+    # "Redis Cluster": a named node cut off from a gateway holds up its slot-map refreshes)
+    admission = shard_of(key_slot(stack.keys.queue.encode()), 3)
+    victim = next(i for i in (2, 1, 0) if i != admission)
+    named = [n for i, n in enumerate(cluster) if i != victim]
+    stack.redis_url = "redis+cluster://" + ",".join(f"{n.host.address}:{n.port}" for n in named)
+    try:
+        stack.start_worker(slots=SLOTS_ON_HOSTS, wrap=worker.argv([]))
+        for gw in (gw_cut, gw_kept):
+            stack.start_gateway(host=gw.address, wrap=gw.argv([]))
+
+        def shard(p: DuplexProbe) -> int:
+            return shard_of(key_slot(stack.keys.session_lease(session_id(p)).encode()), 3)
+
+        on_cut: list[DuplexProbe] = []
+        while len(on_cut) < SLOTS_ON_HOSTS - 2 and (
+            len({shard(p) == victim for p in on_cut}) < 2
+        ):  # sessions on the cut gateway until some are on the cut shard and some are not
+            on_cut.append(await DuplexProbe.open(stack.url(0)))
+        on_kept = [await DuplexProbe.open(stack.url(1)) for _ in range(2)]
+        probes = on_cut + on_kept
+        try:
+            await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 60, "deltas")
+            hit = [p for p in on_cut if shard(p) == victim]
+            assert hit and len(hit) < len(on_cut), [shard(p) for p in on_cut]
+            spared = [p for p in probes if p not in hit]
+            print(f"shard {victim} cut from one gateway: {len(hit)} of its sessions there")
+            began = time.monotonic()
+            with net.apart(shards[victim], gw_cut):
+                await asyncio.sleep(CUT_S)
+            healed = time.monotonic()
+            await await_for(
+                lambda: all(outcome(p, began, healed) for p in hit), 60, "each cut session told"
+            )
+            await asyncio.sleep(3.0)
+            for p in spared:
+                seen = [(round(t - began, 2), f["type"]) for t, f in p.frames if t > began]
+                kinds = [k for _, k in seen if "delta" not in k]
+                where = "cut gateway" if p in on_cut else "other gateway"
+                print(f"{where}, shard {shard(p)}: {len(kinds)} events, {kinds[:6]}")
+                assert p.closed_at is None, seen
+                assert not {"error", "session.closed", "session.recovering"} & set(kinds), seen
+                assert p.deltas_after(began + CUT_S / 2) > p.deltas_after(healed), seen
+                assert p.deltas_after(healed) > 0, seen
+            for p in hit:
+                print("cut off:", outcome(p, began, healed), timeline(p, began))
+        finally:
+            for p in probes:
+                await p.close()
+        all_slots_back(stack, SLOTS_ON_HOSTS, timeout=60)
+        for i in (0, 1):
+            frames = await served_end_to_end(stack.url(i), timeout=60)
+            assert any(f["type"] == "response.output.delta" for f in frames)
+        assert all(p.alive() for p, _ in stack.gateways) and stack.workers[0].alive()
+    finally:
+        stack.stop()
+        broker.stop()
+        for node in cluster:
+            node.stop()
 
 
 def test_a_cut_drops_only_what_passes_between_its_two_hosts(hosts: Network) -> None:

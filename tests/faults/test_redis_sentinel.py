@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from tests.support.carry_on import PacedSession, all_carry_on
-from tests.support.client import Client
+from tests.support.chat_turn import LONG_ANSWER, TOKEN_DELAY_S, chat_turn
 from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
 from tests.support.redis_sentinel import SentinelSet
 from tests.support.services import running, stack_on
@@ -40,46 +40,6 @@ def sentinels() -> Iterator[SentinelSet]:
 def sentinel_stack(sentinels: SentinelSet) -> Iterator[Stack]:
     with stack_on(sentinels.url) as stack:
         yield stack
-
-
-LONG_ANSWER = "moved across the failover one word at a time"
-TOKEN_DELAY_S = "0.3"  # per word of a chat answer: the long one takes about 2.4 s
-
-
-async def chat_turn(
-    url: str,
-    timeout: float,
-    answers: list[int] | None = None,
-    streaming: asyncio.Event | None = None,
-    answer: str = "moved",
-) -> str:
-    """One chat turn's answer through a new connection (``answers``: gets how many
-    ``response.done`` the turn brought, counted a moment after the first; ``streaming``: set
-    at the answer's first delta)."""
-    client = await Client.connect(url, query="?mode=chat")
-    try:
-        await client.init()
-        await client.send(
-            {
-                "type": "input.append",
-                "input": {
-                    "messages": [{"role": "user", "content": f"Reply with exactly: {answer}"}]
-                },
-            }
-        )
-        if streaming is not None:
-            await client.until("response.output.delta", timeout=timeout)
-            streaming.set()
-        done = await client.until("response.done", timeout=timeout)
-        if answers is not None:
-            try:
-                await client.until("response.done", timeout=2)
-            except TimeoutError:
-                pass
-            answers.append(sum(1 for f in client.received if f["type"] == "response.done"))
-        return str(done.get("text") or "")
-    finally:
-        await client.close()
 
 
 @pytest.mark.slow

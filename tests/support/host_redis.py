@@ -76,15 +76,20 @@ CLUSTER_SLOTS = 16384
 
 
 def start_cluster(
-    hosts: Sequence[Host], port: int = 6379, binary: str | None = None
+    hosts: Sequence[Host],
+    port: int = 6379,
+    binary: str | None = None,
+    args: Sequence[str] = (),
 ) -> list[HostRedis]:
-    """A Redis Cluster of one primary on each of ``hosts`` (the slots split evenly, in order),
-    each node announcing its host's own address (what clients are sent to by ``MOVED`` and
-    ``CLUSTER SLOTS``); returned once every node says ``cluster_state:ok``."""
+    """A Redis Cluster of one primary on each of ``hosts`` (the slots split evenly, in order:
+    ``shard_of``), each node announcing its host's own address (what clients are sent to by
+    ``MOVED`` and ``CLUSTER SLOTS``), with ``args`` added; returned once every node says
+    ``cluster_state:ok``. omniserve's data plane needs a Redis 7+ ``binary`` (sharded pub/sub:
+    ``tests.support.redis_cluster.cluster_binaries``)."""
     nodes: list[HostRedis] = []
     try:
         for h in hosts:
-            node = start_redis(h, port, binary, _cluster_args(h))
+            node = start_redis(h, port, binary, (*_cluster_args(h), *args))
             nodes.append(node)
         clients = [redis.Redis(n.host.address, n.port, socket_timeout=5) for n in nodes]
         share = CLUSTER_SLOTS // len(nodes)
@@ -108,6 +113,11 @@ def start_cluster(
         for n in nodes:
             n.stop()
         raise
+
+
+def shard_of(slot: int, shards: int) -> int:
+    """Which of ``start_cluster``'s ``shards`` nodes serves ``slot``."""
+    return min(shards - 1, slot // (CLUSTER_SLOTS // shards))
 
 
 def _cluster_args(h: Host) -> tuple[str, ...]:

@@ -76,7 +76,8 @@ def cluster_binaries() -> tuple[str, str]:
 class RedisClusterSet:
     """Six cluster nodes on free loopback ports; ``start`` makes them one cluster."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+        self.node_timeout_ms = node_timeout_ms  # how long a silent node takes to be failed over
         self.server, self.cli = cluster_binaries()
         self.workdir = Path(tempfile.mkdtemp(prefix="omniserve-cluster-"))
         self.ports = [cluster_port() for _ in range(PRIMARIES * (1 + REPLICAS_EACH))]
@@ -92,7 +93,10 @@ class RedisClusterSet:
         log = open(self.workdir / f"{port}.log", "wb")  # noqa: SIM115 - the child keeps it
         args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
-        args += ["--cluster-node-timeout", str(NODE_TIMEOUT_MS)]
+        args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+        # a shard without a primary leaves the others serving (omniserve's keys of one
+        # session live on one slot: docs/OPERATIONS.md, "Redis Cluster")
+        args += ["--cluster-require-full-coverage", "no"]
         args += ["--maxmemory-policy", "noeviction"]
         self.procs[port] = subprocess.Popen(
             [self.server, *args],
@@ -150,8 +154,48 @@ class RedisClusterSet:
 
     def primaries(self) -> list[int]:
         """The ports of the primaries now."""
-        roles = {port: redis.Redis(port=port).info("replication")["role"] for port in self.ports}
+        roles = {port: redis.Redis(port=port).info("replication")["role"] for port in self.procs}
         return [port for port, role in roles.items() if role == "master"]
+
+    def owner(self, slot: int) -> int:
+        """The port of the primary serving ``slot``, as a live node's slot map says."""
+        for port in self.ports:
+            if port not in self.procs:
+                continue
+            try:
+                shards = redis.Redis(port=port, socket_timeout=2).execute_command("CLUSTER SLOTS")
+            except redis.RedisError:
+                continue
+            for first, last, primary, *_ in shards:
+                if int(first) <= slot <= int(last):
+                    return int(primary[1])
+        raise AssertionError(f"no live node knows slot {slot}")
+
+    def replica_of(self, primary: int) -> int:
+        """The port of ``primary``'s replica."""
+        for port in self.procs:
+            info = redis.Redis(port=port, socket_timeout=2).info("replication")
+            if info["role"] == "slave" and int(info["master_port"]) == primary:
+                return port
+        raise AssertionError(f"{primary} has no replica")
+
+    def kill(self, port: int) -> None:
+        """Kill -9 the node on ``port`` (its cluster file stays: ``start_node`` rejoins it)."""
+        proc = self.procs.pop(port)
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def all_slots_served(self) -> bool:
+        """Every slot has a primary that answers, as every live node sees it (``cluster_state``)."""
+        for port in self.procs:
+            try:
+                node = redis.Redis(port=port, socket_timeout=2)
+                info = node.execute_command("CLUSTER", "INFO").decode()
+            except redis.RedisError:
+                return False
+            if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
+                return False
+        return True
 
     def keys_on(self, port: int, pattern: str) -> list[str]:
         """The keys matching ``pattern`` that the node on ``port`` holds."""

@@ -501,3 +501,25 @@ def test_a_log_bound_keeps_the_newest_events_within_bytes_seconds_and_count() ->
     assert bound.minid == "8-1"
     bound.add(9, 500, now=14.0)  # larger than max_bytes: the newest always stays
     assert bound.minid == "9-1"
+
+
+async def test_a_gap_the_log_cannot_fill_while_redis_is_away_is_filled_once_it_answers(
+    bus: OutputBus, publisher: OutputPublisher
+) -> None:
+    """An event that shows a hole while Redis is away (a failover) is kept, not raised: the
+    reader gets nothing for now, and the hole filled from the log once Redis answers."""
+    from omniserve.redis_server import free_port
+
+    await emit(publisher, text(1), text(2), text(3))
+    third = (await read_log(bus.redis, bus.keys, SID, 3))[0]
+    out = SessionOutput(bus, SID)
+    out.push(third, 10)
+    answering, bus.redis = bus.redis, aioredis.Redis(port=free_port(), socket_connect_timeout=1)
+    try:
+        assert await out.get(timeout=1) == []
+        assert out.pending_bytes == 10 and len(out.items) == 1
+    finally:
+        await bus.redis.aclose()
+        bus.redis = answering
+    assert [e.seq for e in await out.get(timeout=1)] == [1, 2, 3]
+    assert out.gaps == 0
