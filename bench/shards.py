@@ -63,6 +63,21 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def admission_node(url: str, stack: Any) -> str:
+    """The primary that holds the deployment's admission keys (one hash tag: slot pool, slot
+    holds, queue, worker records), so carries their commands besides its sessions'."""
+    from streaming.redis_url import cluster_target, sync_cluster
+
+    target = cluster_target(url)
+    assert target is not None
+    client = sync_cluster(target)
+    try:
+        node = client.get_node_from_key(stack.keys.free_slots)  # type: ignore[no-untyped-call]
+        return f"{node.host}:{node.port}"
+    finally:
+        client.close()
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from bench.stack import Stack, shared_redis
     from omniserve.redis_cluster import LocalCluster, found_binaries
@@ -88,10 +103,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             nodes = rf.primaries(cluster.url)
             rf.progress(f"{shards} shard(s): {', '.join(node.name for node, _ in nodes)}")
             stack = Stack(cluster.url, env=env, broker_url=broker)
+            admission = admission_node(cluster.url, stack)
             lv = rf.measure_level(stack, nodes, args.sessions, args)
         finally:
             cluster.stop()
-        run = {"shards": shards, "level": lv, "rows": shard_rows(lv)}
+        run = {"shards": shards, "level": lv, "rows": shard_rows(lv), "admission": admission}
         out["runs"].append(run)
     out["ratios"] = ratios(out["runs"])
     return out
@@ -110,6 +126,7 @@ def render(out: dict[str, Any]) -> str:
             f"{row['cpu_pct_above_idle']:>10.2f} {row['commands_per_s']:>7.0f} "
             f"{row['in_kib_s']:>9.0f} {row['out_kib_s']:>9.0f} {row['used_mib']:>8.1f} "
             f"{row['held_mib']:>8.1f} {row['sessions']:>8}"
+            + ("  admission keys" if row["node"] == run["admission"] else "")
             for row in run["rows"]
         )
         extra = f"       {lv['started']} of {lv['sessions']} sessions started"

@@ -49,6 +49,7 @@ def test_a_small_run_spreads_the_sessions_over_every_shard() -> None:
         for row in run["rows"]:
             assert row["commands_per_s"] > 0 and row["in_kib_s"] > 0 and row["used_mib"] > 0
     assert all(row["sessions"] > 0 for row in three["rows"]), three["rows"]  # keys on every one
+    assert three["admission"] in {row["node"] for row in three["rows"]}
     assert set(data["ratios"]) == {"shards", "cpu", "memory"}
 
 
