@@ -24,6 +24,7 @@ import asyncio
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -332,17 +333,11 @@ def progress(msg: str) -> None:
     print(f"  .. {msg}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench redis-footprint", description=__doc__)
-    p.add_argument("--sessions", default="50,150", help="comma list of session counts")
+def add_level_args(p: argparse.ArgumentParser) -> None:
+    """The options of a level: its windows, the stack's settings, the results file."""
     p.add_argument("--seconds", type=float, default=20.0, help="the measured window")
     p.add_argument("--warmup", type=float, default=8.0, help="streaming before the window")
     p.add_argument("--idle", type=float, default=5.0, help="the idle window (no sessions)")
-    p.add_argument(
-        "--redis-url",
-        help="an existing Redis (a cluster: any node, or redis+cluster://H1:P1,H2:P2/); "
-        "default: a private redis-server",
-    )
     p.add_argument(
         "--set",
         action="append",
@@ -352,7 +347,18 @@ def main(argv: list[str]) -> int:
         "(repeatable)",
     )
     p.add_argument("--output", help="results file name (bench/results/NAME.json)")
-    args = p.parse_args(argv)
+
+
+def run_measure(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: list[str],
+    measure: Callable[[argparse.Namespace], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    name: str,
+) -> int:
+    """Check ``--set``, run ``measure`` with every process it starts killed after, write the
+    results (``bench/results/<--output or name>.json``) and print ``render`` of them."""
     bad = [x for x in args.set if "=" not in x]
     if bad:
         p.error(f"--set wants NAME=VALUE, not {bad[0]!r}")
@@ -366,7 +372,19 @@ def main(argv: list[str]) -> int:
     finally:
         kill_all()
     out["machine"] = report.machine()
-    path = report.write_json(args.output or "redis-footprint", out)
+    path = report.write_json(args.output or name, out)
     print(render(out))
     print(f"results: {path}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench redis-footprint", description=__doc__)
+    p.add_argument("--sessions", default="50,150", help="comma list of session counts")
+    p.add_argument(
+        "--redis-url",
+        help="an existing Redis (a cluster: any node, or redis+cluster://H1:P1,H2:P2/); "
+        "default: a private redis-server",
+    )
+    add_level_args(p)
+    return run_measure(p, p.parse_args(argv), argv, measure, render, "redis-footprint")

@@ -149,39 +149,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench shards", description=__doc__)
     p.add_argument("--shards", default="1,3", help="comma list of primary counts")
     p.add_argument("--sessions", type=int, default=150, help="duplex sessions on each cluster")
-    p.add_argument("--seconds", type=float, default=20.0, help="the measured window")
-    p.add_argument("--warmup", type=float, default=8.0, help="streaming before the window")
-    p.add_argument("--idle", type=float, default=5.0, help="the idle window (no sessions)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a setting of the gateway and workers, e.g. OMNISERVE_OUTPUT_WRITE=pipeline "
-        "(repeatable)",
-    )
-    p.add_argument("--output", help="results file name (bench/results/NAME.json)")
+    rf.add_level_args(p)
     args = p.parse_args(argv)
-    bad = [x for x in args.set if "=" not in x]
-    if bad:
-        p.error(f"--set wants NAME=VALUE, not {bad[0]!r}")
     try:
         args.shards = [int(x) for x in args.shards.split(",") if x.strip()]
     except ValueError:
         p.error(f"--shards wants a comma list of numbers, not {args.shards!r}")
     if not args.shards or min(args.shards) < 1 or args.sessions < 1:
         p.error("--shards and --sessions want numbers of 1 or more")
-    args.argv = argv
-    from bench import report
-    from bench.stack import install_cleanup, kill_all
-
-    install_cleanup()
-    try:
-        out = measure(args)
-    finally:
-        kill_all()
-    out["machine"] = report.machine()
-    path = report.write_json(args.output or "shards", out)
-    print(render(out))
-    print(f"results: {path}")
-    return 0
+    return rf.run_measure(p, args, argv, measure, render, "shards")
