@@ -8,6 +8,7 @@
     python -m bench rollover [--minutes N]  a call longer than the context (bench/rollover.py)
     python -m bench redis-cost         Redis CPU per admission, per heartbeat (bench/redis_cost.py)
     python -m bench redis-footprint    what a duplex session costs Redis (bench/redis_footprint.py)
+    python -m bench shards             the same load on 1 and 3 cluster shards (bench/shards.py)
 
 Starts a private redis-server, gateways, scripted workers, a pub/sub tap and the bare baseline
 server, all on 127.0.0.1; every process is killed when the run ends (also on Ctrl-C or error).
@@ -239,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import queue_estimate
 
         return queue_estimate.main(argv[1:])
+    if argv and argv[0] == "shards":
+        from bench import shards
+
+        return shards.main(argv[1:])
     if argv and argv[0] == "redis-footprint":
         from bench import redis_footprint
 

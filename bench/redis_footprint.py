@@ -24,6 +24,7 @@ import asyncio
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -174,6 +175,14 @@ def key_kinds(nodes: list[tuple[Node, redis.Redis]], prefix: str) -> dict[str, d
     }
 
 
+def sessions_on(nodes: list[tuple[Node, redis.Redis]], prefix: str) -> dict[str, int]:
+    """How many running sessions (one with a lease) have their keys on each node."""
+    return {
+        node.name: sum(1 for _ in client.scan_iter(f"{prefix}:s:*:lease", count=1000))
+        for node, client in nodes
+    }
+
+
 def per_session(load: dict[str, Any], idle: dict[str, Any], n: int) -> dict[str, float]:
     """One session's share: (load - idle) / n."""
     return {
@@ -185,7 +194,7 @@ def per_session(load: dict[str, Any], idle: dict[str, Any], n: int) -> dict[str,
     }
 
 
-async def _level(
+async def run_level(
     stack: Any, nodes: list[tuple[Node, redis.Redis]], n: int, seconds: float, warmup: float
 ) -> dict[str, Any]:
     from bench import duplex_load
@@ -203,6 +212,7 @@ async def _level(
     await asyncio.sleep(seconds)
     b = await asyncio.to_thread(read_all, nodes)
     kinds = await asyncio.to_thread(key_kinds, nodes, stack.prefix)
+    spread = await asyncio.to_thread(sessions_on, nodes, stack.prefix)
     res = await load
     got = len(duplex_load.in_window(res))
     return {
@@ -213,6 +223,7 @@ async def _level(
         "deltas_per_session_s": got / max(1, res.sessions) / seconds,
         "per_node": window(a, b),
         "keys": kinds,
+        "sessions_on": spread,
     }
 
 
@@ -236,28 +247,36 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     env = dict(x.split("=", 1) for x in args.set)
     out["settings"] = env
     for n in levels:
-        stack = Stack(url, env=env)
-        try:
-            stack.start_gateway()
-            time.sleep(1)
-            a = read_all(nodes)
-            time.sleep(args.idle)
-            idle_nodes = window(a, read_all(nodes))
-            idle = total(idle_nodes)
-            _progress(f"idle (gateway, no worker): {_line(idle)}")
-            stack.start_workers(n)
-            lv = asyncio.run(_level(stack, nodes, n, args.seconds, args.warmup))
-            lv["idle"] = idle_nodes
-            lv["total"] = total(lv["per_node"])
-            lv["per_session"] = per_session(lv["total"], idle, n)
-            out["levels"].append(lv)
-            _progress(f"{n} sessions: {_line(lv['total'])}")
-        finally:
-            stack.stop()
+        out["levels"].append(measure_level(Stack(url, env=env), nodes, n, args))
     return out
 
 
-def _line(t: dict[str, Any]) -> str:
+def measure_level(
+    stack: Any, nodes: list[tuple[Node, redis.Redis]], n: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One level on ``stack`` (a ``bench.stack.Stack`` not started): its gateway alone over
+    ``args.idle`` seconds, then ``n`` sessions on ``n`` worker slots; the stack is stopped and
+    its keys deleted after."""
+    try:
+        stack.start_gateway()
+        time.sleep(1)
+        a = read_all(nodes)
+        time.sleep(args.idle)
+        idle_nodes = window(a, read_all(nodes))
+        idle = total(idle_nodes)
+        progress(f"idle (gateway, no worker): {line(idle)}")
+        stack.start_workers(n)
+        lv = asyncio.run(run_level(stack, nodes, n, args.seconds, args.warmup))
+        lv["idle"] = idle_nodes
+        lv["total"] = total(lv["per_node"])
+        lv["per_session"] = per_session(lv["total"], idle, n)
+        progress(f"{n} sessions: {line(lv['total'])}")
+        return lv
+    finally:
+        stack.stop()
+
+
+def line(t: dict[str, Any]) -> str:
     return (
         f"{t['cpu_pct']:.2f} % core, {t['commands_per_s']:.0f} commands/s, "
         f"{t['in_kib_s']:.0f} KiB/s in, {t['out_kib_s']:.0f} KiB/s out, {t['used_mib']:.1f} MiB"
@@ -279,11 +298,11 @@ def render(out: dict[str, Any]) -> str:
     lines.append("")
     lines.append("totals (all nodes):")
     for lv in out["levels"]:
-        lines.append("  idle          " + _line(total(lv["idle"])))
-        lines.append(f"  {lv['sessions']:>4} sessions " + _line(lv["total"]))
+        lines.append("  idle          " + line(total(lv["idle"])))
+        lines.append(f"  {lv['sessions']:>4} sessions " + line(lv["total"]))
         if len(lv["per_node"]) > 1:
             for name, v in lv["per_node"].items():
-                lines.append(f"          {name}: " + _line(v))
+                lines.append(f"          {name}: " + line(v))
         extra = f"          deltas/session/s {lv['deltas_per_session_s']:.2f}"
         extra += f", dropped chunks {lv['dropped_chunks']}"
         if lv["errors"]:
@@ -310,21 +329,15 @@ def render(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _progress(msg: str) -> None:
+def progress(msg: str) -> None:
     print(f"  .. {msg}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench redis-footprint", description=__doc__)
-    p.add_argument("--sessions", default="50,150", help="comma list of session counts")
+def add_level_args(p: argparse.ArgumentParser) -> None:
+    """The options of a level: its windows, the stack's settings, the results file."""
     p.add_argument("--seconds", type=float, default=20.0, help="the measured window")
     p.add_argument("--warmup", type=float, default=8.0, help="streaming before the window")
     p.add_argument("--idle", type=float, default=5.0, help="the idle window (no sessions)")
-    p.add_argument(
-        "--redis-url",
-        help="an existing Redis (a cluster: any node, or redis+cluster://H1:P1,H2:P2/); "
-        "default: a private redis-server",
-    )
     p.add_argument(
         "--set",
         action="append",
@@ -334,7 +347,18 @@ def main(argv: list[str]) -> int:
         "(repeatable)",
     )
     p.add_argument("--output", help="results file name (bench/results/NAME.json)")
-    args = p.parse_args(argv)
+
+
+def run_measure(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: list[str],
+    measure: Callable[[argparse.Namespace], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    name: str,
+) -> int:
+    """Check ``--set``, run ``measure`` with every process it starts killed after, write the
+    results (``bench/results/<--output or name>.json``) and print ``render`` of them."""
     bad = [x for x in args.set if "=" not in x]
     if bad:
         p.error(f"--set wants NAME=VALUE, not {bad[0]!r}")
@@ -348,7 +372,19 @@ def main(argv: list[str]) -> int:
     finally:
         kill_all()
     out["machine"] = report.machine()
-    path = report.write_json(args.output or "redis-footprint", out)
+    path = report.write_json(args.output or name, out)
     print(render(out))
     print(f"results: {path}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench redis-footprint", description=__doc__)
+    p.add_argument("--sessions", default="50,150", help="comma list of session counts")
+    p.add_argument(
+        "--redis-url",
+        help="an existing Redis (a cluster: any node, or redis+cluster://H1:P1,H2:P2/); "
+        "default: a private redis-server",
+    )
+    add_level_args(p)
+    return run_measure(p, p.parse_args(argv), argv, measure, render, "redis-footprint")

@@ -23,6 +23,7 @@ from bench import pinning
 from omnicore.open_files import raise_open_files_limit
 from omniserve.redis_server import EmbeddedRedis, free_port, start_embedded
 from streaming.keys import Keys
+from streaming.redis_url import sync_client
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("OMNISERVE_BENCH_LOGS", "/tmp/omniserve-bench-logs"))
@@ -151,6 +152,7 @@ class Stack:
 
     redis_url: str
     env: dict[str, str] = field(default_factory=dict)
+    broker_url: str | None = None  # Celery's broker when it is not ``redis_url`` (a cluster's)
     prefix: str = field(default_factory=lambda: "b" + uuid.uuid4().hex[:6])
     gateway: subprocess.Popen[bytes] | None = None
     port: int = 0
@@ -174,6 +176,8 @@ class Stack:
             OMNISERVE_WS_DEFLATE="true" if self.deflate else "false",
         )
         env["PYTHONPATH"] = str(self.root)
+        if self.broker_url:
+            env["OMNISERVE_BROKER_URL"] = self.broker_url
         env.update(self.env)
         return env
 
@@ -248,7 +252,7 @@ class Stack:
             total -= per_worker
 
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
+        return sync_client(self.redis_url)  # (on a cluster, redis-py's cluster client)
 
     def free_slots(self) -> int:
         return int(self.redis().llen(self.keys.free_slots))
@@ -276,8 +280,8 @@ class Stack:
             r = self.redis()
             keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
             for i in range(0, len(keys), 1000):
-                r.delete(*keys[i : i + 1000])
-        except redis.RedisError:
+                r.delete(*keys[i : i + 1000])  # (a cluster client deletes them slot by slot)
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
             pass
 
 
