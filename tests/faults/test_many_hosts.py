@@ -99,6 +99,22 @@ def assert_never_noticed(p: DuplexProbe, began: float, healed: float, where: str
     assert p.deltas_after(healed) > 0, seen
 
 
+async def cut_for_a_while(
+    net: Network, a: Host, b: Host, hit: list[DuplexProbe]
+) -> tuple[float, float]:
+    """``a`` and ``b`` apart for ``CUT_S``; once each session of ``hit`` came through it
+    (``outcome``) and 3 s more for the others' answers to show, when it began and was healed."""
+    began = time.monotonic()
+    with net.apart(a, b):
+        await asyncio.sleep(CUT_S)
+    healed = time.monotonic()
+    await await_for(
+        lambda: all(outcome(p, began, healed) for p in hit), 60, "each cut session told"
+    )
+    await asyncio.sleep(3.0)
+    return began, healed
+
+
 async def served_again(stack: Stack, slots: int) -> None:
     """After a cut: the worker's ``slots`` all back, both gateways serving a new session, and
     every process still running."""
@@ -141,14 +157,7 @@ async def test_a_gateway_cut_from_redis_on_a_network_of_hosts(hosts: Network) ->
         probes = cut + kept
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
-            began = time.monotonic()
-            with net.apart(redis_host, gw_cut):
-                await asyncio.sleep(CUT_S)
-            healed = time.monotonic()
-            await await_for(
-                lambda: all(outcome(p, began, healed) for p in cut), 60, "each cut session told"
-            )
-            await asyncio.sleep(3.0)
+            began, healed = await cut_for_a_while(net, redis_host, gw_cut, cut)
             for p in kept:
                 assert_never_noticed(p, began, healed)
             for p in cut:
@@ -209,14 +218,7 @@ async def test_a_shard_cut_off_from_one_gateway_on_a_cluster_of_hosts(hosts: Net
             assert hit and len(hit) < len(on_cut), [shard(p) for p in on_cut]
             spared = [p for p in probes if p not in hit]
             print(f"shard {victim} cut from one gateway: {len(hit)} of its sessions there")
-            began = time.monotonic()
-            with net.apart(shards[victim], gw_cut):
-                await asyncio.sleep(CUT_S)
-            healed = time.monotonic()
-            await await_for(
-                lambda: all(outcome(p, began, healed) for p in hit), 60, "each cut session told"
-            )
-            await asyncio.sleep(3.0)
+            began, healed = await cut_for_a_while(net, shards[victim], gw_cut, hit)
             for p in spared:
                 where = "cut gateway" if p in on_cut else "other gateway"
                 assert_never_noticed(p, began, healed, f"{where}, shard {shard(p)}")
