@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from omniserve.children import dies_with_parent
+from omniserve.redis_server import kill_all, start_logged
 
 NODE_TIMEOUT_MS = 2000
 SLOTS = 16384
@@ -90,7 +90,6 @@ class LocalCluster:
 
     def start_node(self, port: int) -> None:
         """A cluster node on ``port`` (nothing saved, its cluster file its own)."""
-        log = open(self.workdir / f"{port}.log", "wb")  # noqa: SIM115 - the child keeps it
         args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
         args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
@@ -98,15 +97,7 @@ class LocalCluster:
         # session live on one slot: docs/OPERATIONS.md, "Redis Cluster")
         args += ["--cluster-require-full-coverage", "no"]
         args += ["--maxmemory-policy", "noeviction"]
-        self.procs[port] = subprocess.Popen(
-            [self.server, *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            start_new_session=True,
-            preexec_fn=dies_with_parent(),
-        )
-        log.close()
+        self.procs[port] = start_logged([self.server, *args], self.workdir, port)
 
     def _wait_answers(self, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -186,8 +177,4 @@ class LocalCluster:
         return [k.decode() for k in node.scan_iter(match=pattern, count=1000)]
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.kill()
-            proc.wait(timeout=10)
-        self.procs.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        kill_all(self.procs, self.workdir)

@@ -72,13 +72,34 @@ class EmbeddedRedis:
 
     def stop(self) -> None:
         """Terminate the server."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        stop_server(self.process, self.workdir)
+
+
+def stop_server(process: subprocess.Popen[bytes], workdir: str) -> None:
+    """Terminate a redis-server (killed if it has not exited within 5 s) and remove its
+    ``workdir``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def wait_answering(process: subprocess.Popen[bytes], url: str, what: str) -> None:
+    """Wait until the server just started as ``process`` answers at ``url``; if it exits, or
+    does not answer within 10 s, a ``RuntimeError`` naming ``what`` (the process is left to
+    the caller to stop)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}")
+        if reachable(url, 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start within 10 s")
 
 
 def start_embedded(
@@ -123,15 +144,36 @@ def start_embedded(
             preexec_fn=dies_with_parent() if die_with_parent else None,
         )
     server = EmbeddedRedis(proc, port, workdir, log)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"embedded redis-server exited with code {proc.returncode}")
-        if reachable(server.url, 0.2):
-            return server
-        time.sleep(0.05)
-    server.stop()
-    raise RuntimeError("embedded redis-server did not start within 10 s")
+    try:
+        wait_answering(proc, server.url, "embedded redis-server")
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
+
+
+def start_logged(argv: list[str], workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    """A server of a local set (a cluster node, a Sentinel's data node or the Sentinel) run in
+    ``workdir``, its output in ``<port>.log`` there, in a session of its own and ended with this
+    process (``omniserve/children.py``)."""
+    with open(workdir / f"{port}.log", "wb") as log:  # (the child keeps its own copy)
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,
+            preexec_fn=dies_with_parent(),
+        )
+
+
+def kill_all(procs: dict[int, subprocess.Popen[bytes]], workdir: Path) -> None:
+    """SIGKILL every server of a local set (nothing of theirs is kept) and remove ``workdir``."""
+    for proc in procs.values():
+        proc.kill()
+        proc.wait(timeout=10)
+    procs.clear()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def host_port(url: str) -> tuple[str, int]:

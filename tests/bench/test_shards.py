@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import shards
+from tests.support.bench_run import run_bench
 from tests.support.redis_cluster import cluster_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,21 +22,12 @@ def test_a_small_run_spreads_the_sessions_over_every_shard() -> None:
     name = "pytest-shards"
     # session ids hash to random slots: with 20 of them, 3 shards all get some but for about one
     # run in a thousand (3 x (2/3)^20)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "shards",
-            *("--shards", "1,3", "--sessions", str(SESSIONS)),
-            *("--seconds", "3", "--warmup", "2", "--idle", "1", "--output", name),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        "shards",
+        *("--shards", "1,3", "--sessions", str(SESSIONS)),
+        *("--seconds", "3", "--warmup", "2", "--idle", "1", "--output", name),
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "1 shard / mean per shard of 3" in proc.stdout, proc.stdout
     data = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
     one, three = data["runs"]

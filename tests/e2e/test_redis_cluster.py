@@ -37,6 +37,7 @@ from tests.support.client import Client
 from tests.support.fault_harness import await_for
 from tests.support.redis_cluster import RedisClusterSet
 from tests.support.script_slots import slots_of
+from tests.support.services import running, stack_on
 from tests.support.stack import ROOT, Stack
 
 TAG = re.compile(r"\{([^}]*)\}")
@@ -44,21 +45,14 @@ TAG = re.compile(r"\{([^}]*)\}")
 
 @pytest.fixture(scope="module")
 def redis_cluster() -> Iterator[RedisClusterSet]:
-    found = RedisClusterSet()
-    try:
-        found.start()
+    with running(RedisClusterSet()) as found:
         yield found
-    finally:
-        found.stop()
 
 
 @pytest.fixture
 def cluster_stack(redis_cluster: RedisClusterSet, redis_server: str) -> Iterator[Stack]:
-    stack = Stack(redis_cluster.url, broker_url=redis_server)
-    try:
+    with stack_on(redis_cluster.url, redis_server) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 async def chat_turn(url: str, answer: str) -> tuple[str, str]:

@@ -13,17 +13,12 @@ import orjson
 
 from tests.support.client import Client, silence, speech
 from tests.support.fault_harness import kill9_group, wait_for
+from tests.support.resumable_session import REPLY, open_on_the_first_of_two, text_of
 from tests.support.stack import Stack
-
-REPLY = "one two three four five six seven eight nine ten eleven twelve"  # 4 speaking steps
 
 
 def deltas(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in frames if f["type"] == "response.output.delta"]
-
-
-def text_of(frames: list[dict[str, Any]]) -> str:
-    return "".join(f["text"] for f in deltas(frames) if f["kind"] == "text")
 
 
 async def speak_until_text(client: Client) -> None:
@@ -39,12 +34,7 @@ async def resume(url: str, session_id: str, token: str, last_seq: int) -> Client
 
 async def test_drop_mid_answer_resume_on_second_gateway(stack: Stack) -> None:
     """Every delta exactly once and in order across the drop; seq 1, 2, 3 ... throughout."""
-    stack.env["OMNISERVE_SCRIPTED_REPLY"] = REPLY
-    stack.start_worker()
-    stack.start_gateway()
-    stack.start_gateway()
-    first = await Client.connect(stack.url(0), query="?mode=audio")
-    created = await first.init()
+    first, created = await open_on_the_first_of_two(stack)
     token, sid = created["resume_token"], created["session_id"]
     assert isinstance(token, str) and len(token) >= 32 and "seq" not in created
     await speak_until_text(first)
@@ -196,12 +186,7 @@ async def test_second_restart_is_a_new_attempt(stack: Stack) -> None:
 async def test_gateway_killed_client_resumes_on_another(stack: Stack) -> None:
     """The relaying gateway dies (kill -9): the client resumes on another one and the answer
     goes on where it stopped."""
-    stack.env["OMNISERVE_SCRIPTED_REPLY"] = REPLY
-    stack.start_worker()
-    stack.start_gateway()
-    stack.start_gateway()
-    first = await Client.connect(stack.url(0), query="?mode=audio")
-    created = await first.init()
+    first, created = await open_on_the_first_of_two(stack)
     await speak_until_text(first)
     kill9_group(stack.gateways[0][0])
     await first.closed()

@@ -85,6 +85,46 @@ def timeline(p: DuplexProbe, since: float) -> list[tuple[float, str]]:
     ]
 
 
+def assert_never_noticed(p: DuplexProbe, began: float, healed: float, where: str = "") -> None:
+    """A session the cut did not touch: open, told nothing, answered through the cut (more in
+    its first half than after the heal: answers kept coming) and after it; ``where``, when given,
+    names it in a line of what it heard."""
+    seen = [(round(t - began, 2), f["type"]) for t, f in p.frames if t > began]
+    kinds = [k for _, k in seen if "delta" not in k]
+    if where:
+        print(f"{where}: {len(kinds)} events, {kinds[:6]}")
+    assert p.closed_at is None, seen
+    assert not {"error", "session.closed", "session.recovering"} & set(kinds), seen
+    assert p.deltas_after(began + CUT_S / 2) > p.deltas_after(healed), seen
+    assert p.deltas_after(healed) > 0, seen
+
+
+async def cut_for_a_while(
+    net: Network, a: Host, b: Host, hit: list[DuplexProbe]
+) -> tuple[float, float]:
+    """``a`` and ``b`` apart for ``CUT_S``; once each session of ``hit`` came through it
+    (``outcome``) and 3 s more for the others' answers to show, when it began and was healed."""
+    began = time.monotonic()
+    with net.apart(a, b):
+        await asyncio.sleep(CUT_S)
+    healed = time.monotonic()
+    await await_for(
+        lambda: all(outcome(p, began, healed) for p in hit), 60, "each cut session told"
+    )
+    await asyncio.sleep(3.0)
+    return began, healed
+
+
+async def served_again(stack: Stack, slots: int) -> None:
+    """After a cut: the worker's ``slots`` all back, both gateways serving a new session, and
+    every process still running."""
+    all_slots_back(stack, slots, timeout=60)
+    for i in (0, 1):
+        frames = await served_end_to_end(stack.url(i), timeout=60)
+        assert any(f["type"] == "response.output.delta" for f in frames)
+    assert all(p.alive() for p, _ in stack.gateways) and stack.workers[0].alive()
+
+
 @pytest.mark.slow
 async def test_a_gateway_cut_from_redis_on_a_network_of_hosts(hosts: Network) -> None:
     net = hosts
@@ -117,31 +157,15 @@ async def test_a_gateway_cut_from_redis_on_a_network_of_hosts(hosts: Network) ->
         probes = cut + kept
         try:
             await await_for(lambda: all(p.deltas_after(0) > 0 for p in probes), 30, "deltas")
-            began = time.monotonic()
-            with net.apart(redis_host, gw_cut):
-                await asyncio.sleep(CUT_S)
-            healed = time.monotonic()
-            await await_for(
-                lambda: all(outcome(p, began, healed) for p in cut), 60, "each cut session told"
-            )
-            await asyncio.sleep(3.0)
+            began, healed = await cut_for_a_while(net, redis_host, gw_cut, cut)
             for p in kept:
-                seen = [(round(t - began, 2), f["type"]) for t, f in p.frames if t > began]
-                kinds = [k for _, k in seen if "delta" not in k]
-                assert p.closed_at is None, seen
-                assert not {"error", "session.closed", "session.recovering"} & set(kinds), seen
-                assert p.deltas_after(began + CUT_S / 2) > p.deltas_after(healed), seen
-                assert p.deltas_after(healed) > 0, seen
+                assert_never_noticed(p, began, healed)
             for p in cut:
                 print("on the cut gateway:", outcome(p, began, healed), timeline(p, began))
         finally:
             for p in probes:
                 await p.close()
-        all_slots_back(stack, 6, timeout=60)
-        for i in (0, 1):
-            frames = await served_end_to_end(stack.url(i), timeout=60)
-            assert any(f["type"] == "response.output.delta" for f in frames)
-        assert all(p.alive() for p, _ in stack.gateways) and stack.workers[0].alive()
+        await served_again(stack, 6)
     finally:
         stack.stop()
         server.stop()
@@ -194,33 +218,16 @@ async def test_a_shard_cut_off_from_one_gateway_on_a_cluster_of_hosts(hosts: Net
             assert hit and len(hit) < len(on_cut), [shard(p) for p in on_cut]
             spared = [p for p in probes if p not in hit]
             print(f"shard {victim} cut from one gateway: {len(hit)} of its sessions there")
-            began = time.monotonic()
-            with net.apart(shards[victim], gw_cut):
-                await asyncio.sleep(CUT_S)
-            healed = time.monotonic()
-            await await_for(
-                lambda: all(outcome(p, began, healed) for p in hit), 60, "each cut session told"
-            )
-            await asyncio.sleep(3.0)
+            began, healed = await cut_for_a_while(net, shards[victim], gw_cut, hit)
             for p in spared:
-                seen = [(round(t - began, 2), f["type"]) for t, f in p.frames if t > began]
-                kinds = [k for _, k in seen if "delta" not in k]
                 where = "cut gateway" if p in on_cut else "other gateway"
-                print(f"{where}, shard {shard(p)}: {len(kinds)} events, {kinds[:6]}")
-                assert p.closed_at is None, seen
-                assert not {"error", "session.closed", "session.recovering"} & set(kinds), seen
-                assert p.deltas_after(began + CUT_S / 2) > p.deltas_after(healed), seen
-                assert p.deltas_after(healed) > 0, seen
+                assert_never_noticed(p, began, healed, f"{where}, shard {shard(p)}")
             for p in hit:
                 print("cut off:", outcome(p, began, healed), timeline(p, began))
         finally:
             for p in probes:
                 await p.close()
-        all_slots_back(stack, SLOTS_ON_HOSTS, timeout=60)
-        for i in (0, 1):
-            frames = await served_end_to_end(stack.url(i), timeout=60)
-            assert any(f["type"] == "response.output.delta" for f in frames)
-        assert all(p.alive() for p, _ in stack.gateways) and stack.workers[0].alive()
+        await served_again(stack, SLOTS_ON_HOSTS)
     finally:
         stack.stop()
         broker.stop()

@@ -26,6 +26,7 @@ from tests.support.chat_turn import LONG_ANSWER, TOKEN_DELAY_S, chat_turn
 from tests.support.client import Client
 from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
 from tests.support.redis_cluster import RedisClusterSet
+from tests.support.services import running, stack_on
 from tests.support.stack import Stack
 
 NODE_TIMEOUT_MS = 1500  # a silent primary is failed over after about this long
@@ -35,21 +36,14 @@ SLOTS = SESSIONS + 1  # and one for the chat turn: the clients after it wait in 
 
 @pytest.fixture
 def redis_cluster() -> Iterator[RedisClusterSet]:
-    found = RedisClusterSet(node_timeout_ms=NODE_TIMEOUT_MS)
-    try:
-        found.start()
+    with running(RedisClusterSet(node_timeout_ms=NODE_TIMEOUT_MS)) as found:
         yield found
-    finally:
-        found.stop()
 
 
 @pytest.fixture
 def cluster_stack(redis_cluster: RedisClusterSet, redis_server: str) -> Iterator[Stack]:
-    stack = Stack(redis_cluster.url, broker_url=redis_server)
-    try:
+    with stack_on(redis_cluster.url, redis_server) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def session_id(session: PacedSession) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import orjson
 import pytest
@@ -19,15 +18,8 @@ import pytest
 from tests.support.carry_on import PacedSession
 from tests.support.client import Client, silence, speech
 from tests.support.fault_harness import RestartableRedis, await_for, wait_for
+from tests.support.resumable_session import open_on_the_first_of_two, text_of
 from tests.support.stack import Stack
-
-REPLY = "one two three four five six seven eight nine ten eleven twelve"  # 4 speaking steps
-
-
-def text_of(frames: list[dict[str, Any]]) -> str:
-    return "".join(
-        f["text"] for f in frames if f["type"] == "response.output.delta" and f["kind"] == "text"
-    )
 
 
 async def answer_in_full(client: Client) -> None:
@@ -49,12 +41,7 @@ async def test_resume_on_another_gateway_after_an_empty_restart(
     own_redis: RestartableRedis, own_stack: Stack
 ) -> None:
     stack = own_stack
-    stack.env["OMNISERVE_SCRIPTED_REPLY"] = REPLY
-    stack.start_worker()
-    stack.start_gateway()
-    stack.start_gateway()
-    first = await Client.connect(stack.url(0), query="?mode=audio")
-    created = await first.init()
+    first, created = await open_on_the_first_of_two(stack)
     sid, token = created["session_id"], created["resume_token"]
     await answer_in_full(first)
     before = [f["seq"] for f in first.received if "seq" in f]

@@ -3,7 +3,6 @@ address (a standalone server, or, with ``args``, one node of a Redis Cluster).""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 import time
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 import redis
 
 from omniserve.children import dies_with_parent
-from omniserve.redis_server import reachable, redis_binary
+from omniserve.redis_server import redis_binary, stop_server, wait_answering
 from tests.support.netns import Host
 
 
@@ -31,14 +30,7 @@ class HostRedis:
         return f"redis://{self.host.address}:{self.port}/0"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        stop_server(self.process, self.workdir)
 
 
 def start_redis(
@@ -61,15 +53,12 @@ def start_redis(
         preexec_fn=dies_with_parent(),
     )
     server = HostRedis(host, port, proc, workdir)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"redis-server on {host.name} exited with code {proc.returncode}")
-        if reachable(server.url, 0.2):
-            return server
-        time.sleep(0.05)
-    server.stop()
-    raise RuntimeError(f"redis-server on {host.name} did not start within 10 s")
+    try:
+        wait_answering(proc, server.url, f"redis-server on {host.name}")
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
 
 
 CLUSTER_SLOTS = 16384

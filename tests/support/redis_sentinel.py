@@ -3,7 +3,6 @@ from the embedded Redis binary, for the failover test (``tests/faults/test_redis
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 import time
@@ -11,8 +10,7 @@ from pathlib import Path
 
 import redis
 
-from omniserve.children import dies_with_parent
-from omniserve.redis_server import free_port, redis_binary
+from omniserve.redis_server import free_port, kill_all, redis_binary, start_logged
 
 SERVICE = "omni"
 DOWN_AFTER_MS = 1000  # how long a silent primary takes to be judged down
@@ -37,16 +35,7 @@ class SentinelSet:
         return f"redis+sentinel://{sentinels}/{SERVICE}/3"
 
     def _start(self, port: int, *args: str) -> None:
-        log = open(self.workdir / f"{port}.log", "wb")  # noqa: SIM115 - the child keeps it
-        self.procs[port] = subprocess.Popen(
-            [redis_binary(), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            start_new_session=True,
-            preexec_fn=dies_with_parent(),
-        )
-        log.close()
+        self.procs[port] = start_logged([redis_binary(), *args], self.workdir, port)
 
     def start_node(self, port: int, *args: str) -> None:
         """A data node on ``port`` (empty: nothing is saved), as a primary unless ``args`` say."""
@@ -103,8 +92,4 @@ class SentinelSet:
         proc.wait(timeout=10)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.kill()
-            proc.wait(timeout=10)
-        self.procs.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        kill_all(self.procs, self.workdir)
