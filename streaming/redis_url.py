@@ -184,17 +184,25 @@ def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
 
 _COMMAND_KEYS = cluster.RedisCluster._get_command_keys
 _SCRIPT_CALLS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO")
+_STREAM_READS = ("XREAD", "XREADGROUP")
 
 
 def _command_keys(self: Any, *args: Any) -> Any:
     """The keys of a command, as redis-py's synchronous cluster client reads them, but those of
-    a script call from the call itself: redis-py asks its default node (``COMMAND GETKEYS``,
-    a round trip) for every script call in a pipeline, and once that node is gone (its shard
-    failed over) every such pipeline fails, on every shard, until the client happens to pick
-    another default node: a worker's heartbeat renewed no lease for as long."""
-    if len(args) >= 3 and str(args[0]).upper() in _SCRIPT_CALLS:
+    a script call or a stream read from the call itself: redis-py asks its default node
+    (``COMMAND GETKEYS``, a round trip) for every command of movable keys in a pipeline, and
+    once that node is gone (its shard failed over) every such pipeline fails, on every shard,
+    until the client happens to pick another default node: a worker's heartbeat renewed no
+    lease, and its sessions' input reads failed, for as long."""
+    name = str(args[0]).upper() if args else ""
+    if len(args) >= 3 and name in _SCRIPT_CALLS:
         count = int(args[2])
         return list(args[3 : 3 + count]) or None
+    if name in _STREAM_READS:  # ... STREAMS key [key ...] id [id ...]: its keys are movable too
+        words = [str(a).upper() if isinstance(a, str) else a for a in args]
+        if "STREAMS" in words:
+            rest = list(args[words.index("STREAMS") + 1 :])
+            return rest[: len(rest) // 2] or None
     return _COMMAND_KEYS(self, *args)  # type: ignore[no-untyped-call]
 
 

@@ -68,7 +68,8 @@ def _kill_pubsub(stack: Stack) -> None:
 
 def _log(stack: Stack) -> list[dict]:
     r = stack.redis()
-    keys = r.keys(stack.keys.output_log("*"))
+    # every session's log and every chat turn's (``{SESSION}_t<n>``: its session's tag)
+    keys = r.keys(stack.keys.output_log("*").replace("{*}", "*"))
     return [orjson.loads(event_head(f[b"e"])) for k in keys for _, f in r.xrange(k)]
 
 

@@ -139,3 +139,15 @@ async def test_cluster_clients_carry_the_urls_options() -> None:
     assert {(n.host, n.port) for n in nodes} == {("127.0.0.1", 1), ("127.0.0.1", 2)}
     assert all(n.connection_kwargs["socket_timeout"] == 3 for n in nodes)
     await client.aclose()
+
+
+def test_a_cluster_pipeline_reads_the_keys_of_scripts_and_stream_reads_from_the_call() -> None:
+    """No ``COMMAND GETKEYS`` round trip to a default node that may be gone (a failed-over
+    shard's): the keys of a script call and of a stream read are in the call itself."""
+    from redis import cluster
+
+    get_keys = cluster.RedisCluster._get_command_keys
+    assert get_keys(None, "EVALSHA", "abc", 2, "k1", "k2", "a") == ["k1", "k2"]
+    assert get_keys(None, "XREAD", "BLOCK", 1000, "STREAMS", "s1", "s2", "0-0", "$") == ["s1", "s2"]
+    group = ("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s1", ">")
+    assert get_keys(None, *group) == ["s1"]
