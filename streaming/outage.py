@@ -32,12 +32,14 @@ from redis.exceptions import (
     ClusterError,
     CrossSlotTransactionError,
     InvalidPipelineStack,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
     TryAgainError,
 )
 
 REFUSALS = ("READONLY", "MISCONF", "UNBLOCKED", "LOADING", "MASTERDOWN")  # error replies' codes
+WRITE_REFUSALS = ("OOM", "MISCONF", "READONLY")  # the codes of a write refused for a while
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 """What a Redis command may raise, a cluster client's own errors included."""
 REDIS_OR_OS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
@@ -56,6 +58,21 @@ def is_outage(exc: BaseException) -> bool:
     if isinstance(exc, RedisClusterException):
         return not isinstance(exc, _CLUSTER_MISUSE)
     return isinstance(exc, redis.ResponseError) and str(exc).startswith(REFUSALS)
+
+
+def refuses_writes(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a write it takes again later: full (``OOM``: maxmemory
+    reached with noeviction), a failed save (``MISCONF``) or a replica (``READONLY``). Inside a
+    script the reply carries the script's position first (``@user_script: 13: -OOM ...``).
+    A writer that may wait out an outage waits this out the same way."""
+    if isinstance(exc, ReadOnlyError | OutOfMemoryError):  # (redis-py drops their codes)
+        return True
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    message = str(exc)
+    if message.startswith("@user_script"):
+        message = message.split(" -", 1)[-1]
+    return message.startswith(WRITE_REFUSALS)
 
 
 class Outage:

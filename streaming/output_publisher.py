@@ -23,7 +23,7 @@ from redis.typing import EncodableT
 from streaming.events import Event, encode_event
 from streaming.keys import Keys
 from streaming.lua import OUTPUT_WRITE, OUTPUT_WRITE_SHARDED
-from streaming.outage import REDIS_ERRORS, Outage, is_outage
+from streaming.outage import REDIS_ERRORS, Outage, is_outage, refuses_writes
 from streaming.output_writer import OutputWriter
 from streaming.redis_url import is_cluster
 
@@ -80,7 +80,8 @@ class OutputPublisher:
     than Redis answers, so a model generating tokens never waits on the network. Events emitted
     ``together`` go in one round trip. ``finish`` flushes everything.
 
-    While Redis is away (a failover, a restart; ``streaming/outage.py``) for up to
+    While Redis is away (a failover, a restart; ``streaming/outage.py``) or refuses writes
+    (full, a failed save: a script's first events published, the rest not) for up to
     ``outage_grace_s``, a batch is tried again and what is emitted meanwhile waits behind it, in
     order: once Redis answers, the session's output goes on from where it was, nothing lost.
     A batch that could not be written in time is dropped with a warning; the gateway finds its
@@ -175,10 +176,10 @@ class OutputPublisher:
                 self._write_once(batch)
             except REDIS_ERRORS as exc:
                 self._expire_again = True  # (the log's TTL, should Redis have lost it)
-                if is_outage(exc) and self.outage.failed():
+                if (is_outage(exc) or refuses_writes(exc)) and self.outage.failed():
                     if self.outage.lasted() < OUTAGE_RETRY_S:
                         log.warning(
-                            "publishing %s: Redis is away (%s); holding its output",
+                            "publishing %s: Redis is away or refuses writes (%s); output held",
                             self.session_id,
                             exc,
                         )

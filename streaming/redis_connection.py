@@ -91,6 +91,19 @@ class ReopensDropped:
         writer = self._writer
         return self._reader is not None and writer is not None and not writer.is_closing()
 
+    async def disconnect(self, *args: Any, **kwargs: Any) -> None:
+        """redis-py's, and the streams let go of when it returns early for a connection read
+        as not connected here: a Sentinel-managed connection takes a reader it still holds
+        for connected (``SentinelManagedConnection._connect_retry``), so it never opened
+        again and every command on it met a closed parser (``Buffer is closed``), past a
+        failover's promotion until its sessions ended."""
+        try:
+            await super().disconnect(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            writer = self._writer
+            if writer is not None and writer.is_closing():
+                self._reader = self._writer = None
+
 
 class TimedWrites:
     """Mixin for a redis-py asyncio ``Connection`` class (see the module docstring)."""

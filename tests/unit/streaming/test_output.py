@@ -329,6 +329,42 @@ async def test_an_event_the_log_refuses_is_still_delivered_and_the_failure_repor
     assert again == []  # the retries' copies (published again) are skipped by seq
 
 
+@pytest.mark.parametrize("write", ["script", "pipeline"])
+async def test_a_batch_redis_is_too_full_to_log_is_held_until_it_takes_writes(
+    sync_redis: redis.Redis, async_redis: aioredis.Redis, keys: Keys, bus: OutputBus, write: str
+) -> None:
+    """At ``maxmemory`` (``noeviction``) a batch's log writes are refused (``OOM``) and its
+    publishes taken: in the script, only the first event's (the script ends at the refusal).
+    The writer holds the batch, as through an outage, and writes it whole once Redis takes
+    writes again. Dropped after three tries, the script's later events would be lost."""
+    pub = OutputPublisher(
+        sync_redis, keys, SID, log_maxlen=64, ttl_s=60, outage_grace_s=30, write=write
+    )
+    out = await opened(bus, SID)
+    try:
+        sync_redis.config_set("maxmemory", "1")
+        try:
+            with pub.together():
+                pub.emit(text(1))
+                pub.emit(text(2))
+            held: list[Event] = []
+            quiet_until = time.monotonic() + 1.0  # three tries and more
+            while time.monotonic() < quiet_until:
+                held += await out.get(timeout=0.2)
+            assert [ev.seq for ev in held] in ([], [1], [1, 2])  # what was published
+        finally:
+            sync_redis.config_set("maxmemory", "0")
+        got = (
+            held
+            if held[-1:] and held[-1].seq == 2
+            else held + await asyncio.wait_for(collect(out, 2), 20)
+        )
+        assert [ev.seq for ev in got] == [1, 2] and out.gaps == 0
+        assert [ev.seq for ev in await read_log(async_redis, keys, SID, 1)] == [1, 2]
+    finally:
+        pub.finish(linger_s=1)
+
+
 async def test_a_wait_that_times_out_returns_nothing_and_a_cancelled_one_loses_nothing(
     bus: OutputBus,
 ) -> None:

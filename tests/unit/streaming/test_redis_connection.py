@@ -33,6 +33,8 @@ from streaming.redis_connection import (
     tuned,
     worker_client,
 )
+from tests.support.redis_sentinel import SentinelSet
+from tests.support.services import running
 
 AUDIO = os.urandom(96_000).hex().encode()[:128_000]  # a 1 s audio event's size
 
@@ -149,6 +151,32 @@ def test_a_connection_whose_transport_was_closed_under_it_is_opened_again(
             await client.aclose()
 
     uvloop.run(main())
+
+
+def test_a_sentinel_managed_connection_closed_under_it_is_opened_again() -> None:
+    """The same through Sentinel: redis-py's Sentinel-managed connection opens again only once
+    its reader is let go of, and a connection read as dropped kept it (its ``disconnect``
+    returned early), so every command after a primary's death met ``Buffer is closed``."""
+
+    async def main(url: str) -> None:
+        client = gateway_client(url, max_connections=1)
+        try:
+            await client.ping()
+            pool = client.connection_pool
+            conn = await pool.get_connection()
+            assert conn._writer is not None
+            conn._writer.transport.abort()  # as the kernel closes one to a dead primary
+            await asyncio.sleep(0.01)
+            await conn.disconnect(nowait=True)  # as a failed read does
+            await pool.release(conn)
+            assert await client.ping()  # the one connection, opened again
+            assert await client.set("sentinel-reopens", b"1")
+            await client.delete("sentinel-reopens")
+        finally:
+            await client.aclose()
+
+    with running(SentinelSet()) as sentinels:
+        uvloop.run(main(sentinels.url))
 
 
 def test_a_connection_opened_while_redis_refuses_writes_still_reads() -> None:
