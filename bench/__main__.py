@@ -8,6 +8,7 @@
     python -m bench rollover [--minutes N]  a call longer than the context (bench/rollover.py)
     python -m bench redis-cost         Redis CPU per admission, per heartbeat (bench/redis_cost.py)
     python -m bench redis-footprint    what a duplex session costs Redis (bench/redis_footprint.py)
+    python -m bench redis-floor        the floor under a session's Redis CPU (bench/redis_floor.py)
     python -m bench shards             the same load on 1 and 3 cluster shards (bench/shards.py)
 
 Starts a private redis-server, gateways, scripted workers, a pub/sub tap and the bare baseline
@@ -248,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import redis_footprint
 
         return redis_footprint.main(argv[1:])
+    if argv and argv[0] == "redis-floor":
+        from bench import redis_floor
+
+        return redis_floor.main(argv[1:])
     if argv and argv[0] == "rollover":
         from bench import rollover
 
