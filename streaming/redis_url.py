@@ -199,7 +199,9 @@ def _command_keys(self: Any, *args: Any) -> Any:
         count = int(args[2])
         return list(args[3 : 3 + count]) or None
     if name in _STREAM_READS:  # ... STREAMS key [key ...] id [id ...]: its keys are movable too
-        words = [str(a).upper() if isinstance(a, str) else a for a in args]
+        # (redis-py writes the command's words as bytes: b"BLOCK", b"STREAMS")
+        words = [a.decode(errors="replace") if isinstance(a, bytes) else a for a in args]
+        words = [w.upper() if isinstance(w, str) else w for w in words]
         if "STREAMS" in words:
             rest = list(args[words.index("STREAMS") + 1 :])
             return rest[: len(rest) // 2] or None

@@ -1,9 +1,7 @@
 """A gateway started while Redis is away, or answers but refuses writes (a gateway that comes up
 before its Redis, or is rolled out while Redis is full).
 
-Before: the gateway's start took its lease and subscribed to the queue channel first; either
-failed, the app's startup failed and the process exited with a traceback (a crash loop under a
-process manager, until Redis came back). Now it starts all the same: ``/healthz`` answers,
+The gateway starts all the same, with no crash loop under a process manager: ``/healthz`` answers,
 ``/readyz`` and ``/health`` say why it is not ready, a client is refused ``service_unavailable``
 with the reason, and once Redis answers (and takes writes) the gateway takes its lease,
 subscribes and serves, with no restart.

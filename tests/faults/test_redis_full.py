@@ -4,20 +4,15 @@
 ``READONLY`` (made a replica of a primary nobody runs: Sentinel demoting it, an operator's
 ``REPLICAOF``). Redis answers every read on time meanwhile.
 
-Before: within 1.6 s every duplex session ended with ``backend_error`` "internal gateway error":
-the workers could not renew their session leases, the gateway read them gone, took the workers
-for dead, and its failover's first write was refused. The workers never heard (their close and
-the record's end were refused too), so each went on with its slot held for the rest of its
-session's time: after Redis took writes again, three of four slots stayed busy.
+The workers cannot renew their session leases meanwhile: a gateway whose own lease renewal is
+refused reads leases as held until its writes go through again (``streaming/stalls.py``), so it
+takes no worker for dead; it refuses new clients with the reason and says so on ``/health``; a
+stop Redis refused (a client's close, a record's end) is written again until it takes it
+(``api/gateway/worker_stops.py``), so every slot comes back. Output Redis refuses is held and
+written whole once it takes writes (``streaming/outage.refuses_writes``).
 
-The role change of ``readonly`` also ends every blocking read with ``UNBLOCKED``: each worker's
-``XREAD BLOCK`` of its sessions' input raised it, and every duplex session failed at once
-(``backend_error``). Such a read is now made again (``streaming/redis_connection.unblocked``).
-
-Now a gateway whose own lease renewal is refused reads leases as held until its writes go
-through again (``streaming/stalls.py``), refuses new clients with the reason, and says so on
-``/health``; a stop Redis refused is written again until it takes it
-(``api/gateway/worker_stops.py``).
+The role change of ``readonly`` ends every blocking read with ``UNBLOCKED``; such a read is made
+again (``streaming/redis_connection.unblocked``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Redis behind Sentinel: the primary killed, a replica promoted at another address.
 
-Gateways and workers are given only the Sentinel's address (``redis+sentinel://``). Before,
-every process kept the primary's one address, and after a failover nothing reached the new
-primary. Now each pool asks the Sentinel where the primary is: live duplex sessions (paced by
-their answers) carry on across the promotion, with no error, no ``session.recovering`` and
-their ``seq`` whole or its gaps told; a chat turn sent as the primary dies is answered once; the
-workers' slots come back on the new primary, and a new session (a duplex one and a chat turn)
-is served soon after the promotion, with nobody stepping in; the old primary that comes back
-(empty) is demoted by the Sentinel and never written to.
+Gateways and workers are given only the Sentinel's address (``redis+sentinel://``), and each
+pool asks the Sentinel where the primary is: live duplex sessions (paced by their answers) carry
+on across the promotion, with no error, no ``session.recovering`` and their ``seq`` whole or its
+gaps told; a chat turn sent as the primary dies is answered once; two clients waiting in the
+queue are served in their order; the workers' slots come back on the new primary, and a new
+session (a duplex one and a chat turn) is served soon after the promotion, with nobody stepping
+in; the old primary that comes back (empty) is demoted by the Sentinel and never written to.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import redis
 
 from tests.support.carry_on import PacedSession, all_carry_on
 from tests.support.chat_turn import LONG_ANSWER, TOKEN_DELAY_S, chat_turn
+from tests.support.client import Client
 from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
 from tests.support.redis_sentinel import SentinelSet
 from tests.support.services import running, stack_on
@@ -51,7 +51,8 @@ async def test_a_sentinel_failover_is_followed(
     prefork = stack.start_worker(OMNISERVE_SCRIPTED_TOKEN_DELAY_S=TOKEN_DELAY_S)
     port = stack.start_gateway()
     assert await chat_turn(stack.url(), 30) == "moved"
-    sessions = [await PacedSession.open(stack.url()) for _ in range(2)]
+    sessions = [await PacedSession.open(stack.url()) for _ in range(3)]
+    waiting: list[Client] = []
     try:
         await await_for(lambda: all(p.steps >= 2 for p in sessions), 30, "first answers")
         primary, replica = sentinels.ports
@@ -61,6 +62,10 @@ async def test_a_sentinel_failover_is_followed(
             chat_turn(stack.url(), 60, answers, streaming, answer=LONG_ANSWER)
         )
         await asyncio.wait_for(streaming.wait(), 30)  # a chat turn in flight: its answer begun
+        for i in range(2):  # every slot busy: two clients wait in the queue, in their order
+            waiting.append(await Client.connect(stack.url(), query="?mode=audio"))
+            queued = await waiting[-1].until("session.queued", timeout=15)
+            assert queued["position"] == i + 1, queued
         t_kill = time.monotonic()
         sentinels.kill(primary)
         promoted_in = await asyncio.to_thread(sentinels.wait_primary, replica, 30)
@@ -70,6 +75,14 @@ async def test_a_sentinel_failover_is_followed(
         answered = await in_flight
         print(f"chat turn in flight: {answered!r}, response.done x{answers}")
         assert answered == LONG_ANSWER and answers == [1], answers
+        # the waiting clients are served in their order: the first in the chat turn's slot,
+        # the second once the first leaves
+        first, second = waiting
+        await first.until("session.queue_done", timeout=30)
+        assert not any(f["type"] == "session.queue_done" for f in second.received)
+        await first.close()
+        await second.until("session.queue_done", timeout=30)
+        await second.close()
         for p in sessions:
             stall = max(b - a for a, b in zip(p.answered_at, p.answered_at[1:], strict=False))
             print(f"longest wait for an answer {stall:.1f} s ({t_promoted - t_kill:.1f} s outage)")
@@ -91,6 +104,8 @@ async def test_a_sentinel_failover_is_followed(
     finally:
         for p in sessions:
             await p.close()
+        for client in waiting:
+            await client.close()
     # every slot back and idle on the new primary (the data nodes are found through Sentinel)
     all_slots_back(stack, 4, timeout=30)
     assert sentinels.primary_port() == replica

@@ -360,6 +360,7 @@ async def test_a_batch_redis_is_too_full_to_log_is_held_until_it_takes_writes(
             else held + await asyncio.wait_for(collect(out, 2), 20)
         )
         assert [ev.seq for ev in got] == [1, 2] and out.gaps == 0
+        assert await asyncio.to_thread(pub.flush)  # (a pipeline's copies came while held)
         assert [ev.seq for ev in await read_log(async_redis, keys, SID, 1)] == [1, 2]
     finally:
         pub.finish(linger_s=1)

@@ -3,9 +3,12 @@ them (the failover itself, with real servers: tests/faults/test_redis_sentinel.p
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.commands.core import StreamCommands
 from redis.sentinel import SentinelConnectionPool
 
 from streaming.redis_url import (
@@ -151,3 +154,15 @@ def test_a_cluster_pipeline_reads_the_keys_of_scripts_and_stream_reads_from_the_
     assert get_keys(None, "XREAD", "BLOCK", 1000, "STREAMS", "s1", "s2", "0-0", "$") == ["s1", "s2"]
     group = ("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s1", ">")
     assert get_keys(None, *group) == ["s1"]
+
+    class Built(StreamCommands):
+        """The words of a command as redis-py's own methods write them (some as bytes)."""
+
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            return args
+
+    built = Built()
+    read = built.xread({"in:ctl": "0-0", "in:audio": "5-0"}, block=1000)
+    assert get_keys(None, *read) == ["in:ctl", "in:audio"]
+    grouped = built.xreadgroup("g", "c", {"s1": ">"}, count=5, block=10)
+    assert get_keys(None, *grouped) == ["s1"]
