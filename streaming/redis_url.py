@@ -38,6 +38,7 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.cluster as aiocluster
 import redis.cluster as cluster
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
@@ -183,32 +184,46 @@ def _cluster_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 _COMMAND_KEYS = cluster.RedisCluster._get_command_keys
+_ASYNC_GET_KEYS = AsyncCommandsParser.get_keys
 _SCRIPT_CALLS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO")
 _STREAM_READS = ("XREAD", "XREADGROUP")
+_ASK_REDIS = object()  # ``_keys_in_call``: the call alone does not tell
 
 
-def _command_keys(self: Any, *args: Any) -> Any:
-    """The keys of a command, as redis-py's synchronous cluster client reads them, but those of
-    a script call or a stream read from the call itself: redis-py asks its default node
-    (``COMMAND GETKEYS``, a round trip) for every command of movable keys in a pipeline, and
-    once that node is gone (its shard failed over) every such pipeline fails, on every shard,
-    until the client happens to pick another default node: a worker's heartbeat renewed no
-    lease, and its sessions' input reads failed, for as long."""
-    name = str(args[0]).upper() if args else ""
+def _keys_in_call(args: tuple[Any, ...]) -> Any:
+    """The keys of a script call or a stream read, read from the call itself (``_ASK_REDIS``
+    for any other command). redis-py asks a node of its own choosing (``COMMAND GETKEYS``, a
+    round trip) for every command of movable keys, and once that node is gone (its shard
+    failed over) every such command fails, on every shard, until the client happens to pick
+    another node: a worker's heartbeat renewed no lease, and its sessions' input reads failed,
+    for as long."""
+    words = [a.decode(errors="replace") if isinstance(a, bytes) else a for a in args]  # b"STREAMS"
+    words = [w.upper() if isinstance(w, str) else w for w in words]
+    name = words[0] if words else ""
     if len(args) >= 3 and name in _SCRIPT_CALLS:
         count = int(args[2])
         return list(args[3 : 3 + count]) or None
-    if name in _STREAM_READS:  # ... STREAMS key [key ...] id [id ...]: its keys are movable too
-        # (redis-py writes the command's words as bytes: b"BLOCK", b"STREAMS")
-        words = [a.decode(errors="replace") if isinstance(a, bytes) else a for a in args]
-        words = [w.upper() if isinstance(w, str) else w for w in words]
-        if "STREAMS" in words:
-            rest = list(args[words.index("STREAMS") + 1 :])
-            return rest[: len(rest) // 2] or None
-    return _COMMAND_KEYS(self, *args)  # type: ignore[no-untyped-call]
+    if name in _STREAM_READS and "STREAMS" in words:  # ... STREAMS key [key ...] id [id ...]
+        rest = list(args[words.index("STREAMS") + 1 :])
+        return rest[: len(rest) // 2] or None
+    return _ASK_REDIS
+
+
+def _command_keys(self: Any, *args: Any) -> Any:
+    """redis-py's synchronous cluster client's key lookup, with ``_keys_in_call`` first."""
+    keys = _keys_in_call(args)
+    return _COMMAND_KEYS(self, *args) if keys is _ASK_REDIS else keys  # type: ignore[no-untyped-call]
+
+
+async def _async_command_keys(self: Any, *args: Any) -> Any:
+    """redis-py's asyncio cluster client's key lookup (its commands parser asks the node it
+    started from), with ``_keys_in_call`` first."""
+    keys = _keys_in_call(args)
+    return await _ASYNC_GET_KEYS(self, *args) if keys is _ASK_REDIS else keys
 
 
 cluster.RedisCluster._get_command_keys = _command_keys  # type: ignore[method-assign]
+AsyncCommandsParser.get_keys = _async_command_keys  # type: ignore[method-assign]
 
 
 def sync_cluster(target: ClusterTarget, **options: Any) -> cluster.RedisCluster:

@@ -144,6 +144,13 @@ async def test_cluster_clients_carry_the_urls_options() -> None:
     await client.aclose()
 
 
+class Built(StreamCommands):
+    """The words of a command as redis-py's own methods write them (some as bytes)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        return args
+
+
 def test_a_cluster_pipeline_reads_the_keys_of_scripts_and_stream_reads_from_the_call() -> None:
     """No ``COMMAND GETKEYS`` round trip to a default node that may be gone (a failed-over
     shard's): the keys of a script call and of a stream read are in the call itself."""
@@ -154,15 +161,17 @@ def test_a_cluster_pipeline_reads_the_keys_of_scripts_and_stream_reads_from_the_
     assert get_keys(None, "XREAD", "BLOCK", 1000, "STREAMS", "s1", "s2", "0-0", "$") == ["s1", "s2"]
     group = ("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s1", ">")
     assert get_keys(None, *group) == ["s1"]
-
-    class Built(StreamCommands):
-        """The words of a command as redis-py's own methods write them (some as bytes)."""
-
-        def execute_command(self, *args: Any, **options: Any) -> Any:
-            return args
-
     built = Built()
     read = built.xread({"in:ctl": "0-0", "in:audio": "5-0"}, block=1000)
     assert get_keys(None, *read) == ["in:ctl", "in:audio"]
     grouped = built.xreadgroup("g", "c", {"s1": ">"}, count=5, block=10)
     assert get_keys(None, *grouped) == ["s1"]
+
+
+async def test_an_asyncio_cluster_reads_the_keys_of_stream_reads_from_the_call() -> None:
+    """The asyncio cluster client's commands parser asks the node it started from for a stream
+    read's keys; they are read from the call instead (the parser here has no node at all)."""
+    from redis._parsers.commands import AsyncCommandsParser
+
+    read = Built().xread({"chat:frames": "4-1"}, block=250)
+    assert await AsyncCommandsParser().get_keys(*read) == ["chat:frames"]
