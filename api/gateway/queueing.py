@@ -75,6 +75,7 @@ class QueueManager:
         self.waiters: dict[str, Waiter] = {}
         self._counter = itertools.count(1)
         self._wake = asyncio.Event()
+        self._lost_until = 0.0  # monotonic: until then a missing ticket is lost (``keys_lost``)
         self._slot_freed = asyncio.Event()  # cuts the coalescing pause short (see _loop)
         self._need_dispatch = False  # a slot was freed (or a ticket re-enqueued) since DISPATCH
         self._full_at = 0.0  # monotonic time of the last refresh
@@ -93,6 +94,16 @@ class QueueManager:
         as the awaited event fires (a queue event at shutdown), and the loop would wait on."""
         if self._task:
             await cancel_and_wait(self._task)
+
+    def keys_lost(self) -> None:
+        """This gateway's lease key was gone when it renewed it: Redis lost its keys (restarted
+        empty, or a replica without the last writes promoted) or dropped them with the lapsed
+        lease. Every waiting ticket found missing from the queue in the next few refreshes is
+        lost, not in a dispatch's hands: it goes back at once, so that the tickets of all
+        gateways are back, in their order, before a freed slot is handed out, not after
+        ``LOST_AFTER_S``."""
+        self._lost_until = time.monotonic() + LOST_AFTER_S
+        self._wake.set()
 
     def on_event(self, message: str) -> None:
         """A queue event arrived on the shared channel (enqueue, leave, release, dispatch...).
@@ -204,14 +215,17 @@ class QueueManager:
 
     async def _recover(self, waiter: Waiter, now: float) -> None:
         """A waiting ticket is neither queued nor assigned: Redis lost it (a restart, a
-        failover, or our lease lapsed). Put it back once it has been missing a while, in the
-        place it had: the tickets every gateway puts back keep their arrival order (the score
-        ``lua.ENQUEUE`` is given)."""
-        if waiter.missing_since is None:
-            waiter.missing_since = now
+        failover, or our lease lapsed). Put it back once it has been missing a while, or at
+        once after ``keys_lost``, in the place it had: the tickets every gateway puts back keep
+        their arrival order (the score ``lua.ENQUEUE`` is given)."""
+        if waiter.future.done():
             return
-        if now - waiter.missing_since < LOST_AFTER_S or waiter.future.done():
-            return
+        if now >= self._lost_until:  # (Redis was not seen losing its keys: wait, then look again)
+            if waiter.missing_since is None:
+                waiter.missing_since = now
+                return
+            if now - waiter.missing_since < LOST_AFTER_S:
+                return
         waiter.missing_since = None
         log.warning("ticket %s was lost from the queue; enqueued again", waiter.ticket_id)
         await self.admission.enqueue(

@@ -136,6 +136,7 @@ class Gateway:
         # says it
         self.writes_refused: str | None = None
         self.redis_unreachable: str | None = None  # why the last lease renewal failed, if it did
+        self._lease_renewed = False  # a renewal went through (a key gone after it was lost)
         self.redis_unmet: list[str] = []  # what Redis lacks (streaming/redis_requirements.py)
         self._requirements_read_at = 0.0  # monotonic; 0: at the next renewal that goes through
         self.metrics = GatewayMetrics()
@@ -230,11 +231,18 @@ class Gateway:
         self._note_accepted()
 
     async def _renew_lease(self) -> None:
-        await self.redis.set(
+        """Renew the lease; a key found gone after a renewal went through (Redis lost its keys,
+        or the lease lapsed) tells the queue its missing tickets are lost."""
+        was = await self.redis.set(
             self.keys.gateway_alive(self.gateway_id),
             b"1",
             px=int(self.settings.gateway_lease_ttl_s * 1000),
+            get=True,
         )
+        if was is None and self._lease_renewed:
+            log.warning("gateway %s: its lease key was gone; lost tickets go back", self.gateway_id)
+            self.queue.keys_lost()
+        self._lease_renewed = True
 
     async def _lease_loop(self) -> None:
         reap_every = 10

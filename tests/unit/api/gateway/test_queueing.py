@@ -258,3 +258,43 @@ async def test_two_gateways_serve_one_queue_in_order_on_events_alone(
         await a.admission.release(slot)
         await asyncio.sleep(0.2)
         assert_all_free(sync_redis, keys, slots)
+
+
+async def test_tickets_redis_lost_go_back_at_once_in_their_order_once_a_lease_was_gone(
+    async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
+) -> None:
+    """Redis losing the queue (restarted empty): a gateway whose lease key was gone puts its
+    waiting tickets back at its next refresh, not after ``LOST_AFTER_S``, with the places they
+    had, so the tickets of both gateways are back in arrival order before a slot is freed."""
+    slots = worker(sync_redis, keys, 1)
+    async with gateway(async_redis, keys, "gwa") as a, gateway(async_redis, keys, "gwb") as b:
+        _t, slot, _at = await a.acquire(_quiet)
+        waits: list[asyncio.Future[Any]] = []
+        for qm in (b, a, b, a):
+            waits.append(asyncio.ensure_future(qm.acquire(_quiet)))
+            await asyncio.sleep(0.05)  # arrival order
+        queued = [t.decode() for t in sync_redis.zrange(keys.queue, 0, -1)]
+        assert len(queued) == 4
+        sync_redis.delete(keys.queue)  # what a restart leaves of it
+        for qm in (a, b):
+            await qm.refresh()  # a missing ticket is not taken for lost at once
+        assert sync_redis.zcard(keys.queue) == 0
+        for qm in (b, a):
+            qm.keys_lost()
+            await qm.refresh()
+        assert [t.decode() for t in sync_redis.zrange(keys.queue, 0, -1)] == queued
+        order = []
+        for _ in waits:
+            await a.admission.release(slot)
+            done, _ = await asyncio.wait(waits, timeout=2, return_when=asyncio.FIRST_COMPLETED)
+            assert len(done) == 1, "a freed slot went to nobody (or to two)"
+            task = done.pop()
+            order.append(waits.index(task))
+            waits[waits.index(task)] = asyncio.ensure_future(asyncio.sleep(3600))
+            _t, slot, _at = task.result()
+        for w in waits:
+            w.cancel()
+        assert order == [0, 1, 2, 3]
+        await a.admission.release(slot)
+        await asyncio.sleep(0.2)
+        assert_all_free(sync_redis, keys, slots)
