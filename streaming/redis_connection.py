@@ -92,11 +92,12 @@ class ReopensDropped:
         return self._reader is not None and writer is not None and not writer.is_closing()
 
     async def disconnect(self, *args: Any, **kwargs: Any) -> None:
-        """redis-py's, and the streams let go of when it returns early for a connection read
-        as not connected here: a Sentinel-managed connection takes a reader it still holds
-        for connected (``SentinelManagedConnection._connect_retry``), so it never opened
-        again and every command on it met a closed parser (``Buffer is closed``), past a
-        failover's promotion until its sessions ended."""
+        """redis-py's; then the streams of a connection read as dropped here are let go of
+        too (redis-py returns early for a connection that is not connected). A Sentinel-managed
+        connection takes a reader it still holds for connected
+        (``SentinelManagedConnection._connect_retry``): kept, it would never open again, and
+        every command on it would meet a closed parser (``Buffer is closed``) past a failover's
+        promotion."""
         try:
             await super().disconnect(*args, **kwargs)  # type: ignore[misc]
         finally:

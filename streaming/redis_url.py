@@ -197,16 +197,24 @@ def _keys_in_call(args: tuple[Any, ...]) -> Any:
     failed over) every such command fails, on every shard, until the client happens to pick
     another node: a worker's heartbeat renewed no lease, and its sessions' input reads failed,
     for as long."""
-    words = [a.decode(errors="replace") if isinstance(a, bytes) else a for a in args]  # b"STREAMS"
-    words = [w.upper() if isinstance(w, str) else w for w in words]
-    name = words[0] if words else ""
+    name = _word(args[0]) if args else ""
     if len(args) >= 3 and name in _SCRIPT_CALLS:
         count = int(args[2])
         return list(args[3 : 3 + count]) or None
-    if name in _STREAM_READS and "STREAMS" in words:  # ... STREAMS key [key ...] id [id ...]
-        rest = list(args[words.index("STREAMS") + 1 :])
-        return rest[: len(rest) // 2] or None
+    if name in _STREAM_READS:  # ... STREAMS key [key ...] id [id ...]
+        for i, arg in enumerate(args):
+            if _word(arg) == "STREAMS":
+                rest = list(args[i + 1 :])
+                return rest[: len(rest) // 2] or None
     return _ASK_REDIS
+
+
+def _word(arg: Any) -> str:
+    """A command's word, upper case, as a str (redis-py writes some as bytes: ``b"STREAMS"``);
+    "" for anything longer than a word (an audio payload is never decoded)."""
+    if isinstance(arg, bytes):
+        return arg.decode(errors="replace").upper() if len(arg) <= 16 else ""
+    return arg.upper() if isinstance(arg, str) and len(arg) <= 16 else ""
 
 
 def _command_keys(self: Any, *args: Any) -> Any:
