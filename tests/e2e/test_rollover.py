@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import websockets
 
 from tests.support.client import Client, silence, speech
 from tests.support.stack import Stack
@@ -139,9 +140,15 @@ async def test_a_spec_only_client_never_sees_the_notice(stack: Stack) -> None:
 
 
 async def talk_until_closed(c: Client, timeout: float = 20) -> None:
+    """Step silence until ``session.closed``: the session may end between two steps, its
+    connection closed before the next chunk goes out (the frames it sent are still read)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (await c.step(silence()))[-1]["type"] == "session.closed":
+        try:
+            frames = await c.step(silence())
+        except websockets.ConnectionClosed:
+            frames = await c.collect_until("session.closed", timeout=5)
+        if frames[-1]["type"] == "session.closed":
             return
     raise AssertionError(f"not closed within {timeout} s")
 
