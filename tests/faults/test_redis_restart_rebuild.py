@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import orjson
 import pytest
@@ -93,6 +94,7 @@ async def test_queued_clients_keep_their_order_across_an_empty_restart(
     stack.start_gateway()
     busy = await PacedSession.open(stack.url(0))
     waiting: list[Client] = []
+    served: list[asyncio.Future[dict[str, Any]]] = []
     try:
         for i in range(4):  # arrival order 1..4, alternating between the gateways
             client = await Client.connect(stack.url(i % 2), query="?mode=audio")
@@ -107,24 +109,17 @@ async def test_queued_clients_keep_their_order_across_an_empty_restart(
         await await_for(lambda: busy.answers_after(t_back) > 0, 20, "the busy session going on")
         await busy.close()
         admitted: list[int] = []
+        # one wait per client for the whole run (a wait cancelled as its frame arrives could
+        # take the frame with it)
+        served += [asyncio.ensure_future(c.until("session.queue_done", 60)) for c in waiting]
         for _ in range(4):
-            _, pending = await asyncio.wait(
-                [
-                    asyncio.ensure_future(c.until("session.queue_done", timeout=60))
-                    for i, c in enumerate(waiting)
-                    if i not in admitted
-                ],
+            await asyncio.wait(
+                [t for i, t in enumerate(served) if i not in admitted],
                 return_when=asyncio.FIRST_COMPLETED,
             )
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            which = [
-                i
-                for i, c in enumerate(waiting)
-                if i not in admitted and any(f["type"] == "session.queue_done" for f in c.received)
-            ]
+            which = [i for i, t in enumerate(served) if i not in admitted and t.done()]
             assert len(which) == 1, which
+            served[which[0]].result()
             admitted.append(which[0])
             client = waiting[which[0]]
             await client.send({"type": "session.init", "payload": {}})
@@ -134,6 +129,8 @@ async def test_queued_clients_keep_their_order_across_an_empty_restart(
         print(f"admitted after the restart in the order {[i + 1 for i in admitted]}")
         assert admitted == [0, 1, 2, 3]
     finally:
+        for task in served:
+            task.cancel()
         await busy.close()
         for client in waiting:
             await client.close()
