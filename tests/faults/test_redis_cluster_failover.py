@@ -24,7 +24,13 @@ from redis.crc import key_slot
 from tests.support.carry_on import PacedSession, all_carry_on
 from tests.support.chat_turn import LONG_ANSWER, TOKEN_DELAY_S, chat_turn
 from tests.support.client import Client
-from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
+from tests.support.fault_harness import (
+    all_slots_back,
+    await_for,
+    queue_two,
+    served_end_to_end,
+    served_in_their_order,
+)
 from tests.support.redis_cluster import RedisClusterSet
 from tests.support.services import running, stack_on
 from tests.support.stack import Stack
@@ -85,10 +91,8 @@ async def test_a_shard_failover_is_carried_by_its_sessions_alone(
             chat_turn(stack.url(1), 60, answers, streaming, answer=LONG_ANSWER)
         )
         await asyncio.wait_for(streaming.wait(), 30)  # a chat turn in flight: its answer begun
-        for i in range(2):  # every slot busy: two clients wait in the queue, in their order
-            waiting.append(await Client.connect(stack.url(i), query="?mode=audio"))
-            queued = await waiting[-1].until("session.queued", timeout=15)
-            assert queued["position"] == i + 1, queued
+        # every slot busy: two clients wait in the queue, in their order
+        waiting += await queue_two([stack.url(0), stack.url(1)])
         t_kill = time.monotonic()
         redis_cluster.kill(victim)
         await await_for(lambda: replica in redis_cluster.primaries(), 30, "the replica promoted")
@@ -105,14 +109,8 @@ async def test_a_shard_failover_is_carried_by_its_sessions_alone(
         answered = await in_flight
         print(f"chat turn in flight: {answered!r}, response.done x{answers}")
         assert answered == LONG_ANSWER and answers == [1], answers
-        # the waiting clients are served in their order: the first in the chat turn's slot,
-        # the second once the first leaves
-        first, second = waiting
-        await first.until("session.queue_done", timeout=30)
-        assert not any(f["type"] == "session.queue_done" for f in second.received)
-        await first.close()
-        await second.until("session.queue_done", timeout=30)
-        await second.close()
+        # the waiting clients are served in their order: the first in the chat turn's slot
+        await served_in_their_order(waiting)
         # new sessions are served, and the live ones still go on
         await served_end_to_end(stack.url(0), timeout=30)
         t_later = time.monotonic()

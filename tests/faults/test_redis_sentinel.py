@@ -22,7 +22,13 @@ import redis
 from tests.support.carry_on import PacedSession, all_carry_on
 from tests.support.chat_turn import LONG_ANSWER, TOKEN_DELAY_S, chat_turn
 from tests.support.client import Client
-from tests.support.fault_harness import all_slots_back, await_for, served_end_to_end
+from tests.support.fault_harness import (
+    all_slots_back,
+    await_for,
+    queue_two,
+    served_end_to_end,
+    served_in_their_order,
+)
 from tests.support.redis_sentinel import SentinelSet
 from tests.support.services import running, stack_on
 from tests.support.stack import Stack
@@ -62,10 +68,8 @@ async def test_a_sentinel_failover_is_followed(
             chat_turn(stack.url(), 60, answers, streaming, answer=LONG_ANSWER)
         )
         await asyncio.wait_for(streaming.wait(), 30)  # a chat turn in flight: its answer begun
-        for i in range(2):  # every slot busy: two clients wait in the queue, in their order
-            waiting.append(await Client.connect(stack.url(), query="?mode=audio"))
-            queued = await waiting[-1].until("session.queued", timeout=15)
-            assert queued["position"] == i + 1, queued
+        # every slot busy: two clients wait in the queue, in their order
+        waiting += await queue_two([stack.url(), stack.url()])
         t_kill = time.monotonic()
         sentinels.kill(primary)
         promoted_in = await asyncio.to_thread(sentinels.wait_primary, replica, 30)
@@ -75,14 +79,8 @@ async def test_a_sentinel_failover_is_followed(
         answered = await in_flight
         print(f"chat turn in flight: {answered!r}, response.done x{answers}")
         assert answered == LONG_ANSWER and answers == [1], answers
-        # the waiting clients are served in their order: the first in the chat turn's slot,
-        # the second once the first leaves
-        first, second = waiting
-        await first.until("session.queue_done", timeout=30)
-        assert not any(f["type"] == "session.queue_done" for f in second.received)
-        await first.close()
-        await second.until("session.queue_done", timeout=30)
-        await second.close()
+        # the waiting clients are served in their order: the first in the chat turn's slot
+        await served_in_their_order(waiting)
         for p in sessions:
             stall = max(b - a for a, b in zip(p.answered_at, p.answered_at[1:], strict=False))
             print(f"longest wait for an answer {stall:.1f} s ({t_promoted - t_kill:.1f} s outage)")

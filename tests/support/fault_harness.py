@@ -324,3 +324,25 @@ async def served_end_to_end(url: str, timeout: float = 30.0) -> list[dict[str, A
         return client.received
     finally:
         await client.close()
+
+
+async def queue_two(urls: list[str]) -> list[Client]:
+    """Two audio clients waiting in the queue (every slot busy), the first of ``urls`` first;
+    each told its place."""
+    waiting: list[Client] = []
+    for i, url in enumerate(urls):
+        waiting.append(await Client.connect(url, query="?mode=audio"))
+        queued = await waiting[-1].until("session.queued", timeout=15)
+        assert queued["position"] == i + 1, queued
+    return waiting
+
+
+async def served_in_their_order(waiting: list[Client]) -> None:
+    """``queue_two``'s clients are served in their order: the first in the next slot freed, the
+    second once the first leaves; both closed after."""
+    first, second = waiting
+    await first.until("session.queue_done", timeout=30)
+    assert not any(f["type"] == "session.queue_done" for f in second.received)
+    await first.close()
+    await second.until("session.queue_done", timeout=30)
+    await second.close()

@@ -231,6 +231,25 @@ async def test_a_claim_racing_the_hand_over_keeps_the_slot(
         assert sync_redis.llen(keys.free_slots) == 0
 
 
+async def served_order(qm: QueueManager, slot: str, waits: list[asyncio.Future[Any]]) -> list[int]:
+    """Free ``slot`` once per wait, each time to exactly one of them; the order they were served
+    in (indexes of ``waits``). The last slot is given back."""
+    order = []
+    waits = list(waits)
+    for _ in range(len(waits)):
+        await qm.admission.release(slot)
+        done, _ = await asyncio.wait(waits, timeout=2, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1, "a freed slot went to nobody (or to two)"
+        task = done.pop()
+        order.append(waits.index(task))
+        waits[waits.index(task)] = asyncio.ensure_future(asyncio.sleep(3600))
+        _t, slot, _at = task.result()
+    for w in waits:
+        w.cancel()
+    await qm.admission.release(slot)
+    return order
+
+
 async def test_two_gateways_serve_one_queue_in_order_on_events_alone(
     async_redis: aioredis.Redis, sync_redis: redis.Redis, keys: Keys
 ) -> None:
@@ -239,23 +258,11 @@ async def test_two_gateways_serve_one_queue_in_order_on_events_alone(
     slots = worker(sync_redis, keys, 1)
     async with gateway(async_redis, keys, "gwa") as a, gateway(async_redis, keys, "gwb") as b:
         _t, slot, _at = await a.acquire(_quiet)
-        order = []
         waits: list[asyncio.Future[Any]] = []
         for qm in (b, a, b, a):
             waits.append(asyncio.ensure_future(qm.acquire(_quiet)))
             await asyncio.sleep(0.05)  # arrival order
-        for _ in waits:
-            await a.admission.release(slot)
-            done, _ = await asyncio.wait(waits, timeout=2, return_when=asyncio.FIRST_COMPLETED)
-            assert len(done) == 1, "a freed slot went to nobody (or to two)"
-            task = done.pop()
-            order.append(waits.index(task))
-            waits[waits.index(task)] = asyncio.ensure_future(asyncio.sleep(3600))
-            _t, slot, _at = task.result()
-        for w in waits:
-            w.cancel()
-        assert order == [0, 1, 2, 3]
-        await a.admission.release(slot)
+        assert await served_order(a, slot, waits) == [0, 1, 2, 3]
         await asyncio.sleep(0.2)
         assert_all_free(sync_redis, keys, slots)
 
@@ -283,18 +290,6 @@ async def test_tickets_redis_lost_go_back_at_once_in_their_order_once_a_lease_wa
             qm.keys_lost()
             await qm.refresh()
         assert [t.decode() for t in sync_redis.zrange(keys.queue, 0, -1)] == queued
-        order = []
-        for _ in waits:
-            await a.admission.release(slot)
-            done, _ = await asyncio.wait(waits, timeout=2, return_when=asyncio.FIRST_COMPLETED)
-            assert len(done) == 1, "a freed slot went to nobody (or to two)"
-            task = done.pop()
-            order.append(waits.index(task))
-            waits[waits.index(task)] = asyncio.ensure_future(asyncio.sleep(3600))
-            _t, slot, _at = task.result()
-        for w in waits:
-            w.cancel()
-        assert order == [0, 1, 2, 3]
-        await a.admission.release(slot)
+        assert await served_order(a, slot, waits) == [0, 1, 2, 3]
         await asyncio.sleep(0.2)
         assert_all_free(sync_redis, keys, slots)
