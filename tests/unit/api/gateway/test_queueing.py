@@ -231,6 +231,17 @@ async def test_a_claim_racing_the_hand_over_keeps_the_slot(
         assert sync_redis.llen(keys.free_slots) == 0
 
 
+async def four_waiting(a: QueueManager, b: QueueManager) -> tuple[str, list[asyncio.Future[Any]]]:
+    """``a`` takes the one slot; then four clients wait, arriving at b, a, b, a in that order.
+    Returns the slot and their waits."""
+    _t, slot, _at = await a.acquire(_quiet)
+    waits: list[asyncio.Future[Any]] = []
+    for qm in (b, a, b, a):
+        waits.append(asyncio.ensure_future(qm.acquire(_quiet)))
+        await asyncio.sleep(0.05)  # arrival order
+    return slot, waits
+
+
 async def served_order(qm: QueueManager, slot: str, waits: list[asyncio.Future[Any]]) -> list[int]:
     """Free ``slot`` once per wait, each time to exactly one of them; the order they were served
     in (indexes of ``waits``). The last slot is given back."""
@@ -257,11 +268,7 @@ async def test_two_gateways_serve_one_queue_in_order_on_events_alone(
     or by claiming after the event), in global FIFO order, without the periodic refresh."""
     slots = worker(sync_redis, keys, 1)
     async with gateway(async_redis, keys, "gwa") as a, gateway(async_redis, keys, "gwb") as b:
-        _t, slot, _at = await a.acquire(_quiet)
-        waits: list[asyncio.Future[Any]] = []
-        for qm in (b, a, b, a):
-            waits.append(asyncio.ensure_future(qm.acquire(_quiet)))
-            await asyncio.sleep(0.05)  # arrival order
+        slot, waits = await four_waiting(a, b)
         assert await served_order(a, slot, waits) == [0, 1, 2, 3]
         await asyncio.sleep(0.2)
         assert_all_free(sync_redis, keys, slots)
@@ -275,11 +282,7 @@ async def test_tickets_redis_lost_go_back_at_once_in_their_order_once_a_lease_wa
     had, so the tickets of both gateways are back in arrival order before a slot is freed."""
     slots = worker(sync_redis, keys, 1)
     async with gateway(async_redis, keys, "gwa") as a, gateway(async_redis, keys, "gwb") as b:
-        _t, slot, _at = await a.acquire(_quiet)
-        waits: list[asyncio.Future[Any]] = []
-        for qm in (b, a, b, a):
-            waits.append(asyncio.ensure_future(qm.acquire(_quiet)))
-            await asyncio.sleep(0.05)  # arrival order
+        slot, waits = await four_waiting(a, b)
         queued = [t.decode() for t in sync_redis.zrange(keys.queue, 0, -1)]
         assert len(queued) == 4
         sync_redis.delete(keys.queue)  # what a restart leaves of it
